@@ -1,0 +1,34 @@
+"""Attention formulations and their registry.
+
+>>> from quest.attention import get_attention
+>>> timm.create_model("vit_tiny_patch16_224", attn_layer=get_attention("quest"))
+
+Register your own with ``@register_attention("name")`` on a :class:`QKAttention` subclass that overrides
+``transform_qk``.
+"""
+from .base import CrossAttentionMixin, QKAttention, l2_normalize
+from .formulations import (
+    QKNormAttention,
+    QKNormDimScaleAttention,
+    QKNormHeadScaleAttention,
+    QNormAttention,
+    QuestAttention,
+    StandardAttention,
+)
+from .registry import attention_options, get_attention, list_attentions, register_attention
+
+__all__ = [
+    "QKAttention",
+    "CrossAttentionMixin",
+    "l2_normalize",
+    "StandardAttention",
+    "QuestAttention",
+    "QNormAttention",
+    "QKNormAttention",
+    "QKNormHeadScaleAttention",
+    "QKNormDimScaleAttention",
+    "register_attention",
+    "get_attention",
+    "list_attentions",
+    "attention_options",
+]

@@ -1,0 +1,158 @@
+"""The shared body of every attention formulation: project q, k, v; transform q and k; fused SDPA; project out.
+
+A formulation only says how it turns (q, k) into the (q', k', scale) whose product ``scale * q' k'^T`` is its
+logits (:meth:`QKAttention.transform_qk`). The forward pass hands exactly those to
+``F.scaled_dot_product_attention``, so every formulation runs on the fused kernels, and diagnostics and tests read
+the logits from the same definition instead of re-deriving each formula.
+
+Parameter names follow timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``proj``) so timm's
+initialisation, ``no_weight_decay`` handling and checkpoints apply unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize"]
+
+
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / max(||x||_2, eps) along the head dimension."""
+    return F.normalize(x, dim=-1, eps=eps)
+
+
+class QKAttention(nn.Module):
+    """Multi-head self-attention with a pluggable (q, k) transform; a drop-in for timm's ``Attention``.
+
+    Subclasses override :meth:`transform_qk` (and :meth:`_init_formulation` for learnable parameters) and declare
+    their configurable initial values in the class attribute ``options``.
+    """
+
+    attention_name: ClassVar[str] = "base"
+    options: ClassVar[dict[str, Any]] = {}
+    #: True when the constructor's ``qk_norm`` flag is honoured (timm's per-head LayerNorm on q and k).
+    supports_qk_norm: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **unused: Any,
+    ) -> None:
+        super().__init__()
+        if unused:
+            raise TypeError(
+                f"{type(self).__name__} does not support timm attention arguments {sorted(unused)}; "
+                "it accepts dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer"
+            )
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if qk_norm and not self.supports_qk_norm:
+            raise ValueError(
+                f"attention {self.attention_name!r} does not take qk_norm=True (that is LayerNorm on q and k, "
+                "the 'qknorm_ds' formulation); build the model without qk_norm or choose attention='qknorm_ds'"
+            )
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("norm_layer must be given when qk_norm or scale_norm is True")
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self._make_projections(dim, qkv_bias, **dd)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self._init_formulation(**dd)
+
+    # --- what a formulation overrides -------------------------------------------------------------------------
+    def _init_formulation(self, device: Any = None, dtype: Any = None) -> None:
+        """Create the formulation's learnable parameters (none by default)."""
+
+    def transform_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
+        """(q, k) of shape (B, H, N, d) -> (q', k', scale) with logits = scale * q' @ k'^T."""
+        raise NotImplementedError
+
+    # --- shared machinery ---------------------------------------------------------------------------------------
+    def _make_projections(self, dim: int, qkv_bias: bool, **dd: Any) -> None:
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens (B, N, C) -> q, k, v of shape (B, H, N, d), before any formulation-specific transform."""
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def effective_qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
+        """The (q', k', scale) this layer's logits are made of, for input tokens ``x`` (diagnostics, tests)."""
+        q, k, _ = self.project_qkv(x)
+        return self.transform_qk(q, k)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels."""
+        q, k, scale = self.transform_qk(q, k)
+        if isinstance(scale, torch.Tensor):
+            # SDPA takes a Python float scale; a learnable (per-layer or per-head) scale is folded into q instead,
+            # which is exact and keeps the gradient w.r.t. the scale.
+            q, scale = q * scale, 1.0
+        return F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=attn_mask,
+            dropout_p=self.attn_drop.p if self.training else 0.0,
+            is_causal=is_causal,
+            scale=scale,
+        )
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        B = x.shape[0]
+        out = self.attend(*self.project_qkv(x), attn_mask=attn_mask, is_causal=is_causal)
+        out = out.transpose(1, 2).reshape(B, out.shape[2], self.dim)
+        return self.proj_drop(self.proj(self.norm(out)))
+
+    def extra_repr(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"attention={self.attention_name!r}, num_heads={self.num_heads}" + (f", {opts}" if opts else "")
+
+
+class CrossAttentionMixin:
+    """Turns a formulation into CrossViT's class-token cross-attention (timm ``crossvit.CrossAttention`` layout).
+
+    The query is the first (class) token only; keys and values are all tokens. Parameter names ``wq``, ``wk``,
+    ``wv``, ``proj`` match timm's, so CrossViT weights load unchanged.
+    """
+
+    def _make_projections(self, dim: int, qkv_bias: bool, **dd: Any) -> None:
+        self.wq = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.wk = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.wv = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, N, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(B, t.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+
+        return heads(self.wq(x[:, :1])), heads(self.wk(x)), heads(self.wv(x))

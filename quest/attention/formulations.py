@@ -1,0 +1,127 @@
+"""The attention formulations compared by the QUEST paper. Definitions and sources: docs/attention.md.
+
+Each is "transform q, transform k, pick a scale" on top of :class:`~quest.attention.base.QKAttention`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .base import QKAttention, l2_normalize
+from .registry import register_attention
+
+__all__ = [
+    "StandardAttention",
+    "QuestAttention",
+    "QNormAttention",
+    "QKNormAttention",
+    "QKNormHeadScaleAttention",
+    "QKNormDimScaleAttention",
+]
+
+# Guards the l2 normalisation against an all-zero vector; far below any real q/k norm, also in bf16.
+NORM_EPS = 1e-6
+
+
+@register_attention("standard")
+class StandardAttention(QKAttention):
+    """softmax(q . k / sqrt(d)): Vaswani et al. 2017, numerically timm's ``Attention`` (``qk_norm`` honoured)."""
+
+    supports_qk_norm = True
+
+    def transform_qk(self, q, k):
+        return self.q_norm(q), self.k_norm(k), self.head_dim**-0.5
+
+
+@register_attention("quest")
+class QuestAttention(QKAttention):
+    """QUEST: softmax(q . l2n(k)), scale 1 (QUEST paper, section 2.1 and Algorithm A1).
+
+    Only keys are normalised: the ranking inside a softmax row is the cosine similarity, and each query's norm sets
+    the sharpness of its own row, so no single key with a large norm can take attention from every query.
+    """
+
+    options = {"eps": NORM_EPS}
+
+    def transform_qk(self, q, k):
+        return q, l2_normalize(k, self.options["eps"]), 1.0
+
+
+@register_attention("qnorm")
+class QNormAttention(QKAttention):
+    """QNorm: softmax(l2n(q) . k), scale 1; the mirror image of QUEST (QUEST paper, section 2.1)."""
+
+    options = {"eps": NORM_EPS}
+
+    def transform_qk(self, q, k):
+        return l2_normalize(q, self.options["eps"]), k, 1.0
+
+
+@register_attention("qknorm")
+class QKNormAttention(QKAttention):
+    """QKNorm: softmax(g * l2n(q) . l2n(k)) with one learnable scalar g per layer (Henry et al. 2020).
+
+    g starts at log2(L^2 - L), L the training sequence length (15.24 for the 197 tokens of a /16 model at 224 px).
+    ``seq_len=None`` means "this model's token count": :func:`quest.models.create_model` fills it in; a layer
+    built outside a model uses 197.
+    """
+
+    options = {"seq_len": None, "eps": NORM_EPS}
+    DEFAULT_SEQ_LEN = 197
+
+    @staticmethod
+    def initial_scale(seq_len: int) -> float:
+        if seq_len < 2:
+            raise ValueError(f"qknorm needs seq_len >= 2 to initialise log2(L^2 - L), got {seq_len}")
+        return math.log2(seq_len**2 - seq_len)
+
+    def _init_formulation(self, device=None, dtype=None) -> None:
+        seq_len = self.options["seq_len"] or self.DEFAULT_SEQ_LEN
+        # Shape (1,), not (): timm's optimizer factory exempts ndim <= 1 parameters from weight decay.
+        self.qk_scale = nn.Parameter(torch.full((1,), self.initial_scale(seq_len), device=device, dtype=dtype))
+
+    def reset_scale(self, seq_len: int) -> None:
+        """Re-initialise g for a sequence length known only once the model exists."""
+        with torch.no_grad():
+            self.qk_scale.fill_(self.initial_scale(seq_len))
+
+    def transform_qk(self, q, k):
+        eps = self.options["eps"]
+        return l2_normalize(q, eps), l2_normalize(k, eps), self.qk_scale
+
+
+@register_attention("qknorm_hs")
+class QKNormHeadScaleAttention(QKAttention):
+    """QKNorm-HS: softmax(s_h * l2n(q) . l2n(k)), one learnable scale per head (Swin Transformer V2, Liu et al. 2022).
+
+    As in Swin-V2 the scale is stored as a log (``logit_scale``, init log(10)) and clamped at log(100) before exp.
+    It is 1-d, so timm's optimizer factory keeps weight decay off it, as Swin-V2 does.
+    """
+
+    options = {"init_scale": 10.0, "max_scale": 100.0, "eps": NORM_EPS}
+
+    def _init_formulation(self, device=None, dtype=None) -> None:
+        init = math.log(self.options["init_scale"])
+        self.logit_scale = nn.Parameter(torch.full((self.num_heads,), init, device=device, dtype=dtype))
+
+    def transform_qk(self, q, k):
+        eps = self.options["eps"]
+        scale = self.logit_scale.clamp(max=math.log(self.options["max_scale"])).exp().view(-1, 1, 1)
+        return l2_normalize(q, eps), l2_normalize(k, eps), scale
+
+
+@register_attention("qknorm_ds")
+class QKNormDimScaleAttention(StandardAttention):
+    """QKNorm-DS: LN(q) . LN(k) / sqrt(d), LayerNorm over head_dim with per-dimension gains (ViT-22B).
+
+    Exactly timm's ``qk_norm=True`` (gains init 1, biases 0, shared across heads), so it loads timm checkpoints
+    of qk-normed ViTs. With ||LN(x)|| = sqrt(d) the logit at initialisation is sqrt(d) * cos(q, k).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qk_norm: bool = True, norm_layer: Any = None, **kwargs: Any):
+        if norm_layer is None:
+            norm_layer = nn.LayerNorm
+        super().__init__(dim, num_heads=num_heads, qk_norm=True, norm_layer=norm_layer, **kwargs)
