@@ -45,8 +45,8 @@ def test_every_preset_builds_with_every_formulation(attention):
 
 
 def test_qknorm_scale_initialised_from_the_models_token_count():
-    model = create_model("vit_pico_patch2_16", attention="qknorm")
-    seq_len = 8 * 8 + 1
+    model = create_model("vit_pico_patch4_16", attention="qknorm")
+    seq_len = 4 * 4 + 1
     for _, layer in attention_layers(model):
         assert layer.qk_scale.item() == pytest.approx(torch.log2(torch.tensor(seq_len**2 - seq_len)).item())
 
@@ -66,27 +66,27 @@ def test_convert_attention_keeps_every_weight(attention):
 
 
 def test_convert_standard_checkpoint_to_quest_for_finetuning():
-    standard = create_model("vit_pico_patch2_16", attention="standard")
+    standard = create_model("vit_pico_patch4_16", attention="standard")
     quest = convert_attention(standard, "quest")
     x = torch.randn(2, 3, 16, 16)
-    fresh = create_model("vit_pico_patch2_16", attention="quest")
+    fresh = create_model("vit_pico_patch4_16", attention="quest")
     fresh.load_state_dict(quest.state_dict())
     torch.testing.assert_close(fresh(x), quest(x))
 
 
 def test_convert_refuses_to_drop_qk_norm_weights():
-    source = create_model("vit_pico_patch2_16", attention="qknorm_ds")
+    source = create_model("vit_pico_patch4_16", attention="qknorm_ds")
     with pytest.raises(ValueError, match="qk-normed"):
         convert_attention(source, "quest")
 
 
 @pytest.mark.parametrize("attention", FORMULATIONS)
 def test_state_dict_round_trip(attention):
-    model = create_model("vit_pico_patch2_16", attention=attention, num_classes=5).eval()
+    model = create_model("vit_pico_patch4_16", attention=attention, num_classes=5).eval()
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     buf.seek(0)
-    clone = create_model("vit_pico_patch2_16", attention=attention, num_classes=5).eval()
+    clone = create_model("vit_pico_patch4_16", attention=attention, num_classes=5).eval()
     clone.load_state_dict(torch.load(buf, weights_only=True))
     x = torch.randn(3, 3, 16, 16)
     torch.testing.assert_close(clone(x), model(x), atol=0, rtol=0)
@@ -94,7 +94,7 @@ def test_state_dict_round_trip(attention):
 
 @pytest.mark.parametrize("attention", FORMULATIONS)
 def test_torch_compile_matches_eager(attention):
-    model = create_model("vit_pico_patch2_16", attention=attention, num_classes=5, depth=2).eval()
+    model = create_model("vit_pico_patch4_16", attention=attention, num_classes=5, depth=2).eval()
     x = torch.randn(2, 3, 16, 16, requires_grad=True)
     eager = model(x)
     (g_eager,) = torch.autograd.grad(eager.sum(), x)
@@ -108,4 +108,4 @@ def test_unknown_model_and_attention_are_named():
     with pytest.raises(ValueError, match="unknown timm model 'vit_gigantic_patch99'"):
         create_model("vit_gigantic_patch99", attention="quest")
     with pytest.raises(ValueError, match="registered attentions"):
-        create_model("vit_pico_patch2_16", attention="sparse")
+        create_model("vit_pico_patch4_16", attention="sparse")

@@ -15,8 +15,8 @@ __all__ = ["CPU_PRESETS"]
 
 # name -> VisionTransformer kwargs. Each is small enough to train on 2 CPU cores.
 CPU_PRESETS: dict[str, dict[str, Any]] = {
-    # 16 px input, 8x8 patches of 2 px: the built-in digits data (8x8 upsampled to 16).
-    "vit_pico_patch2_16": dict(img_size=16, patch_size=2, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
+    # 16 px input, 4x4 patches of 4 px: the built-in digits data (8x8 upsampled to 16), 17 tokens.
+    "vit_pico_patch4_16": dict(img_size=16, patch_size=4, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0),
     # 32 px, 4 px patches: CIFAR-sized inputs.
     "vit_nano_patch4_32": dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0),
     # ViT-Ti width and heads at 32 px.

@@ -1,0 +1,87 @@
+"""Data sets by config name: digits (default, built in), imagenet / imagefolder, cifar10 / cifar100, fake."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+from torchvision import datasets as tvd
+
+from .digits import DigitsDataset
+from .folder import SafeImageFolder, check_image_folder
+
+__all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "DATASETS"]
+
+DATASETS = ("digits", "imagenet", "imagefolder", "cifar10", "cifar100", "fake")
+
+
+def _need_root(data: Any) -> Path:
+    if not data.root or data.root == "???":
+        raise ValueError(f"data={data.name} needs data.root=<directory>")
+    return Path(data.root).expanduser()
+
+
+def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
+    """The ``split`` ('train' or 'val') of the data set named by ``data.name`` (a DataConfig)."""
+    name = data.name
+    if name == "digits":
+        return DigitsDataset(split, data.val_fraction, data.split_seed, transform)
+    if name in ("imagenet", "imagefolder"):
+        folder = data.train_split if split == "train" else data.val_split
+        root = check_image_folder(_need_root(data) / folder, f"data={name} {split} split")
+        ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)
+        if len(ds.classes) != data.num_classes:
+            raise ValueError(
+                f"{root} has {len(ds.classes)} class folders but data.num_classes={data.num_classes}; "
+                f"expected {data.num_classes} sub-directories <class>/<image>"
+            )
+        return ds
+    if name in ("cifar10", "cifar100"):
+        cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+        root = _need_root(data)
+        try:
+            return cls(str(root), train=split == "train", transform=transform, download=data.download)
+        except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
+            raise FileNotFoundError(
+                f"data={name}: no {name} under {root} ({exc}); place the torchvision archive there "
+                "(cifar-10-batches-py / cifar-100-python) or pass data.download=true"
+            ) from exc
+    if name == "fake":
+        size = data.fake_train_size if split == "train" else data.fake_val_size
+        image_size = (3, data.img_size, data.img_size)
+        # different random_offset per split: train and val images differ, each reproducible
+        offset = 0 if split == "train" else 10**6
+        return tvd.FakeData(size, image_size, data.num_classes, transform=transform, random_offset=offset)
+    raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
+
+
+def dataset_targets(ds: Dataset) -> np.ndarray:
+    """Integer class of every sample, without decoding images where the data set records them."""
+    for attr in ("targets", "labels"):
+        if hasattr(ds, attr):
+            return np.asarray(getattr(ds, attr))
+    if isinstance(ds, tvd.FakeData):
+        transform, ds.transform = ds.transform, None
+        try:
+            return np.asarray([ds[i][1] for i in range(len(ds))])
+        finally:
+            ds.transform = transform
+    raise TypeError(f"cannot read the class labels of {type(ds).__name__}")
+
+
+def class_balanced_subset(ds: Dataset, fraction: float, seed: int) -> Dataset:
+    """The same ``fraction`` of every class (at least one image each), drawn with ``seed`` (paper Table A2)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"data.subset_fraction must be in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return ds
+    targets = dataset_targets(ds)
+    rng = np.random.default_rng(seed)
+    keep = []
+    for c in np.unique(targets):
+        idx = np.flatnonzero(targets == c)
+        keep.append(rng.choice(idx, size=max(1, round(fraction * len(idx))), replace=False))
+    subset = Subset(ds, np.sort(np.concatenate(keep)).tolist())
+    subset.targets = targets[subset.indices].tolist()  # type: ignore[attr-defined]
+    return subset

@@ -1,0 +1,62 @@
+"""ImageFolder with a layout check up front and a policy for unreadable images."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import default_collate
+from torchvision.datasets import ImageFolder
+
+log = logging.getLogger(__name__)
+
+
+class CorruptImageError(RuntimeError):
+    """An image in the data set could not be read; the message names the file."""
+
+
+def check_image_folder(root: str | Path, what: str) -> Path:
+    """``root`` must be a directory of class sub-directories; otherwise a message naming the path and layout."""
+    root = Path(root).expanduser()
+    expected = f"{root}/<class>/<image> (one sub-directory per class)"
+    if not root.is_dir():
+        raise FileNotFoundError(f"{what}: {root} does not exist or is not a directory; expected the layout {expected}")
+    if not any(p.is_dir() for p in root.iterdir()):
+        raise FileNotFoundError(f"{what}: {root} has no class sub-directories; expected the layout {expected}")
+    return root
+
+
+class SafeImageFolder(ImageFolder):
+    """``ImageFolder`` whose unreadable images either raise :class:`CorruptImageError` naming the file
+    (``bad_images='error'``) or are dropped from the batch and counted (``bad_images='skip'``, use
+    :func:`collate_skipping_bad`)."""
+
+    def __init__(self, root: str | Path, transform: Callable | None = None, bad_images: str = "error"):
+        if bad_images not in ("error", "skip"):
+            raise ValueError(f"data.bad_images must be 'error' or 'skip', got {bad_images!r}")
+        super().__init__(str(root), transform=transform)
+        self.bad_images = bad_images
+
+    def __getitem__(self, index: int) -> Any:
+        path, target = self.samples[index]
+        try:
+            img = self.loader(path)
+        except Exception as exc:  # PIL raises several types for truncated / non-image files
+            if self.bad_images == "error":
+                raise CorruptImageError(f"cannot read image {path}: {exc}. Set data.bad_images=skip to skip such files.") from exc
+            log.warning("skipping unreadable image %s (%s)", path, exc)
+            return None
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, target
+
+
+def collate_skipping_bad(batch: list) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Default collation of the readable samples; also returns how many were skipped."""
+    good = [b for b in batch if b is not None]
+    skipped = len(batch) - len(good)
+    if not good:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
+    images, targets = default_collate(good)
+    return images, targets, skipped

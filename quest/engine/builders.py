@@ -1,0 +1,163 @@
+"""Everything a run needs, built from the config with timm's parts: model, data loaders, optimizer, per-step
+schedule, mixup, loss and EMA. Plain values go in; no config object travels further than this module."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from timm.data import Mixup
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch.utils.data import DataLoader
+
+from quest.data import (
+    ShardSampler,
+    build_dataset,
+    build_train_sampler,
+    build_transforms,
+    class_balanced_subset,
+    collate_skipping_bad,
+)
+from quest.models import create_model
+
+from .distributed import DistContext
+
+log = logging.getLogger("quest.train")
+
+__all__ = ["Components", "build_components", "resolve_img_size", "model_meta", "resolve_lr"]
+
+
+@dataclass
+class Components:
+    model: nn.Module
+    ema: ModelEmaV3 | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_loader: DataLoader
+    val_loader: DataLoader
+    mixup: Mixup | None
+    train_loss: nn.Module
+    lr: float
+    global_batch: int
+    steps_per_epoch: int
+
+
+def resolve_img_size(cfg: Any) -> int:
+    size = cfg.recipe.img_size or cfg.model.img_size or cfg.data.img_size
+    if not size:
+        raise ValueError("no input size: set model.img_size, recipe.img_size or data.img_size")
+    return int(size)
+
+
+def model_meta(cfg: Any) -> dict[str, Any]:
+    """What a checkpoint must match to be loaded into this run."""
+    return {
+        "model": cfg.model.name,
+        "attention": cfg.attention.name,
+        "num_classes": int(cfg.data.num_classes),
+        "img_size": resolve_img_size(cfg),
+    }
+
+
+def build_model(cfg: Any) -> nn.Module:
+    return create_model(
+        cfg.model.name,
+        attention=cfg.attention.name,
+        attention_options=dict(cfg.attention.options),
+        num_classes=cfg.data.num_classes,
+        img_size=resolve_img_size(cfg),
+        drop_path_rate=cfg.recipe.drop_path,
+        drop_rate=cfg.recipe.drop_rate,
+        **dict(cfg.model.kwargs),
+    )
+
+
+def resolve_lr(recipe: Any, global_batch: int) -> float:
+    """The recipe's absolute lr, or base_lr scaled linearly by the global batch (DeiT: 5e-4 x batch / 512)."""
+    if recipe.lr is not None:
+        return float(recipe.lr)
+    if recipe.base_lr is None:
+        raise ValueError(f"recipe {recipe.name!r} sets neither lr nor base_lr")
+    return float(recipe.base_lr) * global_batch / recipe.lr_base_size
+
+
+def _optimizer(model: nn.Module, recipe: Any, lr: float) -> torch.optim.Optimizer:
+    kwargs: dict[str, Any] = {}
+    if recipe.opt.lower() in ("adamw", "adam", "lamb", "nadamw", "lambw"):
+        kwargs["eps"] = recipe.opt_eps
+    if recipe.opt_betas is not None:
+        kwargs["betas"] = tuple(recipe.opt_betas)
+    # timm: no weight decay on 1-d params (biases, norms, LayerScale, QKNorm scales) nor model.no_weight_decay()
+    # (pos_embed, cls_token, register tokens).
+    return create_optimizer_v2(
+        model, opt=recipe.opt, lr=lr, weight_decay=recipe.weight_decay, momentum=recipe.momentum, **kwargs
+    )
+
+
+def _train_loss(recipe: Any, mixup_active: bool) -> nn.Module:
+    if recipe.bce_loss:
+        return BinaryCrossEntropy(smoothing=recipe.smoothing, target_threshold=recipe.bce_target_thresh)
+    if mixup_active:
+        return SoftTargetCrossEntropy()  # label smoothing is applied inside Mixup
+    if recipe.smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=recipe.smoothing)
+    return nn.CrossEntropyLoss()
+
+
+def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, DataLoader]:
+    data = cfg.data
+    if data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be a positive integer (per process), got {data.batch_size}")
+    train_tf, val_tf = build_transforms(cfg.recipe, data, img_size)
+    train_ds = class_balanced_subset(build_dataset(data, "train", train_tf), data.subset_fraction, data.subset_seed)
+    val_ds = build_dataset(data, "val", val_tf)
+    if len(train_ds) < data.batch_size * ctx.world_size:
+        raise ValueError(
+            f"the training set has {len(train_ds)} images, fewer than one global batch "
+            f"({data.batch_size} x {ctx.world_size} processes); lower data.batch_size"
+        )
+    common = dict(num_workers=data.num_workers, collate_fn=collate_skipping_bad,
+                  pin_memory=data.pin_memory and ctx.device.type == "cuda",
+                  persistent_workers=data.num_workers > 0)
+    sampler = build_train_sampler(train_ds, cfg.trainer.seed, ctx.world_size, ctx.rank, cfg.recipe.repeated_aug)
+    # Own generators: creating an iterator must not draw from the global RNG, or resuming mid-epoch would shift it.
+    train = DataLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,
+                       generator=torch.Generator(), **common)
+    val = DataLoader(val_ds, batch_size=data.eval_batch_size or 2 * data.batch_size,
+                     sampler=ShardSampler(len(val_ds), ctx.rank, ctx.world_size), generator=torch.Generator(), **common)
+    return train, val
+
+
+def build_components(cfg: Any, ctx: DistContext) -> Components:
+    recipe = cfg.recipe
+    img_size = resolve_img_size(cfg)
+    train_loader, val_loader = _loaders(cfg, ctx, img_size)
+    model = build_model(cfg).to(ctx.device)
+    global_batch = cfg.data.batch_size * ctx.world_size * cfg.trainer.accum_steps
+    lr = resolve_lr(recipe, global_batch)
+    optimizer = _optimizer(model, recipe, lr)
+    steps_per_epoch = len(train_loader) // cfg.trainer.accum_steps
+    if steps_per_epoch < 1:
+        raise ValueError(f"trainer.accum_steps={cfg.trainer.accum_steps} exceeds the {len(train_loader)} batches per epoch")
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=recipe.sched, num_epochs=cfg.trainer.epochs, warmup_epochs=recipe.warmup_epochs,
+        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch,
+    )
+    mixup_active = recipe.mixup > 0 or recipe.cutmix > 0
+    mixup = None
+    if mixup_active:
+        if cfg.data.batch_size % 2:
+            raise ValueError(f"mixup/cutmix need an even data.batch_size, got {cfg.data.batch_size}")
+        mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
+                      switch_prob=recipe.mixup_switch_prob, mode=recipe.mixup_mode,
+                      label_smoothing=recipe.smoothing, num_classes=cfg.data.num_classes)
+    ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema else None
+    log.info("global batch %d (%d per process x %d processes x %d accumulation), lr %.3g",
+             global_batch, cfg.data.batch_size, ctx.world_size, cfg.trainer.accum_steps, lr)
+    return Components(model, ema, optimizer, scheduler, train_loader, val_loader, mixup,
+                      _train_loss(recipe, mixup_active), lr, global_batch, steps_per_epoch)

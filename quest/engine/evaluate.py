@@ -1,0 +1,44 @@
+"""Validation: micro top-1 / top-5 and mean cross-entropy with torchmetrics (reduced across ranks)."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import ContextManager, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+__all__ = ["evaluate"]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    num_classes: int,
+    autocast: Callable[[], ContextManager] = nullcontext,
+    prefix: str = "val/",
+) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    # average="micro": top-1 over images (torchmetrics' MulticlassAccuracy defaults to macro)
+    top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro").to(device)
+    top5 = MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro").to(device)
+    nll = MeanMetric().to(device)
+    for images, targets, _ in loader:
+        if len(targets) == 0:
+            continue
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with autocast():
+            logits = model(images)
+        logits = logits.float()
+        top1.update(logits, targets)
+        top5.update(logits, targets)
+        nll.update(F.cross_entropy(logits, targets, reduction="none"))
+    model.train(was_training)
+    return {f"{prefix}top1": 100.0 * top1.compute().item(), f"{prefix}top5": 100.0 * top5.compute().item(),
+            f"{prefix}loss": nll.compute().item()}

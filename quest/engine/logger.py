@@ -1,0 +1,87 @@
+"""Run outputs: metrics.jsonl (every logged step and epoch), summary.json, and optionally a wandb run."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLogger", "write_json_atomic"]
+
+log = logging.getLogger("quest.train")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _finite_or_str(v: Any) -> Any:
+    # JSON has no NaN/inf: keep them readable and parseable
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class RunLogger:
+    """Appends one JSON object per log call to ``metrics.jsonl``; mirrors to wandb when configured.
+    Only the main process constructs one with ``enabled=True``."""
+
+    def __init__(self, run_dir: Path, cfg: Any | None = None, logger_cfg: Any | None = None,
+                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.wandb_run = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        if logger_cfg is not None and logger_cfg.wandb:
+            self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
+
+    def _start_wandb(self, cfg: Any, lc: Any, choices: dict[str, str], resume_id: str | None):
+        import wandb
+        from omegaconf import OmegaConf
+
+        group = lc.group or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
+        name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"
+        return wandb.init(
+            project=lc.project, entity=lc.entity, mode=lc.mode, group=group, name=name, tags=list(lc.tags),
+            dir=str(self.run_dir), config=OmegaConf.to_container(cfg, resolve=True),
+            id=resume_id, resume="allow" if resume_id else None,
+        )
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _finite_or_str(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row, default=_jsonable) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.wandb_run is not None:
+            self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._metrics.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()

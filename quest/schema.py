@@ -1,0 +1,155 @@
+"""Structured config schema: the keys and types that configs, docs, tests and users rely on.
+
+Registered in Hydra's ConfigStore as ``train_schema``; configs/train.yaml lists it first in its defaults, so every
+group file merges into a typed node and a misspelt key or a wrong type fails at start, naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import II, MISSING
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "quest"
+    # initial values of learnable scales and other formulation options (see docs/attention.md)
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # a timm model name (configs/model/*.yaml for the curated ones)
+    img_size: Optional[int] = None  # None: the model's own default
+    # per-recipe, size-dependent values (drop path, DeiT-III lr and input size), read by the recipe configs
+    recipe_values: Dict[str, Any] = field(default_factory=dict)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # any other timm model kwargs
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # digits | imagenet | imagefolder | cifar10 | cifar100 | fake
+    root: Optional[str] = None
+    batch_size: int = 64  # per process
+    eval_batch_size: Optional[int] = None  # None: 2 x batch_size
+    num_workers: int = 0
+    num_classes: int = MISSING
+    img_size: Optional[int] = None  # native resolution when the model does not set one
+    mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    train_split: str = "train"
+    val_split: str = "val"
+    subset_fraction: float = 1.0  # class-balanced subset of the training set (paper Table A2)
+    subset_seed: int = 0
+    val_fraction: float = 0.2  # digits: held-out stratified share
+    split_seed: int = 0  # digits: the fixed train/val split
+    download: bool = False  # torchvision data sets: download only when asked
+    bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
+    fake_train_size: int = 256
+    fake_val_size: int = 64
+    pin_memory: bool = True
+
+
+@dataclass
+class RecipeConfig:
+    name: str = MISSING
+    epochs: int = MISSING
+    # optimiser (timm create_optimizer_v2)
+    opt: str = "adamw"
+    lr: Optional[float] = None  # absolute lr; if None, base_lr * global_batch / lr_base_size
+    base_lr: Optional[float] = None
+    lr_base_size: int = 512
+    weight_decay: float = 0.05
+    opt_eps: float = 1e-8
+    opt_betas: Optional[List[float]] = None
+    momentum: float = 0.9
+    # per-step cosine schedule (timm create_scheduler_v2)
+    sched: str = "cosine"
+    warmup_epochs: float = 5.0
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+    # regularisation
+    drop_path: float = 0.0
+    drop_rate: float = 0.0
+    smoothing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: str = "batch"
+    bce_loss: bool = False
+    bce_target_thresh: Optional[float] = None
+    clip_grad: Optional[float] = None
+    # augmentation (timm create_transform)
+    img_size: Optional[int] = None  # recipe-specific input size (DeiT-III first phase), else the model's
+    scale: List[float] = field(default_factory=lambda: [0.08, 1.0])
+    ratio: List[float] = field(default_factory=lambda: [0.75, 1.3333333333])
+    hflip: float = 0.5
+    color_jitter: Optional[float] = 0.4
+    auto_augment: Optional[str] = None  # e.g. rand-m9-mstd0.5-inc1, or 3a (3-Augment)
+    train_interpolation: str = "bicubic"
+    reprob: float = 0.0
+    remode: str = "pixel"
+    recount: int = 1
+    crop_pct: float = 0.875  # eval resize/crop ratio
+    eval_interpolation: str = "bicubic"
+    repeated_aug: int = 0  # RepeatAugSampler repeats (0 = off)
+    # EMA (timm ModelEmaV3)
+    ema: bool = True
+    ema_decay: float = 0.99996
+    reference_global_batch: Optional[int] = None  # the batch the recipe was published with (documentation)
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = II("recipe.epochs")
+    max_steps: Optional[int] = None  # optional cap on optimizer steps (the schedule still spans `epochs`)
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    compile: bool = False
+    accum_steps: int = 1
+    log_every_n_steps: int = 20
+    checkpoint_every_n_steps: Optional[int] = None
+    eval_every_n_epochs: int = 1
+    resume: str = "auto"  # auto | never | <path to a checkpoint>
+    init_from: Optional[str] = None  # weights to start from (e.g. the DeiT-III first phase); pos_embed resized
+    max_loss: Optional[float] = None  # a loss above this counts as divergence (besides non-finite)
+    torch_threads: Optional[int] = None
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = False
+    project: str = "quest"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline unless the user configures wandb (online | offline | disabled)
+    group: Optional[str] = None  # None: derived from the Hydra choices
+    name: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DiagnosticsConfig:
+    every_n_steps: int = 0  # 0 = off
+    num_samples: int = 8
+    per_head: bool = False
+    entropy_threshold: float = 0.5
+    max_logit_warning: Optional[float] = None
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

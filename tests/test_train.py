@@ -1,0 +1,178 @@
+"""End-to-end training on CPU: outputs, exact resume, divergence, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from quest.data import CorruptImageError
+from quest.engine import EXIT_DIVERGED, fit, load_checkpoint
+
+from .helpers import FAST, ROOT, compose_cfg
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_epoch_run_writes_metrics_summary_and_checkpoints(tmp_path):
+    summary = fit(compose_cfg(*FAST), tmp_path)
+    assert summary["status"] == "completed" and summary["epoch"] == 2 and summary["step"] == 8
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["status"] == "completed"
+    for key in ("val/top1", "val/top5", "val/loss", "val_ema/top1", "best/val/top1", "num_params", "wall_time_s",
+                "train_img_per_s", "seed", "lr", "global_batch"):
+        assert saved[key] is not None, key
+    assert saved["choices"] == {"model": "vit_pico_patch4_16", "attention": "quest", "recipe": "light", "data": "fake"}
+    rows = _rows(tmp_path)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert all({"train/lr", "train/grad_norm", "train/img_per_s"} <= r.keys() for r in steps)
+    assert sum("val/top1" in r for r in rows) == 2
+    last = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert last["state"]["epoch"] == 2 and last["ema"] is not None and last["meta"]["attention"] == "quest"
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))  # atomic writes leave no temporaries
+
+
+def _final_weights(run_dir: Path) -> dict:
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")
+
+
+@pytest.mark.parametrize("stop_at", [3, 4])  # mid-epoch, and exactly at the epoch boundary
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, stop_at):
+    # real augmentation randomness (crops, mixup, drop path) included: every RNG is checkpointed
+    overrides = [*FAST, "recipe.mixup=0.8", "recipe.cutmix=1.0", "recipe.drop_path=0.1", "trainer.epochs=3"]
+    fit(compose_cfg(*overrides), tmp_path / "straight")
+    first = fit(compose_cfg(*overrides, f"trainer.max_steps={stop_at}"), tmp_path / "resumed")
+    assert first["status"] == "stopped" and first["step"] == stop_at
+    second = fit(compose_cfg(*overrides), tmp_path / "resumed")
+    assert second["resumed"] and second["status"] == "completed"
+    a, b = _final_weights(tmp_path / "straight"), _final_weights(tmp_path / "resumed")
+    for part in ("model", "ema"):
+        for key, value in a[part].items():
+            torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
+    assert a["state"]["step"] == b["state"]["step"] == 12
+
+
+def test_finished_run_is_not_trained_again(tmp_path):
+    fit(compose_cfg(*FAST), tmp_path)
+    again = fit(compose_cfg(*FAST), tmp_path)
+    assert again["status"] == "completed" and again["step"] == 8 and again["resumed"]
+
+
+def test_divergence_is_reported_and_keeps_the_last_good_checkpoint(tmp_path):
+    summary = fit(compose_cfg(*FAST, "recipe.lr=1e6", "recipe.warmup_epochs=0", "trainer.epochs=4",
+                              "trainer.checkpoint_every_n_steps=1", "attention=standard"), tmp_path)
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] is not None
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["status"] == "diverged"
+    good = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert good["state"]["step"] == summary["diverged_at_step"]
+    assert all(torch.isfinite(v).all() for v in good["model"].values())
+
+
+def test_loss_bound_counts_as_divergence(tmp_path):
+    summary = fit(compose_cfg(*FAST, "trainer.max_loss=0.01"), tmp_path)
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 0
+
+
+def test_resume_from_another_attention_names_both(tmp_path):
+    fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
+    with pytest.raises(ValueError, match=r"attention='quest'.*attention='standard'"):
+        fit(compose_cfg(*FAST, "attention=standard"), tmp_path)
+
+
+@pytest.mark.parametrize("bad, match", [("data.batch_size=0", "batch_size must be a positive integer"),
+                                        ("trainer.precision=fp8", "precision")])
+def test_bad_values_fail_clearly(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        fit(compose_cfg(*FAST, bad), tmp_path)
+
+
+def test_missing_data_root_names_path_and_layout(tmp_path):
+    missing = tmp_path / "imagenet"
+    with pytest.raises(FileNotFoundError, match=rf"{missing}/train.*<class>/<image>"):
+        fit(compose_cfg("data=imagenet", f"data.root={missing}", "model=vit_pico"), tmp_path / "run")
+
+
+def _image_folder(root: Path, corrupt: bool) -> Path:
+    for split in ("train", "val"):
+        for c in range(3):
+            d = root / split / f"n0000000{c}"
+            d.mkdir(parents=True)
+            for i in range(8):
+                Image.new("RGB", (20, 20), (40 * c, 10 * i, 90)).save(d / f"img{i}.JPEG")
+    bad = root / "train" / "n00000001" / "broken.JPEG"
+    if corrupt:
+        bad.write_bytes(b"not a jpeg at all")
+    return bad
+
+
+def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path):
+    bad = _image_folder(tmp_path / "data", corrupt=True)
+    base = ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.num_classes=3", "data.img_size=16",
+            "data.batch_size=5", "data.num_workers=1", "model=vit_pico", "trainer.epochs=1", "trainer.log_every_n_steps=1"]
+    with pytest.raises(CorruptImageError, match=str(bad)):
+        fit(compose_cfg(*base), tmp_path / "strict")
+    summary = fit(compose_cfg(*base, "data.bad_images=skip"), tmp_path / "lenient")
+    assert summary["status"] == "completed"
+    skipped = [r["data/skipped_images"] for r in _rows(tmp_path / "lenient") if "data/skipped_images" in r]
+    assert skipped and max(skipped) == 1
+
+
+def test_class_balanced_subset(tmp_path):
+    from quest.data import build_dataset, class_balanced_subset, dataset_targets
+    import numpy as np
+
+    cfg = compose_cfg()
+    ds = build_dataset(cfg.data, "train", None)
+    sub = class_balanced_subset(ds, 0.25, seed=1)
+    full, part = np.bincount(dataset_targets(ds)), np.bincount(dataset_targets(sub))
+    np.testing.assert_array_equal(part, np.round(full * 0.25))
+    assert sub.indices == class_balanced_subset(ds, 0.25, seed=1).indices != class_balanced_subset(ds, 0.25, seed=2).indices
+
+
+def _train_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_cli_divergence_exit_code_and_multirun_goes_on(tmp_path):
+    fast = [a for a in FAST if not a.startswith("trainer.log")]
+    single = _train_cli(*fast, "recipe.lr=1e6", "recipe.warmup_epochs=0", "attention=standard",
+                        f"hydra.run.dir={tmp_path / 'single'}", cwd=tmp_path)
+    assert single.returncode == EXIT_DIVERGED, single.stderr[-2000:]
+    multi = _train_cli("-m", *fast, "recipe.lr=1e6,1e-3", "recipe.warmup_epochs=0", "attention=standard",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    assert sorted((s["lr"], s["status"]) for s in summaries) == [(1e-3, "completed"), (1e6, "diverged")]
+
+
+def test_cli_multirun_four_jobs_in_separate_directories(tmp_path):
+    fast = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.epochs=1"]
+    out = _train_cli("-m", *fast, "attention=standard,quest", "trainer.seed=0,1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    assert sorted((s["attention"], s["seed"]) for s in summaries) == [
+        ("quest", 0), ("quest", 1), ("standard", 0), ("standard", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["quest", "standard"])
+def test_default_run_reaches_95_percent_on_digits(tmp_path, attention):
+    args = [f"hydra.run.dir={tmp_path / 'run'}"] + ([] if attention == "quest" else ["attention=standard"])
+    out = _train_cli(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["val/top1"] >= 95.0, summary
