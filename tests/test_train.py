@@ -176,3 +176,32 @@ def test_default_run_reaches_95_percent_on_digits(tmp_path, attention):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["val/top1"] >= 95.0, summary
+
+
+def test_wandb_offline_run_named_from_the_choices(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    summary = fit(compose_cfg(*FAST, "logger=wandb", "trainer.epochs=1"), tmp_path,
+                  {"model": "vit_pico", "attention": "quest", "recipe": "light", "data": "fake"})
+    assert summary["status"] == "completed"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    record = next(runs[0].glob("*.wandb")).read_bytes()  # the syncable offline log
+    assert b"fake-vit_pico-light" in record and b"quest-seed0" in record  # group and name from the choices
+    assert b"vit_pico_patch4_16" in record and b"train/loss" in record  # resolved config and metrics
+
+
+def test_diagnostics_are_logged_under_stable_keys(tmp_path):
+    fit(compose_cfg(*FAST, "diagnostics=default", "diagnostics.every_n_steps=3"), tmp_path)
+    rows = _rows(tmp_path)
+    diag_steps = [r["step"] for r in rows if "diag/layer00/max_logit" in r]
+    assert diag_steps == [0, 3, 6]
+    for key in ("diag/max_logit", "diag/layer03/max_logit", "diag/layer03/q_norm_at_max", "diag/layer03/k_norm_at_max",
+                "diag/layer03/entropy_mean", "diag/layer03/entropy_min", "diag/layer03/low_entropy_head_frac"):
+        assert any(key in r for r in rows), key
+    assert sum("diag_val/layer00/max_logit" in r for r in rows) == 2  # once per validation
+    assert not any("diag/layer04/max_logit" in r for r in rows)  # the pico model has 4 layers
+
+
+def test_disabled_diagnostics_add_nothing(tmp_path):
+    fit(compose_cfg(*FAST), tmp_path)
+    assert not any(k.startswith("diag") for r in _rows(tmp_path) for k in r)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import ContextManager, Callable
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,9 @@ def evaluate(
     num_classes: int,
     autocast: Callable[[], ContextManager] = nullcontext,
     prefix: str = "val/",
+    first_batch_hook: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
+    """Micro top-1/top-5 (percent) and mean NLL over ``loader``; ``first_batch_hook`` sees the first batch's images."""
     was_training = model.training
     model.eval()
     # average="micro": top-1 over images (torchmetrics' MulticlassAccuracy defaults to macro)
@@ -33,6 +35,9 @@ def evaluate(
         if len(targets) == 0:
             continue
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if first_batch_hook is not None:
+            first_batch_hook(images)
+            first_batch_hook = None
         with autocast():
             logits = model(images)
         logits = logits.float()

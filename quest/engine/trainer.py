@@ -200,7 +200,8 @@ class Run:
             if not pending:
                 continue
             if self.diagnostics is not None and self.diagnostics.due(st.step):
-                logger.log(self.diagnostics.collect(pending[0][0].to(self.ctx.device)), st.step)
+                sample = pending[0][0][: cfg.diagnostics.num_samples].to(self.ctx.device)
+                logger.log(self.diagnostics.collect(sample, step=st.step), st.step)
             metrics = self.train_step(pending)
             n_images = sum(len(t) for _, t in pending) * self.ctx.world_size
             st.images_seen += n_images
@@ -229,8 +230,15 @@ class Run:
         st.micro_in_epoch = 0
 
     def validate(self, logger: RunLogger) -> dict[str, float]:
-        metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes, self.autocast)
-        logger.log({**metrics, "epoch": self.state.epoch}, self.state.step)
+        diag: dict[str, float] = {}
+
+        def on_first_batch(images: torch.Tensor) -> None:  # attention statistics on validation images too
+            if self.diagnostics is not None:
+                diag.update(self.diagnostics.collect(images, prefix="diag_val/", step=self.state.step))
+
+        metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes,
+                           self.autocast, first_batch_hook=on_first_batch)
+        logger.log({**metrics, **diag, "epoch": self.state.epoch}, self.state.step)
         log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", self.state.epoch, metrics["val/top1"],
                  metrics["val/top5"], metrics["val/loss"])
         return metrics

@@ -1,0 +1,1 @@
+"""Reports from finished runs: figures from each run's ``metrics.jsonl`` and ``summary.json``."""

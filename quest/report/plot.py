@@ -1,0 +1,269 @@
+"""Figures from run directories. ``diagnostics``: Figure-A6-style curves of the attention diagnostics.
+
+    python -m quest.report.plot diagnostics RUN_DIR [RUN_DIR ...] --out FILE.png [--layers 0,3|all] [--keys ...]
+
+Each RUN_DIR holds ``metrics.jsonl`` (one flat JSON object per line, always with an integer ``step``; diagnostic
+keys ``diag/layerLL/<stat>`` only on diagnostic steps) and optionally ``summary.json`` (the line label is its
+``attention``, or ``choices.attention``, else the directory name). Definitions: docs/diagnostics.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["PlotInputError", "load_metrics", "run_label", "layer_series", "plot_diagnostics", "main"]
+
+logger = logging.getLogger("quest.report")
+
+#: The panels of the QUEST paper's Figure A6: the max attention logit and the query / key norms of its pair.
+DEFAULT_KEYS = ("max_logit", "q_norm_at_max", "k_norm_at_max")
+# Statistics that belong to the max-logit pair: "over layers" they come from the layer holding the max logit.
+_AT_MAX = ("q_norm_at_max", "k_norm_at_max")
+_LINESTYLES = ("-", "--", ":", "-.")
+
+Series = dict[int, dict[str, dict[int, float]]]  # layer -> stat -> step -> value
+
+
+class PlotInputError(ValueError):
+    """A run directory that cannot be plotted; the message names the path and what was expected."""
+
+
+def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl``; a truncated last line (a run killed mid-write) is skipped."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise PlotInputError(f"{run_dir}: not a directory (expected a run directory containing metrics.jsonl)")
+    if not path.is_file():
+        raise PlotInputError(
+            f"{path}: file not found (expected the run's metrics.jsonl, one JSON object per line with an integer "
+            "'step')"
+        )
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                logger.warning("%s:%d: skipping a truncated last line", path, number)
+                continue
+            raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
+        if not isinstance(record, dict) or type(record.get("step")) is not int:
+            raise PlotInputError(f"{path}:{number}: expected a JSON object with an integer 'step', got {line[:80]!r}")
+        records.append(record)
+    return records
+
+
+def run_label(run_dir: Path) -> str:
+    """``attention`` (or ``choices.attention``) from ``summary.json``, else the directory name."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError:
+            logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
+            summary = {}
+        if isinstance(summary, dict):
+            choices = summary.get("choices")
+            for source in (summary, choices if isinstance(choices, dict) else {}):
+                if isinstance(source.get("attention"), str):
+                    return source["attention"]
+    return run_dir.resolve().name
+
+
+def layer_series(records: list[dict[str, Any]], prefix: str = "diag/") -> Series:
+    """Per-layer diagnostic values keyed by layer index, statistic and step (a later line for a step wins)."""
+    pattern = re.compile(rf"^{re.escape(prefix)}layer(\d+)/(.+)$")
+    series: Series = {}
+    for record in records:
+        for key, value in record.items():
+            match = pattern.match(key)
+            if match is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            layer, stat = int(match.group(1)), match.group(2)
+            series.setdefault(layer, {}).setdefault(stat, {})[record["step"]] = float(value)
+    return series
+
+
+def _over_layers(series: Series, stat: str) -> dict[int, float]:
+    """One value per step across layers: the max-logit layer's value for ``*_at_max``, min for entropies, else max."""
+    steps = sorted({s for layer in series.values() for s in layer.get(stat, {})})
+    out: dict[int, float] = {}
+    for step in steps:
+        if stat in _AT_MAX:
+            # The pair's norms only mean something next to the pair's logit: take them from the layer that has it.
+            candidates = [
+                (layer["max_logit"][step], layer[stat][step])
+                for layer in series.values()
+                if step in layer.get("max_logit", {}) and step in layer.get(stat, {})
+            ]
+            if candidates:
+                out[step] = max(candidates, key=lambda c: -math.inf if math.isnan(c[0]) else c[0])[1]
+            continue
+        values = [layer[stat][step] for layer in series.values() if step in layer.get(stat, {})]
+        if any(math.isnan(v) for v in values):
+            out[step] = math.nan  # a diverged layer leaves a gap, it does not silently lose to the others
+            continue
+        # Entropy collapse shows in the least entropic layer; logits and norms in the largest.
+        out[step] = min(values) if "entropy" in stat else max(values)
+    return out
+
+
+def _check_run(path: Path, series: Series, layers: Sequence[int] | None, keys: Sequence[str], prefix: str) -> None:
+    metrics = path / "metrics.jsonl"
+    if not series:
+        raise PlotInputError(
+            f"{metrics}: no diagnostic keys (expected lines with '{prefix}layerNN/max_logit' and friends, written "
+            "when the run trains with diagnostics.every_n_steps > 0)"
+        )
+    present = sorted(series)
+    for layer in layers or ():
+        if layer not in series:
+            raise PlotInputError(f"{metrics}: no layer {layer} (layers present: {', '.join(map(str, present))})")
+    stats = sorted({s for layer in series.values() for s in layer})
+    for key in keys:
+        if not any(key in series[layer] for layer in (layers or present)):
+            raise PlotInputError(
+                f"{metrics}: no '{prefix}layerNN/{key}' (statistics present: {', '.join(stats)})"
+            )
+
+
+def _parse_layers(text: str | None) -> list[int] | str | None:
+    if text is None or text == "all":
+        return text
+    try:
+        layers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise PlotInputError(f"--layers takes comma-separated layer indices or 'all', got {text!r}") from None
+    if not layers or any(layer < 0 for layer in layers):
+        raise PlotInputError(f"--layers takes non-negative layer indices, got {text!r}")
+    return layers
+
+
+def plot_diagnostics(
+    run_dirs: Sequence[str | Path],
+    out: str | Path,
+    layers: Sequence[int] | str | None = None,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    prefix: str = "diag/",
+) -> Path:
+    """Draw one panel per statistic in ``keys`` against step, one line per run (and layer), and save ``out``.
+
+    ``layers``: None plots one value per run over layers (max logit and the norms of that layer's max pair, min for
+    entropies, max otherwise); a list of indices, or ``"all"``, plots those layers' own lines.
+    """
+    if not run_dirs:
+        raise PlotInputError("no run directories given")
+    keys = list(keys)
+    runs = []
+    for run_dir in map(Path, run_dirs):
+        series = layer_series(load_metrics(run_dir), prefix)
+        chosen = sorted(series) if layers == "all" else layers
+        _check_run(run_dir, series, chosen, keys, prefix)
+        runs.append((run_dir, run_label(run_dir), series, chosen))
+    labels = [label for _, label, _, _ in runs]
+    # Two runs of one attention (seeds, learning rates) need their directory names to be told apart.
+    labels = [
+        f"{label} ({run_dir.resolve().name})" if labels.count(label) > 1 else label
+        for (run_dir, _, _, _), label in zip(runs, labels)
+    ]
+
+    ncols = min(len(keys), 3)
+    nrows = math.ceil(len(keys) / ncols)
+    fig = Figure(figsize=(5.0 * ncols, 3.8 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    colors = [f"C{i % 10}" for i in range(max(len(runs), 64))]
+    for ax, key in zip(axes, keys):
+        positive = True
+        for run_index, ((_, _, series, chosen), label) in enumerate(zip(runs, labels)):
+            if chosen is None:
+                lines = [(label, _over_layers(series, key), colors[run_index], "-")]
+            else:
+                one_run = len(runs) == 1
+                lines = [
+                    (
+                        f"{label} layer{layer:02d}",
+                        series[layer].get(key, {}),
+                        colors[pos] if one_run else colors[run_index],
+                        "-" if one_run else _LINESTYLES[pos % len(_LINESTYLES)],
+                    )
+                    for pos, layer in enumerate(chosen)
+                ]
+            for line_label, values, color, style in lines:
+                steps = sorted(values)
+                ys = [values[s] for s in steps]
+                positive &= all(y > 0 for y in ys if math.isfinite(y))
+                ax.plot(steps, ys, label=line_label, color=color, linestyle=style, linewidth=1.4)
+        # Log scale as in Figure A6 when it can show every value (a share of heads may be exactly 0).
+        ax.set_yscale("log" if positive else "linear")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize="small")
+    fig.suptitle("attention diagnostics " + ("(over layers)" if layers is None else "(per layer)"))
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m quest.report.plot", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    diag = commands.add_parser(
+        "diagnostics",
+        help="max attention logit and the q/k norms of its pair against step (QUEST paper, Figure A6)",
+        description="Plot attention diagnostics from each RUN_DIR/metrics.jsonl; see docs/diagnostics.md.",
+    )
+    diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    diag.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    diag.add_argument(
+        "--layers",
+        help="comma-separated layer indices (e.g. 0,3) or 'all' for per-layer lines; default: one line per run "
+        "over layers (max logit, the norms of that layer's max pair, min entropy)",
+    )
+    diag.add_argument(
+        "--keys",
+        nargs="+",
+        default=list(DEFAULT_KEYS),
+        help=f"per-layer statistics, one panel each (default: {' '.join(DEFAULT_KEYS)}); also e.g. entropy_mean, "
+        "q_norm_max, head01/max_logit",
+    )
+    diag.add_argument("--prefix", default="diag/", help="key prefix the run was logged with (default: diag/)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 with a message on stderr for unusable input)."""
+    args = _parser().parse_args(argv)
+    keys = [k for part in args.keys for k in part.split(",") if k]
+    try:
+        out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
+    except PlotInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
