@@ -205,3 +205,19 @@ def test_diagnostics_are_logged_under_stable_keys(tmp_path):
 def test_disabled_diagnostics_add_nothing(tmp_path):
     fit(compose_cfg(*FAST), tmp_path)
     assert not any(k.startswith("diag") for r in _rows(tmp_path) for k in r)
+
+
+def test_init_from_another_resolution_resizes_pos_embed(tmp_path):
+    from quest.engine.distributed import DistContext
+    from quest.engine.trainer import Run
+
+    fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path / "low")
+    source = load_checkpoint(tmp_path / "low" / "checkpoints" / "last.pt")
+    cfg = compose_cfg(*FAST, "model.img_size=32", "data.img_size=32",
+                      f"trainer.init_from={tmp_path / 'low' / 'checkpoints' / 'last.pt'}")
+    run = Run(cfg, tmp_path / "high", {}, DistContext())
+    run.init_weights(cfg.trainer.init_from)
+    weights = run.model.state_dict()
+    assert weights["pos_embed"].shape[1] == 8 * 8 + 1 != source["ema"]["pos_embed"].shape[1]
+    torch.testing.assert_close(weights["blocks.0.attn.qkv.weight"], source["ema"]["blocks.0.attn.qkv.weight"])
+    assert fit(cfg, tmp_path / "high")["status"] == "completed"
