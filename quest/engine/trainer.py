@@ -17,7 +17,7 @@ from timm.utils import random_seed
 
 from .builders import Components, build_components, model_meta
 from .checkpoint import check_compatible, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .distributed import DistContext, all_reduce_max, init_distributed
+from .distributed import DistContext, all_reduce_max, barrier, init_distributed
 from .evaluate import evaluate
 from .logger import RunLogger
 
@@ -308,4 +308,5 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) ->
     }
     logger.summary(summary)
     logger.close()
+    barrier(ctx)
     return summary

@@ -1,0 +1,58 @@
+"""DDP on CPU with gloo: 2 processes x batch b train exactly what 1 process x batch 2b trains."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from quest.engine import load_checkpoint
+
+from .helpers import ROOT
+
+# no random augmentation, dropout, drop path, mixup or EMA: the two runs must do the same arithmetic
+DETERMINISTIC = [
+    "data=fake", "data.img_size=16", "data.fake_train_size=64", "data.fake_val_size=30", "model=vit_pico",
+    "recipe=light", "recipe.scale=[1.0,1.0]", "recipe.ratio=[1.0,1.0]", "recipe.smoothing=0", "recipe.ema=false",
+    "trainer.epochs=2", "trainer.log_every_n_steps=1",
+]
+# float32 sums of per-rank gradients are reduced in another order than one process's sum: equal to round-off
+TOLERANCE = dict(atol=2e-5, rtol=1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args: list[str], cwd: Path, nproc: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
+    out = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path):
+    _run([*DETERMINISTIC, "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
+    _run([*DETERMINISTIC, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, nproc=2)
+    one, two = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("one", "two"))
+    assert one["state"]["step"] == two["state"]["step"] == 8
+    for key, value in one["model"].items():
+        torch.testing.assert_close(two["model"][key], value, **TOLERANCE, msg=key)
+    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    assert (s1["global_batch"], s2["global_batch"], s2["world_size"]) == (16, 16, 2)
+    assert s1["lr"] == s2["lr"]
+    # validation over 30 images split 15/15 without padding: the same numbers as one process
+    assert abs(s1["val/top1"] - s2["val/top1"]) < 1e-4 and abs(s1["val/loss"] - s2["val/loss"]) < 1e-4
+    # only rank 0 wrote outputs: one metrics line per step, not two
+    rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))
