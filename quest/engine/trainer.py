@@ -20,6 +20,7 @@ from .checkpoint import check_compatible, load_checkpoint, rng_state, save_check
 from .distributed import DistContext, all_reduce_max, barrier, init_distributed
 from .evaluate import evaluate
 from .logger import RunLogger
+from .preemption import Preemption
 
 log = logging.getLogger("quest.train")
 
@@ -76,6 +77,7 @@ class Run:
         self.scaler = torch.amp.GradScaler(ctx.device.type) if self.precision == "fp16" else None
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
+        self.preemption: Preemption | None = None
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -223,6 +225,9 @@ class Run:
                 tic, images_since_log = time.perf_counter(), 0
             if cfg.trainer.checkpoint_every_n_steps and st.step % cfg.trainer.checkpoint_every_n_steps == 0:
                 self.save()
+            if self.preemption is not None and self.preemption.due(self.ctx):
+                self.save()
+                self.preemption.requeue(self.ctx)
             if max_steps is not None and st.step >= max_steps:
                 return
         st.train_seconds += time.perf_counter() - tic
@@ -272,6 +277,7 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) ->
     log.info("%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, cfg.attention.name,
              num_params / 1e6, run_dir)
     status, diverged_at, reason, val = "completed", None, None, {}
+    run.preemption = Preemption().install()
     try:
         while st.epoch < tr.epochs and (tr.max_steps is None or st.step < tr.max_steps):
             run.train_epoch(logger)
@@ -290,6 +296,8 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) ->
     except Diverged as exc:
         status, diverged_at, reason = "diverged", exc.step, exc.reason
         log.error("run diverged at step %d (%s); the last good checkpoint stays in %s", exc.step, exc.reason, run.ckpt_dir)
+    finally:
+        run.preemption.uninstall()
     if not val and status != "diverged":
         val = run.validate(logger)
     ema_val = {}
