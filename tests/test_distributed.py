@@ -56,3 +56,16 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path):
     # only rank 0 wrote outputs: one metrics line per step, not two
     rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))
+
+
+def test_two_process_run_resumes_exactly_with_per_rank_randomness(tmp_path):
+    random_aug = ["data=fake", "data.img_size=16", "data.fake_train_size=64", "data.fake_val_size=16",
+                  "data.batch_size=8", "model=vit_pico", "recipe=light", "recipe.drop_path=0.1", "trainer.epochs=2"]
+    _run([*random_aug, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path, nproc=2)
+    _run([*random_aug, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
+    _run([*random_aug, f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
+    a, b = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("straight", "resumed"))
+    assert len(b["rng"]) == 2 and not torch.equal(b["rng"][0]["torch"], b["rng"][1]["torch"])
+    for part in ("model", "ema"):
+        for key, value in a[part].items():
+            torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")

@@ -4,11 +4,12 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_max", "barrier"]
+__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_max", "barrier", "gather_objects"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,12 @@ def all_reduce_max(value: float, ctx: DistContext) -> float:
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """``obj`` of every rank, in rank order (on every rank)."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out

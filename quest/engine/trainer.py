@@ -17,7 +17,7 @@ from timm.utils import random_seed
 
 from .builders import Components, build_components, model_meta
 from .checkpoint import check_compatible, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .distributed import DistContext, all_reduce_max, barrier, init_distributed
+from .distributed import DistContext, all_reduce_max, barrier, gather_objects, init_distributed
 from .evaluate import evaluate
 from .logger import RunLogger
 from .preemption import Preemption
@@ -91,6 +91,8 @@ class Run:
 
     # --- checkpoints ------------------------------------------------------------------------------------------
     def save(self, name: str = "last.pt") -> None:
+        # every rank draws its own augmentation randomness: keep each rank's RNG state, not only rank 0's
+        rngs = gather_objects(rng_state(), self.ctx)
         if not self.ctx.is_main:
             return
         p = self.parts
@@ -101,7 +103,7 @@ class Run:
             "scheduler": p.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "state": asdict(self.state),
-            "rng": rng_state(),
+            "rng": rngs,
             "meta": {**model_meta(self.cfg), "attention_options": dict(self.cfg.attention.options)},
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "choices": dict(self.choices),
@@ -126,7 +128,11 @@ class Run:
         if self.scaler is not None and ckpt["scaler"] is not None:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.state = TrainState(**ckpt["state"])
-        set_rng_state(ckpt["rng"])
+        rngs = ckpt["rng"]
+        if len(rngs) != self.ctx.world_size:
+            log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",
+                        len(rngs), self.ctx.world_size)
+        set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
         log.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
         return True
 
