@@ -10,6 +10,9 @@ import torch.nn as nn
 
 from quest.attention import get_attention, list_attentions
 
+from .reference import l2n as _l2n
+from .reference import reference_logits
+
 FORMULATIONS = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
 B, N, DIM, HEADS = 2, 7, 24, 3
 D = DIM // HEADS
@@ -17,36 +20,6 @@ D = DIM // HEADS
 
 def test_registry_holds_the_paper_formulations():
     assert set(FORMULATIONS) <= set(list_attentions())
-
-
-def _l2n(x):
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-
-
-def _layer_norm(x, weight, bias, eps):
-    mu = x.mean(-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)
-    return (x - mu) / torch.sqrt(var + eps) * weight + bias
-
-
-def reference_logits(name, layer, q, k):
-    """The logits z_ij of each formulation, straight from the definitions in docs/attention.md."""
-    if name == "standard":
-        return q @ k.transpose(-2, -1) / math.sqrt(D)
-    if name == "quest":
-        return q @ _l2n(k).transpose(-2, -1)
-    if name == "qnorm":
-        return _l2n(q) @ k.transpose(-2, -1)
-    if name == "qknorm":
-        return layer.qk_scale * (_l2n(q) @ _l2n(k).transpose(-2, -1))
-    if name == "qknorm_hs":
-        s = torch.exp(torch.clamp(layer.logit_scale, max=math.log(100.0)))[None, :, None, None]
-        return s * (_l2n(q) @ _l2n(k).transpose(-2, -1))
-    if name == "qknorm_ds":
-        qn = _layer_norm(q, layer.q_norm.weight, layer.q_norm.bias, layer.q_norm.eps)
-        kn = _layer_norm(k, layer.k_norm.weight, layer.k_norm.bias, layer.k_norm.eps)
-        return qn @ kn.transpose(-2, -1) / math.sqrt(D)
-    raise AssertionError(name)
 
 
 def reference_forward(name, layer, x, mask=None, causal=False):

@@ -15,6 +15,8 @@ from quest.diagnostics import AttentionDiagnostics
 from quest.diagnostics.stats import HEAD_STATS, SCALAR_STATS
 from quest.models import attention_layers, create_model
 
+from .reference import reference_logits
+
 FORMULATIONS = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
 # The CPU preset's shape (16 px input, width 64, 4 heads) with 2 px patches (65 tokens) at depth 2, spelt out on a
 # stable timm name so these tests do not follow renames of the CPU presets.
@@ -37,40 +39,12 @@ def images(n: int = 5, dtype: torch.dtype = torch.float64) -> torch.Tensor:
 
 
 # --- the brute force: definitions written out, independently of quest.attention / quest.diagnostics -------------
-def _l2n(x):
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-
-
-def _layer_norm(x, ln):
-    mu = x.mean(-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)
-    return (x - mu) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
-
-
 def raw_qk(layer, x):
     B, N, C = x.shape
     H, d = layer.num_heads, C // layer.num_heads
     qkv = x @ layer.qkv.weight.T + layer.qkv.bias
     q, k, _ = (t.reshape(B, N, H, d).transpose(1, 2) for t in qkv.split(C, dim=-1))
     return q, k
-
-
-def reference_logits(name, layer, q, k):
-    d = q.shape[-1]
-    if name == "standard":
-        return q @ k.transpose(-2, -1) / math.sqrt(d)
-    if name == "quest":
-        return q @ _l2n(k).transpose(-2, -1)
-    if name == "qnorm":
-        return _l2n(q) @ k.transpose(-2, -1)
-    if name == "qknorm":
-        return layer.qk_scale * (_l2n(q) @ _l2n(k).transpose(-2, -1))
-    if name == "qknorm_hs":
-        s = torch.exp(torch.clamp(layer.logit_scale, max=math.log(100.0)))[None, :, None, None]
-        return s * (_l2n(q) @ _l2n(k).transpose(-2, -1))
-    if name == "qknorm_ds":
-        return _layer_norm(q, layer.q_norm) @ _layer_norm(k, layer.k_norm).transpose(-2, -1) / math.sqrt(d)
-    raise AssertionError(name)
 
 
 def brute_force(name, layer, x):
