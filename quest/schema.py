@@ -110,6 +110,7 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool = False
+    strategy: str = "ddp"  # ddp (also for one process) | fsdp (FSDP2 fully_shard, sharded checkpoints)
     accum_steps: int = 1
     log_every_n_steps: int = 20
     checkpoint_every_n_steps: Optional[int] = None

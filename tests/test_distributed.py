@@ -69,3 +69,18 @@ def test_two_process_run_resumes_exactly_with_per_rank_randomness(tmp_path):
     for part in ("model", "ema"):
         for key, value in a[part].items():
             torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
+
+
+def test_fsdp_trains_like_ddp_and_resumes_from_sharded_checkpoints(tmp_path):
+    fsdp = [*DETERMINISTIC, "data.batch_size=8", "trainer.strategy=fsdp"]
+    _run([*DETERMINISTIC, "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
+    _run([*fsdp, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path, nproc=2)
+    _run([*fsdp, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
+    _run([*fsdp, f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
+    one, full, resumed = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("one", "fsdp", "resumed"))
+    assert full["sharded"] == "last.dcp" and (tmp_path / "fsdp" / "checkpoints" / "last.dcp" / ".metadata").is_file()
+    for key, value in one["model"].items():  # last.pt holds the gathered, unsharded weights
+        torch.testing.assert_close(full["model"][key], value, **TOLERANCE, msg=key)
+        torch.testing.assert_close(resumed["model"][key], full["model"][key], atol=0, rtol=0, msg=key)
+    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "fsdp"))
+    assert abs(s1["val/top1"] - s2["val/top1"]) < 1e-4 and abs(s1["val/loss"] - s2["val/loss"]) < 1e-3

@@ -138,6 +138,14 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     img_size = resolve_img_size(cfg)
     train_loader, val_loader = _loaders(cfg, ctx, img_size)
     model = build_model(cfg).to(ctx.device)
+    if cfg.trainer.strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"trainer.strategy must be ddp or fsdp, got {cfg.trainer.strategy!r}")
+    if cfg.trainer.strategy == "fsdp":
+        if recipe.ema:
+            raise ValueError("recipe.ema is not supported with trainer.strategy=fsdp; set recipe.ema=false")
+        from .fsdp import shard_model
+
+        model = shard_model(model, ctx)  # before the optimizer: sharding replaces the parameters
     global_batch = cfg.data.batch_size * ctx.world_size * cfg.trainer.accum_steps
     lr = resolve_lr(recipe, global_batch)
     optimizer = _optimizer(model, recipe, lr)

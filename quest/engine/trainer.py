@@ -69,7 +69,8 @@ class Run:
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
         self.train_model = torch.compile(self.model) if cfg.trainer.compile else self.model
-        if ctx.distributed:
+        self.sharded = cfg.trainer.strategy == "fsdp"
+        if ctx.distributed and not self.sharded:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 self.train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         self.precision, dtype = _precision(cfg.trainer, ctx.device)
@@ -93,13 +94,21 @@ class Run:
     def save(self, name: str = "last.pt") -> None:
         # every rank draws its own augmentation randomness: keep each rank's RNG state, not only rank 0's
         rngs = gather_objects(rng_state(), self.ctx)
+        p = self.parts
+        sharded_dir = None
+        if self.sharded:  # collectives: every rank writes its shard and helps gather the full weights
+            from .fsdp import full_model_state_dict, save_sharded
+
+            sharded_dir = name.replace(".pt", ".dcp")
+            save_sharded(self.ckpt_dir / sharded_dir, self.model, p.optimizer, self.ctx)
+            weights = full_model_state_dict(self.model)
         if not self.ctx.is_main:
             return
-        p = self.parts
         save_checkpoint(self.ckpt_dir / name, {
-            "model": self.model.state_dict(),
+            "model": weights if self.sharded else self.model.state_dict(),
+            "sharded": sharded_dir,
             "ema": p.ema.module.state_dict() if p.ema is not None else None,
-            "optimizer": p.optimizer.state_dict(),
+            "optimizer": None if self.sharded else p.optimizer.state_dict(),
             "scheduler": p.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "state": asdict(self.state),
@@ -120,10 +129,18 @@ class Run:
         ckpt = load_checkpoint(path, map_location=self.ctx.device)
         check_compatible(ckpt, model_meta(self.cfg), path)
         p = self.parts
-        self.model.load_state_dict(ckpt["model"])
+        if bool(ckpt.get("sharded")) != self.sharded:
+            raise ValueError(f"checkpoint {path} was written with strategy "
+                             f"{'fsdp' if ckpt.get('sharded') else 'ddp'}, this run uses {self.cfg.trainer.strategy}")
+        if self.sharded:
+            from .fsdp import load_sharded
+
+            load_sharded(path.parent / ckpt["sharded"], self.model, p.optimizer)
+        else:
+            self.model.load_state_dict(ckpt["model"])
+            p.optimizer.load_state_dict(ckpt["optimizer"])
         if p.ema is not None and ckpt["ema"] is not None:
             p.ema.module.load_state_dict(ckpt["ema"])
-        p.optimizer.load_state_dict(ckpt["optimizer"])
         p.scheduler.load_state_dict(ckpt["scheduler"])
         if self.scaler is not None and ckpt["scaler"] is not None:
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -171,7 +188,8 @@ class Run:
         if self.scaler is not None:
             self.scaler.unscale_(p.optimizer)
         clip = cfg.recipe.clip_grad if cfg.recipe.clip_grad is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         # fp16: an overflow is the scaler's business (it skips the step); otherwise a non-finite norm is divergence
         if self.scaler is None and all_reduce_max(float(not math.isfinite(grad_norm)), self.ctx) > 0:
             raise Diverged(st.step, f"gradient norm {grad_norm}")
@@ -248,7 +266,8 @@ class Run:
                 diag.update(self.diagnostics.collect(images, prefix="diag_val/", step=self.state.step))
 
         metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes,
-                           self.autocast, first_batch_hook=on_first_batch)
+                           self.autocast, first_batch_hook=on_first_batch,
+                           lockstep=self.ctx if self.sharded else None)
         logger.log({**metrics, **diag, "epoch": self.state.epoch}, self.state.step)
         log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", self.state.epoch, metrics["val/top1"],
                  metrics["val/top5"], metrics["val/loss"])
@@ -270,9 +289,10 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) ->
         torch.set_num_threads(cfg.trainer.torch_threads)
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
-    random_seed(cfg.trainer.seed, ctx.rank)
     start = time.perf_counter()
+    random_seed(cfg.trainer.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
     run = Run(cfg, run_dir, choices, ctx)
+    random_seed(cfg.trainer.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
     resumed = run.resume()
     if not resumed and cfg.trainer.init_from:
         run.init_weights(cfg.trainer.init_from)
