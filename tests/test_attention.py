@@ -147,3 +147,15 @@ def test_registering_a_new_formulation_outside_the_package():
         assert s == 2.0 and layer(x).shape == x.shape
     finally:
         _REGISTRY.pop("test_cosine_t2")
+
+
+def test_l2_normalize_gradient_matches_autograd_including_below_eps():
+    from torch.autograd import gradcheck
+
+    from quest.attention import l2_normalize
+
+    x = torch.randn(3, 4, 5, 8, dtype=torch.float64)
+    x[0, 0, 0] = 1e-9  # a vector shorter than eps: the norm is clamped there
+    x.requires_grad_(True)
+    assert gradcheck(lambda t: l2_normalize(t, 1e-3), (x,))  # eps far from the finite-difference step
+    torch.testing.assert_close(l2_normalize(x, 1e-3), torch.nn.functional.normalize(x, dim=-1, eps=1e-3))

@@ -109,3 +109,15 @@ def test_unknown_model_and_attention_are_named():
         create_model("vit_gigantic_patch99", attention="quest")
     with pytest.raises(ValueError, match="registered attentions"):
         create_model("vit_pico_patch4_16", attention="sparse")
+
+
+def test_convert_keeps_the_norm_layers_as_built():
+    import functools
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    norm = functools.partial(torch.nn.LayerNorm, eps=1e-3)
+    source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, qk_norm=True,
+                               norm_layer=norm)
+    converted = convert_attention(source, "qknorm_ds")
+    assert converted.blocks[0].attn.q_norm.eps == 1e-3 and converted.blocks[0].attn.k_norm.eps == 1e-3

@@ -107,3 +107,38 @@ def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(cluster,
     for part in ("model", "ema"):
         for key, value in a[part].items():
             torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
+
+
+def test_preempted_submitit_job_is_resubmitted_and_resumes(cluster, tmp_path):
+    longer = [*TINY, "trainer.epochs=6"]
+    ref = subprocess.run([sys.executable, str(ROOT / "train.py"), *longer, f"hydra.run.dir={tmp_path / 'ref'}"],
+                         env=_job_env(cluster), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    hydra = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_cpu", *longer,
+                              f"hydra.sweep.dir={sweep}"], env=_job_env(cluster), cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        job = None
+        while time.time() < deadline:
+            metrics = list(sweep.glob("*/metrics.jsonl"))
+            if metrics and sum('"train/loss"' in line for line in metrics[0].read_text().splitlines()) >= 5:
+                job = cluster.run("squeue", "-h", "-o", "%i").stdout.split()[0]
+                break
+            time.sleep(0.5)
+        assert job is not None, "the submitit job never started training"
+        cluster.run("scancel", "--signal=USR1", job)
+        output, _ = hydra.communicate(timeout=900)
+    finally:
+        hydra.kill()
+    assert hydra.returncode == 0, output[-3000:]
+    logs = "".join(p.read_text() for p in sweep.glob(".submitit/*/*_log.*"))
+    # submitit truncates its log on requeue; the second attempt's log shows the resume
+    assert "DUE TO JOB REQUEUE" in logs and "resumed from" in logs, logs[-3000:]
+    run_dir = next(sweep.glob("*/summary.json")).parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed"]
+    a, b = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (tmp_path / "ref", run_dir))
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, atol=0, rtol=0, msg=key)

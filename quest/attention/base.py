@@ -19,9 +19,33 @@ import torch.nn.functional as F
 __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize"]
 
 
+class _L2Normalize(torch.autograd.Function):
+    """x / max(||x||, eps) with a hand-written backward.
+
+    ``F.normalize``'s autograd graph runs about ten element-wise kernels backward; this one runs three, which is most
+    of the difference between QUEST/QNorm/QKNorm and standard attention in a CPU ViT step (docs/benchmarks.md).
+    Gradient: for n = ||x|| >= eps, dL/dx = (g - u (g . u)) / n with u = x / n; below eps the norm is the constant
+    eps and dL/dx = g / eps.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        inv = norm.clamp_min(eps).reciprocal()
+        ctx.save_for_backward(x, inv, norm >= eps)
+        return x * inv
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        x, inv, above = ctx.saved_tensors
+        u = x * inv
+        gu = (g * u).sum(-1, keepdim=True)
+        return torch.addcmul(g, u, gu * above, value=-1).mul_(inv), None
+
+
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / max(||x||_2, eps) along the head dimension."""
-    return F.normalize(x, dim=-1, eps=eps)
+    return _L2Normalize.apply(x, eps)
 
 
 class QKAttention(nn.Module):
@@ -114,8 +138,9 @@ class QKAttention(nn.Module):
         q, k, scale = self.transform_qk(q, k)
         if isinstance(scale, torch.Tensor):
             # SDPA takes a Python float scale; a learnable (per-layer or per-head) scale is folded into q instead,
-            # which is exact and keeps the gradient w.r.t. the scale.
-            q, scale = q * scale, 1.0
+            # which is exact and keeps the gradient w.r.t. the scale. Cast to q's dtype so that under bf16 autocast
+            # the fp32 parameter does not promote q to fp32 (and SDPA cast it back).
+            q, scale = q * scale.to(q.dtype), 1.0
         return F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=attn_mask,

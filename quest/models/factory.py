@@ -1,6 +1,7 @@
 """timm models with a chosen attention: :func:`create_model` and :func:`convert_attention`."""
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import timm
@@ -101,6 +102,10 @@ def _converted(layer: nn.Module, attn_cls: type[QKAttention]) -> QKAttention:
     if cfg.get("norm_layer") is nn.Identity:
         cfg["norm_layer"] = None
     new = cls(**cfg, attn_drop=layer.attn_drop.p, proj_drop=layer.proj_drop.p)
+    for attr in ("q_norm", "k_norm", "norm"):  # keep the norms as they were built (eps, bias), not just their type
+        source_norm = getattr(layer, attr, None)
+        if source_norm is not None and not isinstance(source_norm, nn.Identity):
+            setattr(new, attr, copy.deepcopy(source_norm))
     source = layer.state_dict()
     target = new.state_dict()
     missing_in_target = sorted(set(source) - set(target))
