@@ -90,3 +90,11 @@ def test_misspelt_key_is_named():
         compose_cfg("trainer.epoch=3")
     with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError), match="batch_size"):
         compose_cfg("data.batch_size=many")
+
+
+def test_unknown_attention_name_through_the_config_lists_registered_names():
+    from quest.engine.builders import build_model
+
+    cfg = compose_cfg("attention.name=flash_quest")
+    with pytest.raises(ValueError, match=r"unknown attention 'flash_quest'; registered attentions: .*quest.*standard"):
+        build_model(cfg)
