@@ -112,8 +112,9 @@ def test_qknorm_hs_scale_is_clamped_at_max():
     with torch.no_grad():
         layer.logit_scale.fill_(10.0)  # exp(10) >> 100
     x = torch.randn(B, N, DIM, dtype=torch.float64)
-    _, _, scale = layer.effective_qk(x)
-    torch.testing.assert_close(scale.flatten(), torch.full((HEADS,), 100.0, dtype=torch.float64))
+    q, k, scale = layer.effective_qk(x)
+    cosine = torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+    torch.testing.assert_close(scale * q @ k.transpose(-2, -1), 100.0 * cosine)
 
 
 def test_unknown_attention_lists_registered_names():
@@ -158,4 +159,7 @@ def test_l2_normalize_gradient_matches_autograd_including_below_eps():
     x[0, 0, 0] = 1e-9  # a vector shorter than eps: the norm is clamped there
     x.requires_grad_(True)
     assert gradcheck(lambda t: l2_normalize(t, 1e-3), (x,))  # eps far from the finite-difference step
+    for shape in [(1,), (4, 1, 1)]:  # a per-layer and a per-head scale, with their gradient
+        s = torch.rand(shape, dtype=torch.float64, requires_grad=True) + 0.5
+        assert gradcheck(lambda t, s: l2_normalize(t, 1e-3, s), (x, s))
     torch.testing.assert_close(l2_normalize(x, 1e-3), torch.nn.functional.normalize(x, dim=-1, eps=1e-3))

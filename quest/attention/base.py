@@ -20,32 +20,37 @@ __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize"]
 
 
 class _L2Normalize(torch.autograd.Function):
-    """x / max(||x||, eps) with a hand-written backward.
+    """scale * x / max(||x||, eps) with a hand-written backward.
 
-    ``F.normalize``'s autograd graph runs about ten element-wise kernels backward; this one runs three, which is most
-    of the difference between QUEST/QNorm/QKNorm and standard attention in a CPU ViT step (docs/benchmarks.md).
-    Gradient: for n = ||x|| >= eps, dL/dx = (g - u (g . u)) / n with u = x / n; below eps the norm is the constant
-    eps and dL/dx = g / eps.
+    ``F.normalize`` (and a separate multiply by a learnable scale) runs about ten element-wise kernels backward; this
+    runs three, which is most of the difference between QUEST/QNorm/QKNorm and standard attention in a CPU ViT step
+    (docs/benchmarks.md). With n = max(||x||, eps), u = x / n and output y = s u: dL/dx = s (g - u (g . u)) / n where
+    ||x|| >= eps, s g / n below (there n is the constant eps); dL/ds = sum of g . u over what s broadcasts to.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, eps: float, scale: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         inv = norm.clamp_min(eps).reciprocal()
-        ctx.save_for_backward(x, inv, norm >= eps)
-        return x * inv
+        ctx.save_for_backward(x, inv, norm >= eps, scale)
+        ctx.has_scale = scale is not None
+        return x * (inv if scale is None else inv * scale)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # type: ignore[override]
-        x, inv, above = ctx.saved_tensors
+        x, inv, above, scale = ctx.saved_tensors
         u = x * inv
         gu = (g * u).sum(-1, keepdim=True)
-        return torch.addcmul(g, u, gu * above, value=-1).mul_(inv), None
+        gx = torch.addcmul(g, u, gu * above, value=-1).mul_(inv if not ctx.has_scale else inv * scale)
+        gscale = gu.sum_to_size(scale.shape) if ctx.has_scale and ctx.needs_input_grad[2] else None
+        return gx, None, gscale
 
 
-def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / max(||x||_2, eps) along the head dimension."""
-    return _L2Normalize.apply(x, eps)
+def l2_normalize(x: torch.Tensor, eps: float, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass."""
+    if scale is not None:
+        scale = scale.to(x.dtype)  # an fp32 parameter must not promote bf16 activations under autocast
+    return _L2Normalize.apply(x, eps, scale)
 
 
 class QKAttention(nn.Module):

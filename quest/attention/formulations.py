@@ -89,8 +89,9 @@ class QKNormAttention(QKAttention):
             self.qk_scale.fill_(self.initial_scale(seq_len))
 
     def transform_qk(self, q, k):
+        # g is folded into the query normalisation (one fused pass): logits = (g l2n(q)) . l2n(k), scale 1
         eps = self.options["eps"]
-        return l2_normalize(q, eps), l2_normalize(k, eps), self.qk_scale
+        return l2_normalize(q, eps, self.qk_scale), l2_normalize(k, eps), 1.0
 
 
 @register_attention("qknorm_hs")
@@ -108,9 +109,10 @@ class QKNormHeadScaleAttention(QKAttention):
         self.logit_scale = nn.Parameter(torch.full((self.num_heads,), init, device=device, dtype=dtype))
 
     def transform_qk(self, q, k):
+        # s_h is folded into the query normalisation (one fused pass): logits = (s_h l2n(q)) . l2n(k), scale 1
         eps = self.options["eps"]
         scale = self.logit_scale.clamp(max=math.log(self.options["max_scale"])).exp().view(-1, 1, 1)
-        return l2_normalize(q, eps), l2_normalize(k, eps), scale
+        return l2_normalize(q, eps, scale), l2_normalize(k, eps), 1.0
 
 
 @register_attention("qknorm_ds")
