@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from quest.engine.builders import resolve_img_size  # noqa: E402
 from quest.engine.distributed import DistContext  # noqa: E402
 from quest.engine.trainer import Run  # noqa: E402
 from quest.schema import register_configs  # noqa: E402
@@ -52,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     off, on = make_run(args.model, "disabled", args.batch), make_run(args.model, "default", args.batch)
     assert on.diagnostics is not None and on.diagnostics.every_n_steps == STEPS and off.diagnostics is None
-    size = off.cfg.data.img_size
+    size = resolve_img_size(off.cfg)
     images, targets = torch.randn(args.batch, 3, size, size), torch.randint(0, 10, (args.batch,))
     hundred_steps(off, images, targets), hundred_steps(on, images, targets)  # warm-up (on: one collect)
     t_off, t_on = [], []
