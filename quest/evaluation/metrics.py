@@ -1,0 +1,117 @@
+"""Counting that is right by construction: every sample exactly once over all processes, in a fixed order.
+
+Loaders use ``ShardSampler`` (rank r takes samples r, r + W, ...; no shuffle, no padding, no drop_last), metrics are
+torchmetrics states summed over processes (micro top-1/top-5, mean NLL), and order-sensitive scorers (ReaL) get the
+predictions of all processes put back into data-set order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from quest.data import ShardSampler, collate_skipping_bad
+from quest.engine.distributed import DistContext
+from quest.engine.evaluate import evaluate
+
+from .target import EvalTarget
+
+__all__ = ["EvalRun", "make_loader", "classify", "ordered_topk", "SubsetLogits", "evenly_spaced", "fixed_subset"]
+
+
+@dataclass
+class EvalRun:
+    """Everything an evaluation needs besides its own config section."""
+
+    target: EvalTarget
+    dist: DistContext
+    settings: Any  # the eval config node (roots, batch size, every evaluation's section)
+    autocast: Callable[[], ContextManager]
+    results: dict[str, dict] = field(default_factory=dict)  # earlier evaluations of this run, by name
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @property
+    def model(self) -> nn.Module:
+        return self.target.model
+
+
+def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size or run.settings.batch_size,
+                      sampler=ShardSampler(len(dataset), run.dist.rank, run.dist.world_size),
+                      num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad,
+                      pin_memory=run.device.type == "cuda")
+
+
+def classify(run: EvalRun, dataset: Dataset, num_classes: int, model: nn.Module | None = None) -> dict[str, Any]:
+    """Micro top-1 / top-5 (percent), mean NLL and the sample count over ``dataset``, summed over processes."""
+    metrics = evaluate(model or run.model, make_loader(run, dataset), run.device, num_classes, run.autocast, prefix="")
+    return {"top1": metrics["top1"], "top5": metrics["top5"], "nll": metrics["loss"], "n": len(dataset)}
+
+
+@torch.no_grad()
+def ordered_topk(run: EvalRun, dataset: Dataset, k: int, model: nn.Module | None = None) -> torch.Tensor:
+    """The top-``k`` classes of every sample, (len(dataset), k), in data-set order on every process.
+
+    With ShardSampler, local prediction j of rank r is sample r + j * W, so the gathered shards interleave back
+    into the original order exactly, with nothing padded or repeated."""
+    model = model or run.model
+    model.eval()
+    local = []
+    for images, _, skipped in make_loader(run, dataset):
+        if skipped:
+            raise RuntimeError("an order-sensitive evaluation cannot skip unreadable images")
+        with run.autocast():
+            logits = model(images.to(run.device, non_blocking=True))
+        local.append(logits.float().topk(k, dim=1).indices.cpu())
+    mine = torch.cat(local) if local else torch.empty(0, k, dtype=torch.long)
+    world = run.dist.world_size
+    if world == 1:
+        return mine
+    shards: list[Any] = [None] * world
+    dist.all_gather_object(shards, mine)
+    out = torch.empty(len(dataset), k, dtype=torch.long)
+    for rank, shard in enumerate(shards):
+        out[rank::world] = shard
+    return out
+
+
+class SubsetLogits(nn.Module):
+    """The columns ``indices`` of a model's logits (ImageNet-A/R: 200 of 1000), so that argmax, top-5 and the NLL
+    are taken among the subset classes only."""
+
+    def __init__(self, model: nn.Module, indices: list[int] | tuple[int, ...]):
+        super().__init__()
+        self.model = model
+        self.register_buffer("indices", torch.tensor(list(indices), dtype=torch.long), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
+        return logits.index_select(1, self.indices.to(logits.device))
+
+
+def evenly_spaced(total: int, max_samples: int | None) -> list[int]:
+    """All indices, or ``max_samples`` of them evenly spread over the data set (deterministic, no RNG)."""
+    if max_samples is None or max_samples >= total:
+        return list(range(total))
+    if max_samples < 1:
+        raise ValueError(f"max_samples must be positive, got {max_samples}")
+    return np.unique(np.linspace(0, total - 1, max_samples).round().astype(int)).tolist()
+
+
+def fixed_subset(dataset: Dataset, max_samples: int | None) -> tuple[Dataset, dict[str, Any]]:
+    """The data set or an evenly spaced subset of it, with a description for the report."""
+    indices = evenly_spaced(len(dataset), max_samples)
+    if len(indices) == len(dataset):
+        return dataset, {"samples": len(dataset), "of": len(dataset), "selection": "all"}
+    subset = Subset(dataset, indices)
+    return subset, {"samples": len(indices), "of": len(dataset),
+                    "selection": f"{len(indices)} evenly spaced indices (round(linspace(0, {len(dataset) - 1}, "
+                                 f"{max_samples})))"}

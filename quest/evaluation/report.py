@@ -1,0 +1,138 @@
+"""Evaluation outputs: eval_results.json (everything), eval_results.csv (every number, one per row) and
+eval_results.md (tables for people), plus an optional wandb run in the training run's group."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = ["write_reports", "flatten_numbers", "log_wandb"]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN / inf
+    return value
+
+
+def flatten_numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """('a/b/c', number) for every int or float leaf (booleans excluded)."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from flatten_numbers(value, f"{prefix}/{key}" if prefix else str(key))
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield prefix, tree
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+
+
+_HEADLINE = ("top1", "top5", "nll", "n", "excluded_empty", "mce", "relative_mce", "mean_error", "extra_mean_error",
+             "relative_mean_error", "clean_error")
+
+
+def _section(name: str, result: dict[str, Any]) -> list[str]:
+    lines = [f"## {name}", ""]
+    headline = [[k, result[k]] for k in _HEADLINE if k in result]
+    if headline:
+        lines += _table(["metric", "value"], headline) + [""]
+    variants = [(k, v) for k, v in result.items() if isinstance(v, dict) and "top1" in v and "attack" not in v]
+    if variants:
+        lines += _table(["set", "top-1 %", "top-5 %", "NLL", "n"],
+                        [[k, v.get("top1"), v.get("top5"), v.get("nll"), v.get("n")] for k, v in variants]) + [""]
+    attacks = [(k, v) for k, v in result.items() if isinstance(v, dict) and "attack" in v]
+    if attacks:
+        lines += _table(["attack", "eps", "eps x 255", "n", "clean top-1 %", "adv. top-1 %", "clean NLL", "adv. NLL",
+                         "max l_inf", "seconds"],
+                        [[v["attack"], v["eps"], v["eps_x255"], v["n"], v["clean_top1"], v["top1"], v["clean_nll"],
+                          v["nll"], v["max_linf"], v["seconds"]] for _, v in attacks]) + [""]
+    if isinstance(result.get("error"), dict):
+        error = {c: {int(s): e for s, e in by_s.items()} for c, by_s in result["error"].items()}  # JSON keys: str
+        severities = sorted({s for by_s in error.values() for s in by_s})
+        rows = [[c, *[by_s.get(s) for s in severities], result["corruption_error"][c],
+                 (result.get("ce") or {}).get(c)] for c, by_s in error.items()]
+        lines += ["Error (%) per corruption and severity; CE normalised by AlexNet (ImageNet-C only):", ""]
+        lines += _table(["corruption", *[f"s{s}" for s in severities], "mean", "CE"], rows) + [""]
+    for key in ("subset", "protocol", "note", "transform", "pipeline", "masking", "label", "clean_error_source"):
+        if key in result:
+            text = json.dumps(_jsonable(result[key])) if isinstance(result[key], dict) else str(result[key])
+            lines.append(f"- {key}: {text}")
+    return lines + [""]
+
+
+def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path]:
+    """Write the three files atomically; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = _jsonable(report)
+    paths = {ext: out_dir / f"eval_results.{ext}" for ext in ("json", "csv", "md")}
+    texts: dict[str, str] = {"json": json.dumps(report, indent=2) + "\n"}
+    rows = [(evaluation, metric, value) for evaluation, result in report["results"].items()
+            for metric, value in flatten_numbers(result)]
+    tmp_csv = out_dir / ".eval_results.csv.tmp"
+    with open(tmp_csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["evaluation", "metric", "value"])
+        writer.writerows(rows)
+    target = report["target"]
+    md = [f"# Evaluation: {report['suite']}", "",
+          f"- model: {target.get('model')} with {target.get('attention')} attention "
+          f"({target.get('source')}: {target.get('checkpoint') or target.get('weights')}, weights: "
+          f"{target.get('weights') if target.get('source') == 'checkpoint' else 'state_dict'})",
+          f"- input: {target.get('img_size')} px, mean {target.get('mean')}, std {target.get('std')}, crop_pct "
+          f"{target.get('crop_pct')}, {target.get('interpolation')}",
+          f"- processes: {report['world_size']}, device: {report['device']}, wall time: {report['wall_time_s']:.1f} s",
+          "- accuracies and errors in percent; NLL in nats", ""]
+    for name, result in report["results"].items():
+        md += _section(name, result)
+    texts["md"] = "\n".join(md)
+    for ext in ("json", "md"):
+        tmp = out_dir / f".eval_results.{ext}.tmp"
+        tmp.write_text(texts[ext])
+        os.replace(tmp, paths[ext])
+    os.replace(tmp_csv, paths["csv"])
+    return paths
+
+
+def log_wandb(logger_cfg: Any, report: dict[str, Any], out_dir: Path, group: str | None) -> str | None:
+    """One wandb run (job_type 'eval') in the training run's group; offline unless logger.mode says otherwise."""
+    if not logger_cfg.wandb:
+        return None
+    import wandb
+
+    target = report["target"]
+    name = logger_cfg.name or f"eval-{report['suite']}-{target.get('attention')}"
+    run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=logger_cfg.mode,
+                     group=logger_cfg.group or group, name=name, job_type="eval", tags=list(logger_cfg.tags),
+                     dir=str(out_dir), config={"target": _jsonable(target), "settings": report["settings"]},
+                     reinit="finish_previous")
+    metrics = {f"eval/{evaluation}/{metric}": value for evaluation, result in report["results"].items()
+               for metric, value in flatten_numbers(_jsonable(result))}
+    run.log(metrics)
+    run.summary.update(metrics)
+    run_id = run.id
+    run.finish()
+    return run_id

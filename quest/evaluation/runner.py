@@ -1,0 +1,116 @@
+"""Run a suite: load what is evaluated, run the configured evaluations in order, write the reports."""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from quest.engine.distributed import DistContext, init_distributed
+
+from .adversarial_suite import adversarial
+from .corruption_suite import corruptions
+from .dataset_eval import clean
+from .imagenet_c import imagenet_c
+from .imagenet_suites import imagenet_a, imagenet_r, imagenet_real, imagenet_v2, imagenet_val
+from .metrics import EvalRun
+from .report import log_wandb, write_reports
+from .target import EvalTarget, load_target
+
+log = logging.getLogger("quest.eval")
+
+__all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for"]
+
+#: evaluation name (the entries of eval.run) -> function(run, its config section) -> result dict
+EVALUATIONS: dict[str, Callable[[EvalRun, Any], dict[str, Any]]] = {
+    "imagenet_val": imagenet_val, "imagenet_v2": imagenet_v2, "imagenet_real": imagenet_real,
+    "imagenet_a": imagenet_a, "imagenet_r": imagenet_r, "imagenet_c": imagenet_c,
+    "clean": clean, "corruptions": corruptions, "adversarial": adversarial,
+}
+
+
+def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
+    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if precision not in dtypes:
+        raise ValueError(f"eval.precision must be fp32, bf16 or fp16, got {precision!r}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("eval.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
+    dtype = dtypes[precision]
+    return partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else nullcontext
+
+
+def _check_names(settings: Any) -> list[str]:
+    names = list(settings.run)
+    unknown = [n for n in names if n not in EVALUATIONS]
+    if unknown:
+        raise ValueError(f"eval.run names unknown evaluations {unknown}; known: {sorted(EVALUATIONS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"eval.run lists an evaluation twice: {names}")
+    return names
+
+
+def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext) -> dict[str, dict[str, Any]]:
+    """Every evaluation of ``settings.run`` on ``target``, in order; the results by name (on every process)."""
+    names = _check_names(settings)
+    run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device))
+    for name in names:
+        tic = time.perf_counter()
+        log.info("running %s", name)
+        result = EVALUATIONS[name](run, settings[name])
+        result["seconds"] = round(time.perf_counter() - tic, 2)
+        run.results[name] = result
+        log.info("%s done in %.1f s: %s", name, result["seconds"],
+                 {k: round(v, 3) for k, v in result.items() if k in ("top1", "top5", "nll", "mce", "mean_error")})
+    return run.results
+
+
+def _target_report(target: EvalTarget) -> dict[str, Any]:
+    return {**target.info, "num_classes": target.num_classes, "img_size": target.img_size,
+            "mean": list(target.mean), "std": list(target.std), "crop_pct": target.crop_pct,
+            "interpolation": target.interpolation, "data": target.data.name if target.data is not None else None}
+
+
+def run_evaluation(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
+    """eval.py's body: load, evaluate (one process or a torchrun/srun group), report on the main process."""
+    settings = cfg.eval
+    _check_names(settings)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    ctx = init_distributed(settings.device)
+    start = time.perf_counter()
+    try:
+        target = load_target(cfg, ctx.device)
+        results = run_evaluations(target, settings, ctx)
+        report = {
+            "suite": settings.name, "evaluations": list(settings.run), "target": _target_report(target),
+            "settings": OmegaConf.to_container(settings, resolve=True), "world_size": ctx.world_size,
+            "device": str(ctx.device), "precision": settings.precision,
+            "versions": _versions(), "wall_time_s": time.perf_counter() - start, "results": results,
+        }
+        if ctx.is_main:
+            out_dir = Path(output_dir)
+            paths = write_reports(out_dir, report)
+            report["wandb_run"] = log_wandb(cfg.logger, report, out_dir, target.wandb_group)
+            log.info("results in %s", ", ".join(str(p) for p in paths.values()))
+        return report
+    finally:
+        if ctx.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for package in ("torch", "timm", "torchmetrics", "imagecorruptions", "pyautoattack", "scikit-image", "numpy"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out

@@ -1,0 +1,155 @@
+"""What is evaluated: a model rebuilt from a train.py checkpoint (its stored config gives model, attention, data and
+eval transform), or a timm model with a chosen attention and optional local weights."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from omegaconf import DictConfig, OmegaConf
+
+from quest.engine.builders import build_model, resolve_img_size
+from quest.engine.checkpoint import FORMAT, load_checkpoint
+from quest.models import create_model
+
+log = logging.getLogger("quest.eval")
+
+__all__ = ["EvalTarget", "load_target", "data_was_chosen"]
+
+
+@dataclass
+class EvalTarget:
+    model: nn.Module  # in eval mode, on the evaluation device
+    num_classes: int
+    img_size: int  # the model's input resolution
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float
+    interpolation: str
+    data: DictConfig | None  # the data set of the clean / corruptions / adversarial evaluations
+    info: dict[str, Any] = field(default_factory=dict)  # what was loaded, for the report
+    wandb_group: str | None = None  # the training run's wandb group, when known
+
+
+def data_was_chosen(cfg: DictConfig) -> bool:
+    """``data=<name>`` on the command line (the node stays at its schema default, name ???, otherwise)."""
+    return not OmegaConf.is_missing(cfg.data, "name")
+
+
+def _eval_transform_overrides(settings: DictConfig, crop_pct: float, interpolation: str) -> tuple[float, str]:
+    return (float(settings.crop_pct) if settings.crop_pct is not None else float(crop_pct),
+            str(settings.interpolation) if settings.interpolation is not None else str(interpolation))
+
+
+def load_target(cfg: DictConfig, device: torch.device) -> EvalTarget:
+    """The model and its evaluation settings, from ``checkpoint=`` or ``model=`` / ``attention=`` / ``weights=``."""
+    if cfg.checkpoint:
+        given = [k for k in ("weights",) if cfg[k]] + [f"{k}=" for k in ("model", "attention") if cfg[k].name]
+        if given:
+            raise ValueError(f"checkpoint= rebuilds the model from the checkpoint's config; do not also pass "
+                             f"{', '.join(given)} (use model=/attention=/weights= without checkpoint= instead)")
+        target = _from_checkpoint(cfg)
+    else:
+        if not cfg.model.name:
+            raise ValueError("nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
+                             "model=<timm name> attention=<name> [weights=<state_dict.pt>]")
+        if cfg.eval.use_ema:
+            raise ValueError("eval.use_ema=true needs checkpoint=<path> (a train.py checkpoint holds the EMA weights)")
+        target = _from_timm(cfg)
+    target.model.to(device).eval()
+    return target
+
+
+def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
+    path = Path(cfg.checkpoint).expanduser()
+    try:
+        ckpt = load_checkpoint(path)
+    except ValueError as exc:
+        raise ValueError(f"{exc}. eval.py checkpoint= takes a checkpoint written by train.py "
+                         f"(<run>/checkpoints/last.pt); for plain weights use model=<timm name> attention=<name> "
+                         f"weights={path}") from exc
+    missing = [k for k in ("model", "meta", "config") if k not in ckpt]
+    if missing:
+        raise ValueError(f"{path} is a {FORMAT} file without {missing}: not written by train.py's trainer")
+    stored = OmegaConf.create(ckpt["config"])
+    settings = cfg.eval
+    if settings.use_ema:
+        if ckpt.get("ema") is None:
+            raise ValueError(f"eval.use_ema=true but {path} holds no EMA weights (trained with recipe.ema=false)")
+        weights, which = ckpt["ema"], "ema"
+    else:
+        weights, which = ckpt["model"], "model"
+    model = build_model(stored)
+    model.load_state_dict(weights)
+    data = stored.data
+    if data_was_chosen(cfg):
+        if int(cfg.data.num_classes) != int(stored.data.num_classes):
+            raise ValueError(f"data={cfg.data.name} has {cfg.data.num_classes} classes but the checkpoint's model "
+                             f"has {stored.data.num_classes}")
+        data = cfg.data
+    crop_pct, interpolation = _eval_transform_overrides(settings, stored.recipe.crop_pct,
+                                                        stored.recipe.eval_interpolation)
+    choices = dict(ckpt.get("choices") or {})
+    group = stored.logger.get("group") or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
+    info = {
+        "source": "checkpoint", "checkpoint": str(path), "weights": which,
+        "model": stored.model.name, "attention": stored.attention.name,
+        "attention_options": OmegaConf.to_container(stored.attention.options, resolve=True),
+        "choices": choices, "train_data": stored.data.name, "seed": stored.trainer.seed,
+        "train_step": (ckpt.get("state") or {}).get("step"), "train_epoch": (ckpt.get("state") or {}).get("epoch"),
+    }
+    return EvalTarget(model, int(stored.data.num_classes), resolve_img_size(stored), tuple(data.mean),
+                      tuple(data.std), crop_pct, interpolation, data, info, group)
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"weights={path} does not exist")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"cannot load weights {path} with weights_only=True: {exc}") from exc
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        raise ValueError(f"{path} is a quest checkpoint: pass checkpoint={path} instead of weights=")
+    # common wrappers around a state_dict ({"state_dict": ...}, {"model": ...})
+    for key in ("state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and len(obj) <= 3:
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"weights={path} is not a state_dict (a dict of tensors)")
+    return obj
+
+
+def _from_timm(cfg: DictConfig) -> EvalTarget:
+    name, attention = cfg.model.name, cfg.attention.name
+    if not attention:
+        raise ValueError(f"model={name} needs attention=<name> (standard for stock timm weights; "
+                         "quest, qnorm, qknorm, qknorm_hs, qknorm_ds)")
+    chosen = data_was_chosen(cfg)
+    num_classes = int(cfg.data.num_classes) if chosen else 1000
+    kwargs: dict[str, Any] = dict(cfg.model.kwargs)
+    if cfg.model.img_size:
+        kwargs["img_size"] = int(cfg.model.img_size)
+    model = create_model(name, attention=attention, attention_options=dict(cfg.attention.options),
+                         num_classes=num_classes, **kwargs)
+    if cfg.weights:
+        result = model.load_state_dict(_load_state_dict(Path(cfg.weights).expanduser()), strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(f"weights={cfg.weights} do not fit {name} with {attention} attention: missing "
+                             f"{result.missing_keys[:8]}, unexpected {result.unexpected_keys[:8]}")
+    else:
+        log.warning("no weights= given: evaluating a randomly initialised %s", name)
+    pretrained = model.pretrained_cfg
+    img_size = int(cfg.model.img_size or pretrained["input_size"][-1])
+    mean = tuple(cfg.data.mean) if chosen else tuple(pretrained["mean"])
+    std = tuple(cfg.data.std) if chosen else tuple(pretrained["std"])
+    crop_pct, interpolation = _eval_transform_overrides(cfg.eval, pretrained.get("crop_pct", 0.875),
+                                                        pretrained.get("interpolation", "bicubic"))
+    info = {"source": "timm", "model": name, "attention": attention,
+            "attention_options": OmegaConf.to_container(cfg.attention.options, resolve=True),
+            "weights": str(cfg.weights) if cfg.weights else "none: randomly initialised"}
+    return EvalTarget(model, num_classes, img_size, mean, std, crop_pct, interpolation,
+                      cfg.data if chosen else None, info, cfg.logger.group)

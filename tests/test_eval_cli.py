@@ -1,0 +1,156 @@
+"""eval.py end to end on a checkpoint from a short real training run; config and input errors are clear."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from quest.engine import fit, load_checkpoint
+from quest.evaluation import register_eval_configs, rewrite_model_override, run_evaluation
+
+from .helpers import CONFIGS, ROOT, compose_cfg
+
+register_eval_configs()
+
+# the digits suite with sample counts for a test (the protocol settings stay)
+SMALL = ["eval.clean.max_samples=40", "eval.corruptions.max_samples=6", "eval.corruptions.corruptions=[fog,glass_blur]",
+         "eval.corruptions.extra_corruptions=[spatter]", "eval.corruptions.severities=[1,5]",
+         "eval.adversarial.max_samples=8", "eval.adversarial.spsa.max_samples=2", "eval.adversarial.spsa.nb_iter=2",
+         "eval.adversarial.spsa.nb_sample=4", "eval.adversarial.autoattack.max_samples=2",
+         "eval.adversarial.autoattack.eps=[0.3]"]
+
+
+def eval_cfg(*overrides: str, hydra: bool = False):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="eval", overrides=list(overrides), return_hydra_config=hydra)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A real (short) training run on the digits: 1 epoch capped at 4 steps."""
+    run_dir = tmp_path_factory.mktemp("run")
+    fit(compose_cfg("data=digits", "model=vit_pico", "recipe=light", "data.batch_size=32", "trainer.epochs=1",
+                    "trainer.max_steps=4", "trainer.log_every_n_steps=1"), run_dir)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
+    ckpt = trained_run / "checkpoints" / "last.pt"
+    proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={ckpt}", "eval=digits_robustness", "logger=wandb",
+                           *SMALL], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = trained_run / "eval" / "digits_robustness"
+    report = json.loads((out / "eval_results.json").read_text())
+    assert report["evaluations"] == ["clean", "corruptions", "adversarial"]
+    assert report["target"]["checkpoint"] == str(ckpt) and report["target"]["weights"] == "model"
+    assert report["target"]["model"] == "vit_pico_patch4_16" and report["target"]["data"] == "digits"
+    results = report["results"]
+    assert results["clean"]["n"] == 40 and 0 <= results["clean"]["top1"] <= 100
+    assert set(results["corruptions"]["error"]) == {"fog", "glass_blur", "spatter"}
+    adv = results["adversarial"]
+    assert {"fgsm@0.00392157", "pgd@0.00392157", "spsa@0.1", "autoattack@0.3"} <= set(adv)
+    assert adv["autoattack@0.3"]["n"] == 2 and "pyautoattack" in adv["protocol"]["libraries"]["autoattack"]
+    rows = list(csv.DictReader((out / "eval_results.csv").open()))
+    assert {"evaluation", "metric", "value"} == set(rows[0])
+    assert any(r["evaluation"] == "adversarial" and r["metric"] == "pgd@0.00392157/top1" for r in rows)
+    md = (out / "eval_results.md").read_text()
+    assert "## corruptions" in md and "| fgsm |" in md and "glass_blur" in md
+    assert list((out / "wandb").glob("offline-run-*")), "an offline wandb run in the eval directory"
+
+
+@pytest.mark.slow
+def test_ema_and_model_mode_give_consistent_numbers(trained_run, tmp_path):
+    ckpt = trained_run / "checkpoints" / "last.pt"
+    plain = run_evaluation(eval_cfg(f"checkpoint={ckpt}", "eval=clean"), tmp_path / "plain")
+    ema = run_evaluation(eval_cfg(f"checkpoint={ckpt}", "eval=clean", "eval.use_ema=true"), tmp_path / "ema")
+    assert ema["target"]["weights"] == "ema" and plain["target"]["weights"] == "model"
+    stored = load_checkpoint(ckpt)
+    torch.save(stored["model"], tmp_path / "weights.pt")
+    timm_mode = run_evaluation(eval_cfg("model.name=vit_pico_patch4_16", "model.img_size=16", "attention=quest",
+                                        "data=digits", f"weights={tmp_path / 'weights.pt'}", "eval=clean"),
+                               tmp_path / "timm")
+    assert timm_mode["target"]["source"] == "timm"
+    for key in ("top1", "top5", "nll", "n"):
+        assert timm_mode["results"]["clean"][key] == pytest.approx(plain["results"]["clean"][key]), key
+    assert (tmp_path / "timm" / "eval_results.json").is_file()
+
+
+def test_default_run_dir_is_beside_the_training_run():
+    cfg = eval_cfg("checkpoint=/runs/digits/x/checkpoints/last.pt", "eval=imagenet_v2", hydra=True)
+    assert cfg.hydra.run.dir == "/runs/digits/x/eval/imagenet_v2"
+    cfg = eval_cfg("model=vit_pico", "attention=quest", "eval=clean", hydra=True)
+    assert cfg.hydra.run.dir == "outputs/eval/vit_pico_patch4_16-quest/clean"
+
+
+def test_every_suite_composes_with_its_evaluations():
+    from quest.evaluation import EVALUATIONS
+
+    for path in sorted((CONFIGS / "eval").glob("*.yaml")):
+        cfg = eval_cfg(f"eval={path.stem}")
+        assert cfg.eval.name == path.stem and set(cfg.eval.run) <= set(EVALUATIONS), path.stem
+    suite = eval_cfg("eval=imagenet_suite").eval
+    assert list(suite.run) == ["imagenet_val", "imagenet_v2", "imagenet_real", "imagenet_a", "imagenet_r", "imagenet_c"]
+    digits = eval_cfg("eval=digits_robustness").eval
+    assert digits.adversarial.pgd.steps == 20 and digits.adversarial.pgd.step_size == 0.15
+    assert digits.adversarial.spsa.nb_sample == 128 and digits.adversarial.spsa.nb_iter == 40
+    assert digits.adversarial.autoattack.version == "standard" and digits.adversarial.labels == "ground_truth"
+
+
+def test_misspelt_keys_fail_naming_the_key():
+    with pytest.raises(ConfigCompositionException, match="eval.adversarial.pgd.stepz"):
+        eval_cfg("eval.adversarial.pgd.stepz=3")
+    with pytest.raises(ConfigCompositionException, match="eval.roots.v3"):
+        eval_cfg("eval.roots.v3=/x")
+
+
+def test_model_override_takes_any_timm_name():
+    argv = ["eval.py", "model=vit_pico", "model=deit_tiny_patch16_224", "model=not_a_model", "attention=quest"]
+    assert rewrite_model_override(argv) == ["eval.py", "model=vit_pico", "model.name=deit_tiny_patch16_224",
+                                            "model=not_a_model", "attention=quest"]
+
+
+def test_not_a_quest_checkpoint_is_a_clear_error(tmp_path):
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="not a quest checkpoint.*model=<timm name> attention=<name>"):
+        run_evaluation(eval_cfg(f"checkpoint={tmp_path / 'plain.pt'}", "eval=clean"), tmp_path / "out")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(ValueError, match="cannot load checkpoint"):
+        run_evaluation(eval_cfg(f"checkpoint={tmp_path / 'text.pt'}", "eval=clean"), tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_evaluation(eval_cfg(f"checkpoint={tmp_path / 'missing.pt'}", "eval=clean"), tmp_path / "out")
+
+
+def test_conflicting_or_missing_model_arguments(tmp_path):
+    with pytest.raises(ValueError, match="do not also pass"):
+        run_evaluation(eval_cfg("checkpoint=/x.pt", "model=vit_pico", "eval=clean"), tmp_path)
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        run_evaluation(eval_cfg("eval=clean"), tmp_path)
+    with pytest.raises(ValueError, match="needs attention="):
+        run_evaluation(eval_cfg("model=vit_pico", "eval=clean"), tmp_path)
+    with pytest.raises(ValueError, match="unknown evaluations"):
+        run_evaluation(eval_cfg("model=vit_pico", "attention=quest", "eval.run=[clean,imagenet_x]"), tmp_path)
+
+
+@pytest.mark.parametrize("suite, key, layout", [
+    ("imagenet_v2", "v2", "imagenetv2-<variant>-format-val/<class index 0..999>"),
+    ("imagenet_val", "val", "<wnid>/<image>.JPEG"),
+    ("imagenet_a", "a", "200 wnid folders"),
+    ("imagenet_c", "c", "<corruption>/<severity 1..5>/<wnid>"),
+])
+def test_missing_root_names_the_path_and_the_layout(tmp_path, suite, key, layout):
+    base = ["model=vit_tiny", "attention=standard", f"eval={suite}"]
+    with pytest.raises(FileNotFoundError, match=f"eval.roots.{key}=") as info:
+        run_evaluation(eval_cfg(*base), tmp_path)
+    assert layout in str(info.value)
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError) as info:
+        run_evaluation(eval_cfg(*base, f"eval.roots.{key}={missing}"), tmp_path)
+    assert str(missing) in str(info.value) and layout in str(info.value)
