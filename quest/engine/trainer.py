@@ -211,6 +211,8 @@ class Run:
         accum, max_steps = cfg.trainer.accum_steps, cfg.trainer.max_steps
         sampler = p.train_loader.sampler
         sampler.set_epoch(st.epoch, start=st.micro_in_epoch * cfg.data.batch_size)
+        # the loader of a resumed epoch is shorter (its sampler skips what was consumed): count against the full epoch
+        batches_per_epoch = len(sampler.sampler) // cfg.data.batch_size
         p.train_loader.generator.manual_seed(cfg.trainer.seed * 100_003 + st.epoch)
         self.train_model.train()
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -221,7 +223,7 @@ class Run:
             st.micro_in_epoch += 1
             if len(targets):
                 pending.append((images, targets))
-            if st.micro_in_epoch % accum and st.micro_in_epoch < len(p.train_loader):
+            if st.micro_in_epoch % accum and st.micro_in_epoch < batches_per_epoch:
                 continue
             if not pending:
                 continue
@@ -238,7 +240,7 @@ class Run:
                 st.train_seconds += elapsed
                 rate = images_since_log / max(elapsed, 1e-9)
                 metrics.update({"train/lr": p.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
-                                "epoch": st.epoch + st.micro_in_epoch / len(p.train_loader)})
+                                "epoch": st.epoch + st.micro_in_epoch / batches_per_epoch})
                 if skipped:
                     metrics["data/skipped_images"] = skipped
                 logger.log(metrics, st.step)
@@ -253,10 +255,11 @@ class Run:
                 self.save()
                 self.preemption.requeue(self.ctx)
             if max_steps is not None and st.step >= max_steps:
-                return
+                break
+        else:  # the epoch ran to its end
+            st.epoch += 1
+            st.micro_in_epoch = 0
         st.train_seconds += time.perf_counter() - tic
-        st.epoch += 1
-        st.micro_in_epoch = 0
 
     def validate(self, logger: RunLogger) -> dict[str, float]:
         diag: dict[str, float] = {}

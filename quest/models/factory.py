@@ -20,7 +20,7 @@ _SELF_ATTENTION_TYPES = (TimmAttention, QKAttention)
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, QKAttention]]:
-    """(qualified name, layer) of every quest attention layer, in forward order of definition."""
+    """(qualified name, layer) of every quest attention layer, in module definition order."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, QKAttention)]
 
 
