@@ -7,6 +7,7 @@ Register your own with ``@register_attention("name")`` on a :class:`QKAttention`
 ``transform_qk``.
 """
 from .base import CrossAttentionMixin, QKAttention, l2_normalize
+from .elliptical import EllipticalAttention, EllipticalQuestAttention, link_elliptical
 from .formulations import (
     QKNormAttention,
     QKNormDimScaleAttention,
@@ -27,6 +28,9 @@ __all__ = [
     "QKNormAttention",
     "QKNormHeadScaleAttention",
     "QKNormDimScaleAttention",
+    "EllipticalAttention",
+    "EllipticalQuestAttention",
+    "link_elliptical",
     "register_attention",
     "get_attention",
     "list_attentions",

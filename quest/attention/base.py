@@ -28,16 +28,26 @@ class _L2Normalize(torch.autograd.Function):
     ||x|| >= eps, s g / n below (there n is the constant eps); dL/ds = sum of g . u over what s broadcasts to.
     """
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float, scale: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        inv = norm.clamp_min(eps).reciprocal()
-        ctx.save_for_backward(x, inv, norm >= eps, scale)
-        ctx.has_scale = scale is not None
-        return x * (inv if scale is None else inv * scale)
+    # forward/setup_context split with a generated vmap rule, so torch.func.vmap can batch it (the toy study trains
+    # hundreds of models as one vmapped computation).
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def forward(x: torch.Tensor, eps: float, scale: torch.Tensor | None):  # type: ignore[override]
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        inv = norm.clamp_min(eps).reciprocal()
+        return x * (inv if scale is None else inv * scale), norm, inv  # norm and inv: saved for backward only
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        x, eps, scale = inputs
+        _, norm, inv = output
+        ctx.mark_non_differentiable(norm, inv)
+        ctx.save_for_backward(x, inv, norm >= eps, scale)
+        ctx.has_scale = scale is not None
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor, _g_norm: torch.Tensor, _g_inv: torch.Tensor):  # type: ignore[override]
         x, inv, above, scale = ctx.saved_tensors
         u = x * inv
         gu = (g * u).sum(-1, keepdim=True)
@@ -50,7 +60,7 @@ def l2_normalize(x: torch.Tensor, eps: float, scale: torch.Tensor | None = None)
     """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass."""
     if scale is not None:
         scale = scale.to(x.dtype)  # an fp32 parameter must not promote bf16 activations under autocast
-    return _L2Normalize.apply(x, eps, scale)
+    return _L2Normalize.apply(x, eps, scale)[0]
 
 
 class QKAttention(nn.Module):

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
 import torch
 import torch.nn as nn
 from timm.data import Mixup
@@ -68,7 +69,7 @@ def build_model(cfg: Any) -> nn.Module:
     return create_model(
         cfg.model.name,
         attention=cfg.attention.name,
-        attention_options=dict(cfg.attention.options),
+        attention_options=OmegaConf.to_container(cfg.attention.options, resolve=True),
         num_classes=cfg.data.num_classes,
         img_size=resolve_img_size(cfg),
         drop_path_rate=cfg.recipe.drop_path,

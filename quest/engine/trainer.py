@@ -113,7 +113,9 @@ class Run:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "state": asdict(self.state),
             "rng": rngs,
-            "meta": {**model_meta(self.cfg), "attention_options": dict(self.cfg.attention.options)},
+            # plain containers only: a ListConfig option (elliptical's `layers`) would not load with weights_only=True
+            "meta": {**model_meta(self.cfg),
+                     "attention_options": OmegaConf.to_container(self.cfg.attention.options, resolve=True)},
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "choices": dict(self.choices),
         })

@@ -10,7 +10,7 @@ from timm.layers import Attention as TimmAttention
 from timm.models.crossvit import CrossAttention as TimmCrossAttention
 from timm.models.vision_transformer import VisionTransformer
 
-from quest.attention import CrossAttentionMixin, QKAttention, QKNormAttention, get_attention
+from quest.attention import CrossAttentionMixin, QKAttention, QKNormAttention, get_attention, link_elliptical
 
 from . import presets  # noqa: F401  (registers the CPU presets with timm)
 
@@ -66,7 +66,7 @@ def create_model(
     if not attention_layers(model):
         raise ValueError(f"model {name!r} does not build its attention from attn_layer=; quest cannot swap it")
     _resolve_seq_len(model, options)
-    return model
+    return link_elliptical(model)  # elliptical layers read the previous block's values (a no-op for the others)
 
 
 def _layer_config(layer: nn.Module) -> dict[str, Any]:
@@ -137,4 +137,4 @@ def convert_attention(model: nn.Module, attention: str, **options: Any) -> nn.Mo
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, _converted(module, attn_cls))
     _resolve_seq_len(model, options)
-    return model
+    return link_elliptical(model)
