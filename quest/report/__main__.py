@@ -1,0 +1,68 @@
+"""Paper-style tables from sweeps of training runs (mean ± std over seeds, Welch p-values, lr sensitivity).
+
+    python -m quest.report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--metrics PATTERN ...] [--by KEY ...]
+                           [--primary METRIC] [--include-stopped] [--num-classes N] [--decimals D]
+
+Prints markdown to stdout; with --out also writes runs.md / runs.csv and, for an lr sweep, lr_sensitivity.md /
+lr_sensitivity.csv. Exit status 2 with a message on stderr for unusable input. Columns and grouping: docs/report.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .tables import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, runs_markdown, \
+    write_outputs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m quest.report", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
+                        help="directories searched recursively for run directories (summary.json)")
+    parser.add_argument("--out", help="also write the tables to this directory (.md and .csv)")
+    parser.add_argument("--metrics", nargs="+", metavar="PATTERN",
+                        help="metric names or shell-style patterns, e.g. val/top1 val/loss 'imagenet_c/*' (default: "
+                        "val/top1, val_ema/top1 and the top-1 / mCE / mean errors of eval_results.json)")
+    parser.add_argument("--by", nargs="+", metavar="KEY",
+                        help="the settings that make a row, e.g. attention model recipe.lr (default: attention, model "
+                        "and every setting that differs between runs except the seed)")
+    parser.add_argument("--primary", default=DEFAULT_PRIMARY,
+                        help=f"metric that picks the best row and is t-tested (default: {DEFAULT_PRIMARY}; losses and "
+                        "errors: lower is better)")
+    parser.add_argument("--include-stopped", action="store_true",
+                        help="average runs stopped at trainer.max_steps too (default: excluded and counted in notes)")
+    parser.add_argument("--num-classes", type=int,
+                        help="classes of the data set, for the lr sensitivity's loss0 = ln(C) (default: "
+                        "data.num_classes of .hydra/config.yaml)")
+    parser.add_argument("--decimals", type=int, default=2, help="decimals of accuracies (losses get one more)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    args = _parser().parse_args(argv)
+    metrics = [m for part in args.metrics for m in part.split(",") if m] if args.metrics else None
+    by = [k for part in args.by for k in part.split(",") if k] if args.by else None
+    try:
+        if args.num_classes is not None and args.num_classes < 2:
+            raise ReportInputError(f"--num-classes must be at least 2, got {args.num_classes}")
+        if args.decimals < 0:
+            raise ReportInputError(f"--decimals must be 0 or more, got {args.decimals}")
+        report = build_report(load_runs(args.sweep_dirs), metrics=metrics, by=by, primary=args.primary,
+                              include_stopped=args.include_stopped, num_classes=args.num_classes,
+                              decimals=args.decimals)
+    except ReportInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(runs_markdown(report))
+    if report.sweeps:
+        print(lr_markdown(report))
+    if args.out:
+        for path in write_outputs(report, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
