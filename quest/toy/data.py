@@ -1,0 +1,91 @@
+"""The spurious-correlation toy task of the QUEST paper (section 2.2 and A.3).
+
+A sample is a sequence of ``seq_len`` tokens, each ``real_dim`` real values followed by a ``num_classes`` one-hot
+"answer" part. The label is the one-hot at the answer location L ~ round(N(pos_mean, pos_std)). The real part of the
+answer token is drawn from N(0, Sigma) (Sigma = S S^T, S standard normal) for an unbiased sample, and from
+N(b, biased_var * I) for a biased one, with one bias vector b ~ N(0, Sigma) shared by all biased samples of a data
+realisation; every other token's real part is N(0, I). Whether a sample is biased is Bernoulli(biased_fraction).
+
+What the paper leaves open is a field of :class:`ToyDataConfig` (defaults and reasons: docs/results.md):
+sequence length, set sizes, how L is made an integer, and the test set's share of biased samples (default 0: a model
+that only learned the shortcut b must fall back to the position prior there, which is the paper's "biased" outcome,
+train 50-80% / test 20-40%).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ToyDataConfig", "ToySplit", "ToyData", "make_toy_data"]
+
+
+@dataclass
+class ToyDataConfig:
+    seq_len: int = 20  # data tokens; the model adds a [CLS] token
+    real_dim: int = 10
+    num_classes: int = 10
+    train_size: int = 768
+    test_size: int = 1024
+    pos_mean: float = 10.0  # mu_l (A.3)
+    pos_std: float = 2.0  # sigma_l (A.3)
+    biased_fraction: float = 0.5  # p of the Bernoulli u (section 2.2)
+    biased_var: float = 0.1  # x_L ~ N(b, biased_var * I) for a biased sample
+    test_biased_fraction: float = 0.0  # biased share of the test set (0: the test set carries no shortcut)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "real_dim", "num_classes", "train_size", "test_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"toy data: {name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("biased_fraction", "test_biased_fraction"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"toy data: {name} must lie in [0, 1], got {getattr(self, name)!r}")
+
+    @property
+    def dim(self) -> int:
+        """Token width (the model's width too, as in A.3)."""
+        return self.real_dim + self.num_classes
+
+
+@dataclass
+class ToySplit:
+    x: torch.Tensor  # (n, seq_len, dim) float32
+    y: torch.Tensor  # (n,) int64 labels
+    answer_pos: torch.Tensor  # (n,) int64 L
+    biased: torch.Tensor  # (n,) bool u
+
+
+@dataclass
+class ToyData:
+    train: ToySplit
+    test: ToySplit
+    bias: torch.Tensor  # (real_dim,) the shared b
+    sigma_factor: torch.Tensor  # (real_dim, real_dim) S, Sigma = S S^T
+
+
+def _sample(cfg: ToyDataConfig, n: int, biased_fraction: float, bias: torch.Tensor, s: torch.Tensor,
+            g: torch.Generator) -> ToySplit:
+    d = cfg.real_dim
+    # Int(N(mu, sigma)): rounded to the nearest position, clipped into the sequence (A.3; P(L = 10) ~ 0.2)
+    pos = torch.round(cfg.pos_mean + cfg.pos_std * torch.randn(n, generator=g)).long().clamp_(0, cfg.seq_len - 1)
+    biased = torch.rand(n, generator=g) < biased_fraction
+    real = torch.randn(n, cfg.seq_len, d, generator=g)
+    unbiased_answer = torch.randn(n, d, generator=g) @ s.T  # N(0, S S^T)
+    biased_answer = bias + math.sqrt(cfg.biased_var) * torch.randn(n, d, generator=g)
+    rows = torch.arange(n)
+    real[rows, pos] = torch.where(biased[:, None], biased_answer, unbiased_answer)
+    answers = torch.randint(cfg.num_classes, (n, cfg.seq_len), generator=g)
+    x = torch.cat([real, F.one_hot(answers, cfg.num_classes).float()], dim=-1)
+    return ToySplit(x=x, y=answers[rows, pos], answer_pos=pos, biased=biased)
+
+
+def make_toy_data(cfg: ToyDataConfig, seed: int) -> ToyData:
+    """One data realisation: S, b, a training set and a test set, all from ``seed``."""
+    g = torch.Generator().manual_seed(int(seed))
+    s = torch.randn(cfg.real_dim, cfg.real_dim, generator=g)
+    bias = s @ torch.randn(cfg.real_dim, generator=g)  # b ~ N(0, Sigma)
+    train = _sample(cfg, cfg.train_size, cfg.biased_fraction, bias, s, g)
+    test = _sample(cfg, cfg.test_size, cfg.test_biased_fraction, bias, s, g)
+    return ToyData(train=train, test=test, bias=bias, sigma_factor=s)

@@ -1,0 +1,164 @@
+"""Run the toy study's grid, classify every run, write runs.csv / success_rates.csv and the figures.
+
+Work is done in chunks of one (formulation, data realisation): every (lr, weight decay, initialisation) of the grid
+trains at once (quest.toy.batched). Each finished chunk is written atomically to ``<out>/chunks/``; a rerun with the
+same config skips finished chunks, so an interrupted study resumes where it stopped.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from quest.attention import list_attentions
+
+from .batched import RunSpec, train_chunk
+from .config import OutcomeRules
+from .data import ToyDataConfig, make_toy_data
+
+__all__ = ["OUTCOMES", "classify", "run_study", "success_rates", "summary_table"]
+
+log = logging.getLogger(__name__)
+OUTCOMES = ("correct", "biased", "degenerate", "other")
+RUN_FIELDS = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_acc", "test_acc", "final_train_loss",
+              "outcome"]
+
+
+def classify(train_acc: float, test_acc: float, rules: OutcomeRules) -> str:
+    """The paper's outcome of a run from its train and test accuracy (fractions); see :class:`OutcomeRules`."""
+    if train_acc >= rules.correct_min and test_acc >= rules.correct_min:
+        return "correct"
+    if train_acc <= rules.degenerate_max and test_acc <= rules.degenerate_max:
+        return "degenerate"
+    if train_acc >= rules.biased_train_min and test_acc <= rules.biased_test_max:
+        return "biased"
+    return "other"
+
+
+def success_rates(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per formulation: outcome counts and the share of correct runs, overall and per (lr, weight decay) cell."""
+    groups: dict[tuple, Counter] = {}
+    for r in rows:
+        for key in ((r["attention"], "all", "all"), (r["attention"], r["lr"], r["weight_decay"])):
+            groups.setdefault(key, Counter())[r["outcome"]] += 1
+    out = []
+    for (attention, lr, wd), counts in groups.items():
+        n = sum(counts.values())
+        out.append({"attention": attention, "lr": lr, "weight_decay": wd, "runs": n,
+                    **{o: counts[o] for o in OUTCOMES}, "success_rate": counts["correct"] / n})
+    return out
+
+
+def _fingerprint(cfg: Any) -> str:
+    keys = {k: cfg[k] for k in ("grid", "data", "model", "train")}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _run_chunk(cfg: Any, data_cfg: ToyDataConfig, attention: str, data_seed: int) -> dict[str, Any]:
+    g = cfg["grid"]
+    specs = [RunSpec(float(lr), float(wd), int(s))
+             for lr, wd, s in itertools.product(g["lrs"], g["weight_decays"], g["init_seeds"])]
+    data = make_toy_data(data_cfg, data_seed)
+    start = time.perf_counter()
+    res = train_chunk(
+        attention, specs, data.train, data.test, data_seed,
+        epochs=cfg["train"]["epochs"], batch_size=cfg["train"]["batch_size"],
+        model_kwargs={"seq_len": data_cfg.seq_len, "dim": data_cfg.dim, "num_classes": data_cfg.num_classes,
+                      **cfg["model"]},
+        probe_size=cfg["probe_size"], compile=cfg["compile"], betas=tuple(cfg["train"]["betas"]),
+        eps=cfg["train"]["eps"],
+    )
+    rules = OutcomeRules(**cfg["outcome"])
+    rows = []
+    for spec, tr, te, loss in zip(specs, res.train_acc.tolist(), res.test_acc.tolist(), res.final_loss.tolist()):
+        rows.append({"attention": attention, "lr": spec.lr, "weight_decay": spec.weight_decay,
+                     "data_seed": data_seed, "init_seed": spec.init_seed, "train_acc": round(tr, 6),
+                     "test_acc": round(te, 6), "final_train_loss": round(loss, 6),
+                     "outcome": classify(tr, te, rules)})
+    return {"rows": rows, "key_norms": res.key_norms, "seconds": time.perf_counter() - start}
+
+
+def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Train the grid of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
+    out, chunks = Path(out_dir), Path(out_dir) / "chunks"
+    chunks.mkdir(parents=True, exist_ok=True)
+    data_cfg = ToyDataConfig(**cfg["data"])
+    unknown = [a for a in cfg["attentions"] if a not in list_attentions()]
+    if unknown or not cfg["attentions"]:
+        raise ValueError(f"toy study: attentions {unknown or '[]'} not usable; choose from {list_attentions()}")
+    for key in ("lrs", "weight_decays", "data_seeds", "init_seeds"):
+        if not cfg["grid"][key]:
+            raise ValueError(f"toy study: grid.{key} is empty; give at least one value")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    fingerprint = _fingerprint(cfg)
+    rows, key_norms, timings = [], {}, {}
+    for attention in cfg["attentions"]:
+        for data_seed in cfg["grid"]["data_seeds"]:
+            path = chunks / f"{attention}-data{data_seed}.pt"
+            if path.exists():
+                chunk = torch.load(path, weights_only=True)
+                if chunk["fingerprint"] != fingerprint:
+                    raise RuntimeError(
+                        f"{path} holds results of a different toy config (fingerprint {chunk['fingerprint']}, this "
+                        f"config {fingerprint}); use another output directory (out_dir=...) or delete {chunks}")
+                log.info("%s, data %d: done before (%s), skipped", attention, data_seed, path.name)
+            else:
+                chunk = {"fingerprint": fingerprint, **_run_chunk(cfg, data_cfg, attention, data_seed)}
+                _write_atomic(path, lambda p, c=chunk: torch.save(c, p))
+                shares = Counter(r["outcome"] for r in chunk["rows"])
+                log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk["rows"]),
+                         chunk["seconds"], dict(shares))
+            rows += chunk["rows"]
+            key_norms.setdefault(attention, []).append(chunk["key_norms"])
+            timings[attention] = timings.get(attention, 0.0) + chunk["seconds"]
+    rates = success_rates(rows)
+    _write_csv(out / "runs.csv", rows, RUN_FIELDS)
+    _write_csv(out / "success_rates.csv", rates, list(rates[0]))
+    norms = {a: torch.cat(v) for a, v in key_norms.items()}  # (runs, epochs + 1, 3) in runs.csv order
+    _write_atomic(out / "key_norms.pt", lambda p: torch.save(norms, p))
+    timing = {"train_seconds": timings, "total_train_seconds": sum(timings.values()), "fingerprint": fingerprint,
+              "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome")}}
+    (out / "study.json").write_text(json.dumps(timing, indent=2, default=str))
+    from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
+
+    plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png")
+    plot_key_norms(rows, norms, out / "key_norms.png")
+    return {"rows": rows, "success_rates": rates, "key_norms": norms, "timing": timing}
+
+
+def _write_csv(path: Path, rows: list[Mapping[str, Any]], fields: list[str]) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    _write_atomic(path, write)
+
+
+def summary_table(rates: Iterable[Mapping[str, Any]]) -> str:
+    """Markdown: per formulation, the overall success rate and outcome shares."""
+    lines = ["| attention | runs | correct (success rate) | biased | degenerate | other |", "|---|---|---|---|---|---|"]
+    for r in rates:
+        if r["lr"] != "all":
+            continue
+        n = r["runs"]
+        lines.append(f"| {r['attention']} | {n} | {100 * r['success_rate']:.1f}% | {100 * r['biased'] / n:.1f}% | "
+                     f"{100 * r['degenerate'] / n:.1f}% | {100 * r['other'] / n:.1f}% |")
+    return "\n".join(lines)
