@@ -150,6 +150,9 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    # Values an experiment overlay (configs/experiment/) looks up by model, e.g. Table 2's epochs per ViT size:
+    # trainer.epochs: ${experiment_values.epochs.${model.name}}. Unused otherwise.
+    experiment_values: Dict[str, Any] = field(default_factory=dict)
 
 
 def register_configs() -> None:
