@@ -150,7 +150,18 @@ class QKAttention(nn.Module):
         is_causal: bool = False,
     ) -> torch.Tensor:
         """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels."""
-        q, k, scale = self.transform_qk(q, k)
+        return self._sdpa(*self.transform_qk(q, k), v, attn_mask, is_causal)
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        scale: float | torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> torch.Tensor:
+        """softmax(scale * q k^T + mask) @ v for transformed q, k, through the fused SDPA kernels."""
         if isinstance(scale, torch.Tensor):
             # SDPA takes a Python float scale; a learnable (per-layer or per-head) scale is folded into q instead,
             # which is exact and keeps the gradient w.r.t. the scale. Cast to q's dtype so that under bf16 autocast

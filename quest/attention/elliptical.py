@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import CrossAttentionMixin, QKAttention, l2_normalize
 from .registry import register_attention
@@ -147,14 +146,7 @@ class _Elliptical(QKAttention):
         m = self.metric(v)
         if self._index is not None:  # only a linked layer has a successor that reads its values
             self._values = v.detach()
-        q, k, scale = self.transform_qkm(q, k, m)
-        return F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=attn_mask,
-            dropout_p=self.attn_drop.p if self.training else 0.0,
-            is_causal=is_causal,
-            scale=scale,
-        )
+        return self._sdpa(*self.transform_qkm(q, k, m), v, attn_mask, is_causal)
 
 
 @register_attention("elliptical")

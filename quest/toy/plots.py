@@ -16,12 +16,23 @@ __all__ = ["plot_heatmaps", "plot_key_norms"]
 GROUPS = ("biased answer tokens", "unbiased answer tokens", "other tokens")
 
 
+def _panels(n: int, size: tuple[float, float]) -> tuple[plt.Figure, list[plt.Axes]]:
+    """Up to three panels a row; unused ones are hidden."""
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows + 0.5), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def plot_heatmaps(rates: Sequence[Mapping[str, Any]], grid: Mapping[str, Any], path: Path) -> None:
     """One panel per formulation: share of correct runs (%) per learning rate (rows) x weight decay (columns)."""
     attentions = list(dict.fromkeys(r["attention"] for r in rates))
     lrs, wds = list(grid["lrs"]), list(grid["weight_decays"])
-    fig, axes = plt.subplots(1, len(attentions), figsize=(2.2 + 2.0 * len(attentions), 3.2), squeeze=False)
-    for ax, attention in zip(axes[0], attentions):
+    fig, axes = _panels(len(attentions), (3.0, 3.0))
+    for ax, attention in zip(axes, attentions):
         cells = {(r["lr"], r["weight_decay"]): r for r in rates if r["attention"] == attention and r["lr"] != "all"}
         overall = next(r for r in rates if r["attention"] == attention and r["lr"] == "all")
         values = np.array([[100 * cells[(lr, wd)]["success_rate"] for wd in wds] for lr in lrs])
@@ -33,7 +44,8 @@ def plot_heatmaps(rates: Sequence[Mapping[str, Any]], grid: Mapping[str, Any], p
         ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
         ax.set_xlabel("weight decay", fontsize=8)
         ax.set_title(f"{attention}: {100 * overall['success_rate']:.0f}%", fontsize=9)
-    axes[0][0].set_ylabel("learning rate", fontsize=8)
+    for ax in axes[::3]:
+        ax.set_ylabel("learning rate", fontsize=8)
     fig.suptitle("Toy study: share of runs that learn the correct solution (%)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -44,9 +56,9 @@ def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.
     """Per formulation: median raw key norm per epoch of biased answer / unbiased answer / other tokens, for the runs
     that ended biased (solid; the paper's "failed trainings") and for those that ended correct (dashed)."""
     attentions = list(norms)
-    fig, axes = plt.subplots(1, len(attentions), figsize=(2.2 + 2.6 * len(attentions), 3.2), squeeze=False)
+    fig, axes = _panels(len(attentions), (4.0, 3.0))
     colors = ("tab:red", "tab:blue", "tab:gray")
-    for ax, attention in zip(axes[0], attentions):
+    for ax, attention in zip(axes, attentions):
         outcomes = [r["outcome"] for r in rows if r["attention"] == attention]
         traj = norms[attention].numpy()  # (runs, epochs + 1, 3)
         for outcome, style in (("biased", "-"), ("correct", "--")):
@@ -60,7 +72,8 @@ def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.
         ax.set_xlabel("epoch", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=5, loc="upper left")
-    axes[0][0].set_ylabel("median raw key norm", fontsize=8)
+    for ax in axes[::3]:
+        ax.set_ylabel("median raw key norm", fontsize=8)
     fig.suptitle("Toy study: key norms during training (biased runs solid, correct runs dashed)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
