@@ -38,13 +38,16 @@ class ToyTrainConfig:
 class OutcomeRules:
     """Thresholds (fractions) of the paper's three outcomes (section 2.2, A.4); chance is 1 / num_classes = 0.1.
 
-    correct: train and test >= correct_min (paper: both > 90%). degenerate: train and test <= degenerate_max (paper:
-    both at chance). biased: train >= biased_train_min and test <= biased_test_max (paper: train 50-80%, test
-    20-40%, the gap coming from the shortcut b that the test set lacks). Anything else is "other".
+    correct: train and test >= correct_min (paper: both > 90%). degenerate: train <= degenerate_train_max and test
+    <= degenerate_test_max (paper: "both at random chance"; a run that memorised a few training samples, train
+    0.2-0.3, still counts). biased: train >= biased_train_min and test <= biased_test_max (paper: train 50-80%, test
+    20-40%, the gap coming from the shortcut b that the test set lacks). Anything else is "other". Outcomes are
+    derived from the stored accuracies whenever results are aggregated, so changing a rule needs no retraining.
     """
 
     correct_min: float = 0.9
-    degenerate_max: float = 0.2
+    degenerate_train_max: float = 0.3
+    degenerate_test_max: float = 0.2
     biased_train_min: float = 0.45
     biased_test_max: float = 0.45
 

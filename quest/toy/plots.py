@@ -71,7 +71,10 @@ def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.
         ax.set_title(attention, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=5, loc="upper left")
+        if ax.lines:
+            ax.legend(fontsize=5, loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "no biased or correct runs", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     for ax in axes[::3]:
         ax.set_ylabel("median raw key norm", fontsize=8)
     fig.suptitle("Toy study: key norms during training (biased runs solid, correct runs dashed)", fontsize=10)

@@ -37,7 +37,7 @@ def classify(train_acc: float, test_acc: float, rules: OutcomeRules) -> str:
     """The paper's outcome of a run from its train and test accuracy (fractions); see :class:`OutcomeRules`."""
     if train_acc >= rules.correct_min and test_acc >= rules.correct_min:
         return "correct"
-    if train_acc <= rules.degenerate_max and test_acc <= rules.degenerate_max:
+    if train_acc <= rules.degenerate_train_max and test_acc <= rules.degenerate_test_max:
         return "degenerate"
     if train_acc >= rules.biased_train_min and test_acc <= rules.biased_test_max:
         return "biased"
@@ -107,6 +107,7 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     fingerprint = _fingerprint(cfg)
+    rules = OutcomeRules(**cfg["outcome"])
     rows, key_norms, timings = [], {}, {}
     for attention in cfg["attentions"]:
         for data_seed in cfg["grid"]["data_seeds"]:
@@ -124,7 +125,7 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
                 shares = Counter(r["outcome"] for r in chunk["rows"])
                 log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk["rows"]),
                          chunk["seconds"], dict(shares))
-            rows += chunk["rows"]
+            rows += [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules)} for r in chunk["rows"]]
             key_norms.setdefault(attention, []).append(chunk["key_norms"])
             timings[attention] = timings.get(attention, 0.0) + chunk["seconds"]
     rates = success_rates(rows)
