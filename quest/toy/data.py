@@ -6,10 +6,10 @@ answer token is drawn from N(0, Sigma) (Sigma = S S^T, S standard normal) for an
 N(b, biased_var * I) for a biased one, with one bias vector b ~ N(0, Sigma) shared by all biased samples of a data
 realisation; every other token's real part is N(0, I). Whether a sample is biased is Bernoulli(biased_fraction).
 
-What the paper leaves open is a field of :class:`ToyDataConfig` (defaults and reasons: docs/results.md):
-sequence length, set sizes, how L is made an integer, and the test set's share of biased samples (default 0: a model
-that only learned the shortcut b must fall back to the position prior there, which is the paper's "biased" outcome,
-train 50-80% / test 20-40%).
+What the paper leaves open is a field of :class:`ToyDataConfig` (defaults and reasons: docs/results.md): sequence
+length, set sizes and the test set's share of biased samples (default 0: a model that only learned the shortcut b
+must fall back to the position prior there, which is the paper's "biased" outcome, train 50-80% / test 20-40%).
+L is rounded to the nearest position (A.3's "most frequent position about 20% of the time" holds for rounding).
 """
 from __future__ import annotations
 
