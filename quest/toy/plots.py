@@ -27,6 +27,15 @@ def _panels(n: int, size: tuple[float, float]) -> tuple[plt.Figure, list[plt.Axe
     return fig, flat[:n]
 
 
+def _finish(fig: plt.Figure, axes: list[plt.Axes], ylabel: str, title: str, path: Path) -> None:
+    for ax in axes[::3]:  # the first panel of each row
+        ax.set_ylabel(ylabel, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def plot_heatmaps(rates: Sequence[Mapping[str, Any]], grid: Mapping[str, Any], path: Path) -> None:
     """One panel per formulation: share of correct runs (%) per learning rate (rows) x weight decay (columns)."""
     attentions = list(dict.fromkeys(r["attention"] for r in rates))
@@ -44,12 +53,7 @@ def plot_heatmaps(rates: Sequence[Mapping[str, Any]], grid: Mapping[str, Any], p
         ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
         ax.set_xlabel("weight decay", fontsize=8)
         ax.set_title(f"{attention}: {100 * overall['success_rate']:.0f}%", fontsize=9)
-    for ax in axes[::3]:
-        ax.set_ylabel("learning rate", fontsize=8)
-    fig.suptitle("Toy study: share of runs that learn the correct solution (%)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, axes, "learning rate", "Toy study: share of runs that learn the correct solution (%)", path)
 
 
 def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.Tensor], path: Path) -> None:
@@ -75,9 +79,5 @@ def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.
             ax.legend(fontsize=5, loc="upper left")
         else:
             ax.text(0.5, 0.5, "no biased or correct runs", ha="center", va="center", transform=ax.transAxes, fontsize=8)
-    for ax in axes[::3]:
-        ax.set_ylabel("median raw key norm", fontsize=8)
-    fig.suptitle("Toy study: key norms during training (biased runs solid, correct runs dashed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, axes, "median raw key norm",
+            "Toy study: key norms during training (biased runs solid, correct runs dashed)", path)
