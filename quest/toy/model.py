@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp, trunc_normal_
 
-from quest.attention import get_attention
+from quest.attention import QKNormAttention, get_attention
 
 __all__ = ["ToyTransformer"]
 
@@ -27,11 +27,12 @@ class ToyTransformer(nn.Module):
     def __init__(self, attention: str, seq_len: int, dim: int, num_classes: int, mlp_hidden: int = 20,
                  embed_init_std: float = 0.02) -> None:
         super().__init__()
-        options = {"seq_len": seq_len + 1} if attention == "qknorm" else {}  # QKNorm's init uses L incl. [CLS]
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         self.pos_embed = nn.Parameter(trunc_normal_(torch.empty(seq_len + 1, dim), std=embed_init_std))
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = get_attention(attention, **options)(dim, num_heads=1, qkv_bias=True)
+        self.attn = get_attention(attention)(dim, num_heads=1, qkv_bias=True)
+        if isinstance(self.attn, QKNormAttention):  # its scale starts from the token count, [CLS] included
+            self.attn.reset_scale(seq_len + 1)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, mlp_hidden)
         self.norm = nn.LayerNorm(dim)

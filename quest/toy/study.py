@@ -83,13 +83,12 @@ def _run_chunk(cfg: Any, data_cfg: ToyDataConfig, attention: str, data_seed: int
         probe_size=cfg["probe_size"], compile=cfg["compile"], betas=tuple(cfg["train"]["betas"]),
         eps=cfg["train"]["eps"],
     )
-    rules = OutcomeRules(**cfg["outcome"])
+    # accuracies only: the outcome is derived from them when results are aggregated (run_study)
     rows = []
     for spec, tr, te, loss in zip(specs, res.train_acc.tolist(), res.test_acc.tolist(), res.final_loss.tolist()):
         rows.append({"attention": attention, "lr": spec.lr, "weight_decay": spec.weight_decay,
                      "data_seed": data_seed, "init_seed": spec.init_seed, "train_acc": round(tr, 6),
-                     "test_acc": round(te, 6), "final_train_loss": round(loss, 6),
-                     "outcome": classify(tr, te, rules)})
+                     "test_acc": round(te, 6), "final_train_loss": round(loss, 6)})
     return {"rows": rows, "key_norms": res.key_norms, "seconds": time.perf_counter() - start}
 
 
@@ -122,10 +121,10 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
             else:
                 chunk = {"fingerprint": fingerprint, **_run_chunk(cfg, data_cfg, attention, data_seed)}
                 _write_atomic(path, lambda p, c=chunk: torch.save(c, p))
-                shares = Counter(r["outcome"] for r in chunk["rows"])
-                log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk["rows"]),
-                         chunk["seconds"], dict(shares))
-            rows += [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules)} for r in chunk["rows"]]
+            chunk_rows = [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules)} for r in chunk["rows"]]
+            log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk_rows), chunk["seconds"],
+                     dict(Counter(r["outcome"] for r in chunk_rows)))
+            rows += chunk_rows
             key_norms.setdefault(attention, []).append(chunk["key_norms"])
             timings[attention] = timings.get(attention, 0.0) + chunk["seconds"]
     rates = success_rates(rows)
