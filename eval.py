@@ -1,6 +1,7 @@
 """Evaluate a trained model: ``python eval.py checkpoint=<run>/checkpoints/last.pt eval=<suite>``, or a timm model
 with ``model=<timm name> attention=<name> [weights=<state_dict.pt>]``. Suites are in configs/eval/; results
-(eval_results.json / .csv / .md) go to the run directory, by default <training run>/eval/<suite>.
+(eval_results.json / .csv / .md) go to the run directory, by default <training run>/eval/<suite>/<checkpoint
+stem>-<model|ema> (e.g. eval/clean/last-ema), one directory per checkpoint file and weights.
 See docs/evaluation.md.
 """
 import sys

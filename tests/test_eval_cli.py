@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,10 +48,11 @@ def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
     proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={ckpt}", "eval=digits_robustness", "logger=wandb",
                            *SMALL], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = trained_run / "eval" / "digits_robustness"
+    out = trained_run / "eval" / "digits_robustness" / "last-model"
     report = json.loads((out / "eval_results.json").read_text())
     assert report["evaluations"] == ["clean", "corruptions", "adversarial"]
     assert report["target"]["checkpoint"] == str(ckpt) and report["target"]["weights"] == "model"
+    assert report["target"]["checkpoint_file"] == "last.pt" and report["target"]["evaluated"] == "last-model"
     assert report["target"]["model"] == "vit_pico_patch4_16" and report["target"]["data"] == "digits"
     results = report["results"]
     assert results["clean"]["n"] == 40 and 0 <= results["clean"]["top1"] <= 100
@@ -65,6 +67,19 @@ def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
     assert "## corruptions" in md and "| fgsm |" in md and "glass_blur" in md
     assert list((out / "wandb").glob("offline-run-*")), "an offline wandb run in the eval directory"
 
+    # the same suite on best.pt's EMA weights goes to its own directory and leaves last.pt's results alone
+    best = trained_run / "checkpoints" / "best.pt"  # the 4-step run never validated: a copy stands in for it
+    shutil.copyfile(ckpt, best)
+    before = (out / "eval_results.json").read_bytes()
+    proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={best}", "eval=digits_robustness",
+                           "eval.run=[clean]", "eval.use_ema=true", *SMALL], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ema = json.loads((trained_run / "eval" / "digits_robustness" / "best-ema" / "eval_results.json").read_text())
+    assert ema["target"]["checkpoint"] == str(best) and ema["target"]["weights"] == "ema"
+    assert ema["target"]["evaluated"] == "best-ema" and ema["evaluations"] == ["clean"]
+    assert (out / "eval_results.json").read_bytes() == before
+
 
 @pytest.mark.slow
 def test_ema_and_model_mode_give_consistent_numbers(trained_run, tmp_path):
@@ -77,17 +92,33 @@ def test_ema_and_model_mode_give_consistent_numbers(trained_run, tmp_path):
     timm_mode = run_evaluation(eval_cfg("model.name=vit_pico_patch4_16", "model.img_size=16", "attention=quest",
                                         "data=digits", f"weights={tmp_path / 'weights.pt'}", "eval=clean"),
                                tmp_path / "timm")
-    assert timm_mode["target"]["source"] == "timm"
+    assert timm_mode["target"]["source"] == "timm" and timm_mode["target"]["evaluated"] == "weights"
+    assert plain["target"]["evaluated"] == "last-model" and ema["target"]["evaluated"] == "last-ema"
     for key in ("top1", "top5", "nll", "n"):
         assert timm_mode["results"]["clean"][key] == pytest.approx(plain["results"]["clean"][key]), key
     assert (tmp_path / "timm" / "eval_results.json").is_file()
 
 
-def test_default_run_dir_is_beside_the_training_run():
-    cfg = eval_cfg("checkpoint=/runs/digits/x/checkpoints/last.pt", "eval=imagenet_v2", hydra=True)
-    assert cfg.hydra.run.dir == "/runs/digits/x/eval/imagenet_v2"
-    cfg = eval_cfg("model=vit_pico", "attention=quest", "eval=clean", hydra=True)
-    assert cfg.hydra.run.dir == "outputs/eval/vit_pico_patch4_16-quest/clean"
+@pytest.mark.parametrize("overrides, expected", [
+    (["checkpoint=/runs/digits/x/checkpoints/last.pt", "eval=imagenet_v2"], "/runs/digits/x/eval/imagenet_v2/last-model"),
+    (["checkpoint=/runs/digits/x/checkpoints/last.pt", "eval=digits_robustness", "eval.use_ema=true"],
+     "/runs/digits/x/eval/digits_robustness/last-ema"),
+    (["checkpoint=/runs/digits/x/checkpoints/best.pt", "eval=clean"], "/runs/digits/x/eval/clean/best-model"),
+    (["checkpoint=/runs/digits/x/checkpoints/best.pt", "eval=clean", "eval.use_ema=true"],
+     "/runs/digits/x/eval/clean/best-ema"),
+    (["checkpoint=/elsewhere/step1000.pt", "eval=clean"], "/elsewhere/eval/clean/step1000-model"),
+    (["model=vit_pico", "attention=quest", "eval=clean"], "outputs/eval/vit_pico_patch4_16-quest/clean/random-init"),
+    (["model=vit_pico", "attention=quest", "weights=/w/deit_pico.pth", "eval=clean"],
+     "outputs/eval/vit_pico_patch4_16-quest/clean/deit_pico"),
+])
+def test_default_run_dir_names_the_checkpoint_and_the_weights(overrides, expected):
+    assert eval_cfg(*overrides, hydra=True).hydra.run.dir == expected
+
+
+def test_last_best_and_ema_never_share_a_directory():
+    dirs = {eval_cfg(f"checkpoint=/r/checkpoints/{f}", "eval=clean", f"eval.use_ema={ema}", hydra=True).hydra.run.dir
+            for f in ("last.pt", "best.pt") for ema in ("false", "true")}
+    assert len(dirs) == 4 and all(d.startswith("/r/eval/clean/") for d in dirs)
 
 
 def test_every_suite_composes_with_its_evaluations():

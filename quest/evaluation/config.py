@@ -17,7 +17,7 @@ from quest.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 
 __all__ = [
     "IMAGENET_C_CORRUPTIONS", "IMAGENET_C_EXTRA", "EvalConfig", "EvalSettings", "register_eval_configs",
-    "default_eval_dir",
+    "default_eval_dir", "evaluated_name",
 ]
 
 # ImageNet-C (Hendrycks & Dietterich 2019): the 15 corruptions of the mCE, in the paper's order, and the 4 extra
@@ -178,14 +178,34 @@ class EvalConfig:
     eval: EvalSettings = field(default_factory=EvalSettings)
 
 
-def default_eval_dir(checkpoint: Any, model_name: Any, attention_name: Any, suite: Any) -> str:
-    """``<training run>/eval/<suite>`` for a checkpoint (results beside the run), else
-    ``outputs/eval/<model>-<attention>/<suite>``."""
-    if checkpoint not in (None, "None", "null", ""):
+def _given(value: Any) -> bool:
+    """A resolver argument that is set (interpolated nulls may arrive as None or as the text 'None' / 'null')."""
+    return value not in (None, "None", "null", "")
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def evaluated_name(checkpoint: Any, use_ema: Any = False, weights: Any = None) -> str:
+    """What is evaluated, as one path component: ``<checkpoint stem>-<model|ema>`` for a checkpoint (``last-ema``,
+    ``best-model``), else the weights file's stem, or ``random-init`` without weights. It names the results
+    directory, so evaluations of last.pt, best.pt and the EMA weights never overwrite each other."""
+    if _given(checkpoint):
+        return f"{Path(str(checkpoint)).stem}-{'ema' if _truthy(use_ema) else 'model'}"
+    return Path(str(weights)).stem if _given(weights) else "random-init"
+
+
+def default_eval_dir(checkpoint: Any, model_name: Any, attention_name: Any, suite: Any, use_ema: Any = False,
+                     weights: Any = None) -> str:
+    """``<training run>/eval/<suite>/<checkpoint stem>-<model|ema>`` for a checkpoint (results beside the run),
+    else ``outputs/eval/<model>-<attention>/<suite>/<weights stem | random-init>``."""
+    name = evaluated_name(checkpoint, use_ema, weights)
+    if _given(checkpoint):
         parent = Path(str(checkpoint)).expanduser().parent
         run_dir = parent.parent if parent.name == "checkpoints" else parent
-        return str(run_dir / "eval" / str(suite))
-    return f"outputs/eval/{model_name}-{attention_name}/{suite}"
+        return str(run_dir / "eval" / str(suite) / name)
+    return f"outputs/eval/{model_name}-{attention_name}/{suite}/{name}"
 
 
 def register_eval_configs() -> None:

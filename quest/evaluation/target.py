@@ -15,6 +15,8 @@ from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import FORMAT, load_checkpoint
 from quest.models import create_model
 
+from .config import evaluated_name
+
 log = logging.getLogger("quest.eval")
 
 __all__ = ["EvalTarget", "load_target", "data_was_chosen"]
@@ -95,7 +97,8 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     choices = dict(ckpt.get("choices") or {})
     group = stored.logger.get("group") or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
     info = {
-        "source": "checkpoint", "checkpoint": str(path), "weights": which,
+        "source": "checkpoint", "checkpoint": str(path), "checkpoint_file": path.name, "weights": which,
+        "evaluated": evaluated_name(path, which == "ema"),
         "model": stored.model.name, "attention": stored.attention.name,
         "attention_options": OmegaConf.to_container(stored.attention.options, resolve=True),
         "choices": choices, "train_data": stored.data.name, "seed": stored.trainer.seed,
@@ -150,6 +153,7 @@ def _from_timm(cfg: DictConfig) -> EvalTarget:
                                                         pretrained.get("interpolation", "bicubic"))
     info = {"source": "timm", "model": name, "attention": attention,
             "attention_options": OmegaConf.to_container(cfg.attention.options, resolve=True),
-            "weights": str(cfg.weights) if cfg.weights else "none: randomly initialised"}
+            "weights": str(cfg.weights) if cfg.weights else "none: randomly initialised",
+            "evaluated": evaluated_name(None, False, cfg.weights)}
     return EvalTarget(model, num_classes, img_size, mean, std, crop_pct, interpolation,
                       cfg.data if chosen else None, info, cfg.logger.group)
