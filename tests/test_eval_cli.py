@@ -166,7 +166,7 @@ def test_conflicting_or_missing_model_arguments(tmp_path):
         run_evaluation(eval_cfg("eval=clean"), tmp_path)
     with pytest.raises(ValueError, match="needs attention="):
         run_evaluation(eval_cfg("model=vit_pico", "eval=clean"), tmp_path)
-    with pytest.raises(ValueError, match="unknown evaluations"):
+    with pytest.raises(ValueError, match=r"eval\.run=\['clean', 'imagenet_x'\]: must be a list of distinct evaluations"):
         run_evaluation(eval_cfg("model=vit_pico", "attention=quest", "eval.run=[clean,imagenet_x]"), tmp_path)
 
 

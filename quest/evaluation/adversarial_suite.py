@@ -22,6 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from quest.data import collate_skipping_bad
 
 from . import attacks as A
+from .checks import ATTACKS, LABELS
 from .dataset_eval import val_split
 from .metrics import EvalRun, evenly_spaced, fixed_subset
 from .transforms import Normalized, describe, pixel_transform
@@ -30,8 +31,6 @@ log = logging.getLogger("quest.eval")
 
 __all__ = ["ATTACKS", "adversarial"]
 
-ATTACKS = ("fgsm", "pgd", "spsa", "autoattack")
-LABELS = ("ground_truth", "predicted")
 
 
 def _key(attack: str, eps: float) -> str:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from quest.engine.distributed import DistContext, init_distributed
 
 from .adversarial_suite import adversarial
+from .checks import check_eval_config
 from .corruption_suite import corruptions
 from .dataset_eval import clean
 from .imagenet_c import imagenet_c
@@ -78,6 +79,7 @@ def _target_report(target: EvalTarget) -> dict[str, Any]:
 
 def run_evaluation(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     """eval.py's body: load, evaluate (one process or a torchrun/srun group), report on the main process."""
+    check_eval_config(cfg, EVALUATIONS)  # every key and value, before any data or model is loaded
     settings = cfg.eval
     _check_names(settings)
     if settings.torch_threads:

@@ -1,0 +1,135 @@
+"""eval.py refuses unknown keys (also added with + or ++) and bad values at start, before any data or model is
+loaded, naming each key, its value and what is allowed."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+import quest.evaluation.runner as runner
+from quest.evaluation import run_evaluation
+from quest.evaluation.checks import check_eval_config
+from quest.evaluation.config import EvalConfig
+from quest.validation import ConfigError
+
+from .helpers import CONFIGS
+from .test_eval_cli import eval_cfg
+
+BASE = ["model=vit_pico", "attention=quest"]
+
+
+def _sections(schema: type = EvalConfig, prefix: str = "") -> list[str]:
+    """Every config node the schema types with a dataclass (the top level is '')."""
+    out = [prefix]
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        child = hints[f.name]
+        child = child if dataclasses.is_dataclass(child) else next(
+            (a for a in typing.get_args(child) if dataclasses.is_dataclass(a)), None)
+        if child is not None:
+            out += _sections(child, f"{prefix}{f.name}.")
+    return out
+
+
+SECTIONS = _sections()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_is_loaded(monkeypatch):
+    """A config problem must stop the run before a model, a data set or a process group is touched."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded something before checking the config")
+
+    monkeypatch.setattr(runner, "load_target", refuse)
+    monkeypatch.setattr(runner, "init_distributed", refuse)
+
+
+def test_the_sections_cover_the_schema():
+    assert {"", "model.", "attention.", "data.", "logger.", "eval.", "eval.roots.", "eval.imagenet_val.",
+            "eval.adversarial.", "eval.adversarial.pgd.", "eval.adversarial.autoattack."} <= set(SECTIONS)
+    assert len(SECTIONS) >= 20
+
+
+@pytest.mark.parametrize("plus", ["+", "++"])
+@pytest.mark.parametrize("section", SECTIONS)
+def test_an_added_unknown_key_is_refused_in_every_section(tmp_path, section, plus):
+    cfg = eval_cfg(*BASE, "eval=digits_robustness", f"{plus}{section}bogus=1")
+    with pytest.raises(ConfigError, match=rf"{section.replace('.', '[.]')}bogus: not a key of"):
+        run_evaluation(cfg, tmp_path)
+
+
+def test_a_misspelt_added_key_gets_a_suggestion(tmp_path):
+    cfg = eval_cfg(*BASE, "+eval.adversarial.pgd.stepz=3")
+    with pytest.raises(ConfigError, match=r"eval\.adversarial\.pgd\.stepz.*did you mean eval\.adversarial\.pgd\.steps"):
+        run_evaluation(cfg, tmp_path)
+
+
+def test_free_form_attention_options_are_not_key_checked():
+    # attention.options are the formulation's constructor arguments, checked where the layer is built
+    check_eval_config(eval_cfg(*BASE, "+attention.options.learnable_scale=true"), runner.EVALUATIONS)
+
+
+@pytest.mark.parametrize("suite", sorted(p.stem for p in (CONFIGS / "eval").glob("*.yaml")))
+def test_every_suite_passes_the_checks(suite):
+    check_eval_config(eval_cfg(*BASE, f"eval={suite}"), runner.EVALUATIONS)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("eval.batch_size=0", "eval.batch_size=0: must be a positive integer"),
+    ("eval.num_workers=-1", "eval.num_workers=-1: must be an integer >= 0"),
+    ("eval.torch_threads=0", "eval.torch_threads=0: must be a positive integer (or null)"),
+    ("eval.device=gpu", "eval.device='gpu': must be auto, cpu, cuda or cuda:N"),
+    ("eval.precision=fp8", "eval.precision='fp8': must be one of fp32, bf16, fp16"),
+    ("eval.crop_pct=0", "eval.crop_pct=0.0: must be in (0, 1] (or null)"),
+    ("eval.crop_pct=1.2", "eval.crop_pct=1.2: must be in (0, 1] (or null)"),
+    ("eval.interpolation=random", "eval.interpolation='random': must be one of nearest, bilinear, bicubic"),
+    ("eval.clean.max_samples=0", "eval.clean.max_samples=0: must be a positive integer (or null)"),
+    ("eval.corruptions.severities=[0,3]", "eval.corruptions.severities=[0, 3]: must be a list of distinct severities"),
+    ("eval.imagenet_c.severities=[1,1]", "eval.imagenet_c.severities=[1, 1]: must be a list of distinct severities"),
+    ("eval.corruptions.corruptions=[fogg]", "eval.corruptions.corruptions=['fogg']: must be a list of distinct "
+                                            "standard corruptions from gaussian_noise"),
+    ("eval.corruptions.extra_corruptions=[fog]", "eval.corruptions.extra_corruptions=['fog']: must be a list of "
+                                                 "distinct extra corruptions from speckle_noise"),
+    ("eval.corruptions.seed=-1", "eval.corruptions.seed=-1: must be an integer >= 0"),
+    ("eval.imagenet_v2.variants=[matched]", "eval.imagenet_v2.variants=['matched']: must be a list of distinct "
+                                            "variants from matched-frequency, threshold0.7, top-images"),
+    ("eval.adversarial.attacks=[fgsm,cw]", "eval.adversarial.attacks=['fgsm', 'cw']: must be a list of distinct "
+                                           "attacks from fgsm, pgd, spsa, autoattack"),
+    ("eval.adversarial.labels=pred", "eval.adversarial.labels='pred': must be one of ground_truth, predicted"),
+    ("eval.adversarial.batch_size=0", "eval.adversarial.batch_size=0: must be a positive integer (or null)"),
+    ("eval.adversarial.fgsm.eps=[-0.1]", "eval.adversarial.fgsm.eps=[-0.1]: must be a list of distinct budgets in "
+                                         "[0, 1]"),
+    ("eval.adversarial.pgd.eps=[8]", "eval.adversarial.pgd.eps=[8.0]: must be a list of distinct budgets in [0, 1]"),
+    ("eval.adversarial.pgd.steps=0", "eval.adversarial.pgd.steps=0: must be a positive integer"),
+    ("eval.adversarial.pgd.step_size=0", "eval.adversarial.pgd.step_size=0.0: must be > 0"),
+    ("eval.adversarial.spsa.nb_sample=0", "eval.adversarial.spsa.nb_sample=0: must be a positive integer"),
+    ("eval.adversarial.spsa.lr=-1", "eval.adversarial.spsa.lr=-1.0: must be > 0"),
+    ("eval.adversarial.spsa.max_samples=0", "eval.adversarial.spsa.max_samples=0: must be a positive integer"),
+    ("eval.adversarial.autoattack.version=fast", "eval.adversarial.autoattack.version='fast': must be one of "
+                                                 "standard, plus, rand"),
+    ("eval.adversarial.autoattack.norm=L2", "eval.adversarial.autoattack.norm='L2': must be Linf"),
+    ("eval.run=[clean,clean]", "eval.run=['clean', 'clean']: must be a list of distinct evaluations from"),
+    ("eval.run=[clean,imagenet_x]", "eval.run=['clean', 'imagenet_x']: must be a list of distinct evaluations"),
+])
+def test_a_bad_value_is_named_with_what_is_allowed(tmp_path, override, expected):
+    with pytest.raises(ConfigError) as info:
+        run_evaluation(eval_cfg(*BASE, "eval=digits_robustness", override), tmp_path)
+    assert expected in str(info.value)
+    assert len(str(info.value).splitlines()) == 2  # the header and this one problem: the defaults are all valid
+
+
+def test_fp16_needs_cuda(tmp_path):
+    with pytest.raises(ConfigError, match=r"eval\.precision='fp16': fp16 autocast needs CUDA \(eval\.device=cpu\)"):
+        run_evaluation(eval_cfg(*BASE, "eval.device=cpu", "eval.precision=fp16"), tmp_path)
+
+
+def test_every_bad_value_at_once_before_the_checkpoint_is_read(tmp_path):
+    missing = tmp_path / "no_such.pt"  # would be a FileNotFoundError if anything were loaded first
+    cfg = eval_cfg(f"checkpoint={missing}", "eval.batch_size=-3", "eval.adversarial.pgd.steps=0",
+                   "eval.adversarial.labels=pred")
+    with pytest.raises(ConfigError) as info:
+        run_evaluation(cfg, tmp_path)
+    message = str(info.value)
+    for key in ("eval.batch_size=-3", "eval.adversarial.pgd.steps=0", "eval.adversarial.labels='pred'"):
+        assert key in message
