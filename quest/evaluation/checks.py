@@ -65,7 +65,8 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
     checks.one_of("eval.precision", PRECISIONS)
     if cfg.eval.precision == "fp16" and (cfg.eval.device == "cpu"
                                          or (cfg.eval.device == "auto" and not torch.cuda.is_available())):
-        checks.fail("eval.precision", f"fp16 autocast needs CUDA (eval.device={cfg.eval.device}); use bf16 or fp32")
+        checks.fail("eval.precision", f"must be bf16 or fp32 without CUDA (eval.device={cfg.eval.device}): fp16 "
+                                      "autocast needs CUDA")
     checks.fraction("eval.crop_pct", low_open=True, optional=True)
     checks.one_of("eval.interpolation", INTERPOLATIONS, optional=True)
 

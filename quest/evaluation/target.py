@@ -16,6 +16,7 @@ from quest.engine.checkpoint import FORMAT, load_checkpoint
 from quest.models import create_model
 
 from .config import evaluated_name
+from .torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 log = logging.getLogger("quest.eval")
 
@@ -67,12 +68,19 @@ def load_target(cfg: DictConfig, device: torch.device) -> EvalTarget:
 
 def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     path = Path(cfg.checkpoint).expanduser()
+    if path.is_dir():
+        found = sorted(str(p.relative_to(path)) for p in path.glob("**/checkpoints/*.pt"))[:4]
+        raise IsADirectoryError(f"checkpoint={path} is a directory; pass a checkpoint file"
+                                + (f", e.g. {path / found[0]} (found: {', '.join(found)})" if found
+                                   else " such as <run>/checkpoints/last.pt"))
     try:
         ckpt = load_checkpoint(path)
-    except ValueError as exc:
-        raise ValueError(f"{exc}. eval.py checkpoint= takes a checkpoint written by train.py "
-                         f"(<run>/checkpoints/last.pt); for plain weights use model=<timm name> attention=<name> "
-                         f"weights={path}") from exc
+    except ValueError as exc:  # not loadable, or loadable but not a train.py checkpoint: say which case it is
+        raise ValueError(checkpoint_problem(path)) from exc
+    bad = damaged_member(path)
+    if bad is not None:
+        raise ValueError(f"checkpoint={path} is truncated or corrupt (zip member {bad} fails its CRC check: torch "
+                         "would load its damaged bytes as they are); copy it again from where it was written")
     missing = [k for k in ("model", "meta", "config") if k not in ckpt]
     if missing:
         raise ValueError(f"{path} is a {FORMAT} file without {missing}: not written by train.py's trainer")
@@ -109,21 +117,14 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
 
 
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The state_dict in ``path`` (plain, or wrapped as {"state_dict"|"model": ...}), loaded with weights_only."""
     if not path.is_file():
-        raise FileNotFoundError(f"weights={path} does not exist")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot load weights {path} with weights_only=True: {exc}") from exc
-    if isinstance(obj, dict) and obj.get("format") == FORMAT:
-        raise ValueError(f"{path} is a quest checkpoint: pass checkpoint={path} instead of weights=")
-    # common wrappers around a state_dict ({"state_dict": ...}, {"model": ...})
-    for key in ("state_dict", "model"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and len(obj) <= 3:
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"weights={path} is not a state_dict (a dict of tensors)")
-    return obj
+        raise FileNotFoundError(f"weights={path} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
+    found = inspect_torch_file(path)
+    problem = weights_problem(path, found)
+    if problem is not None:
+        raise ValueError(problem)
+    return state_dict_of(found.obj)
 
 
 def _from_timm(cfg: DictConfig) -> EvalTarget:
