@@ -85,6 +85,8 @@ BAD_VALUES = [  # (override, key, the value as the message shows it, what is all
     ("eval.crop_pct=0", "eval.crop_pct", "0.0", "in (0, 1]"),
     ("eval.crop_pct=1.2", "eval.crop_pct", "1.2", "in (0, 1]"),
     ("eval.interpolation=random", "eval.interpolation", "'random'", "one of nearest, bilinear, bicubic"),
+    ("eval.log_every_n=-2", "eval.log_every_n", "-2", "an integer >= 0 (0: off)"),
+    ("eval.log_every_s=-1", "eval.log_every_s", "-1.0", ">= 0 seconds (0: off)"),
     ("eval.clean.max_samples=0", "eval.clean.max_samples", "0", "a positive integer"),
     ("eval.corruptions.severities=[0,3]", "eval.corruptions.severities", "[0, 3]", "a list of distinct severities"),
     ("eval.imagenet_c.severities=[1,1]", "eval.imagenet_c.severities", "[1, 1]", "a list of distinct severities"),

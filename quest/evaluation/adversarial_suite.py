@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -106,19 +106,42 @@ def _protocol(run: EvalRun, section: Any, libraries: dict[str, str]) -> dict[str
     }
 
 
-def _batches(run: EvalRun, dataset: Dataset, indices: list[int], batch_size: int
-             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+class _Batches:
     """(images, labels, data-set indices) of this process's share of ``indices`` (every r-th of W: each sample on
-    exactly one process, none padded), in order."""
-    shard = indices[run.dist.rank::run.dist.world_size]
-    loader = DataLoader(Subset(dataset, shard), batch_size=batch_size, shuffle=False,
-                        num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad)
-    done = 0
-    for images, targets, skipped in loader:
-        if skipped:
-            raise RuntimeError("adversarial evaluation cannot skip unreadable images (sample seeds follow indices)")
-        yield images.to(run.device), targets.to(run.device), shard[done:done + len(targets)]
-        done += len(targets)
+    exactly one process, none padded), in order; progress lines name the pass ``what`` and end with ``extra()``."""
+
+    def __init__(self, run: EvalRun, dataset: Dataset, indices: list[int], batch_size: int, what: str,
+                 extra: Callable[[], str] | None = None):
+        self.run, self.extra = run, extra
+        self.shard = indices[run.dist.rank::run.dist.world_size]
+        self.loader = DataLoader(Subset(dataset, self.shard), batch_size=batch_size, shuffle=False,
+                                 num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad)
+        self.progress = run.progress(what, len(self.loader), len(self.shard))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
+        done = 0
+        for images, targets, skipped in self.loader:
+            if skipped:
+                raise RuntimeError("adversarial evaluation cannot skip unreadable images (sample seeds follow "
+                                   "indices)")
+            yield images.to(self.run.device), targets.to(self.run.device), self.shard[done:done + len(targets)]
+            done += len(targets)
+            self.progress.update(len(targets), self.extra or "")
+
+
+class _Running:
+    """Top-1 (percent) so far on this process's samples, for progress lines (the reported numbers come from the
+    meters, summed over processes)."""
+
+    def __init__(self, label: str):
+        self.label, self.correct, self.n = label, 0, 0
+
+    def update(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.correct += int((logits.argmax(1) == y).sum().item())
+        self.n += len(y)
+
+    def __call__(self) -> str:
+        return f"{self.label} {100 * self.correct / max(self.n, 1):.2f}%"
 
 
 def adversarial(run: EvalRun, section: Any) -> dict[str, Any]:
@@ -138,14 +161,18 @@ def adversarial(run: EvalRun, section: Any) -> dict[str, Any]:
     meters = {key: _Meter(num_classes, device) for key in budgets}
     seconds = {key: 0.0 for key in budgets}
     aa_settings: dict[str, Any] = {}
-    for x, y, _ in _batches(run, dataset, list(range(len(dataset))), batch_size):
+    running = _Running("clean top-1")
+    for x, y, _ in _Batches(run, dataset, list(range(len(dataset))), batch_size, "adversarial clean", running):
         with torch.no_grad():
             logits = model(x)
         clean_meter.update(logits, logits, y, None, x)
+        running.update(logits, y)
     for key, (name, eps) in budgets.items():
         # each attack on its own evenly spaced subset (the costly ones may use fewer samples), called once per batch
         # of that subset; its clean numbers are on the same samples
-        for x, y, indices in _batches(run, dataset, evenly_spaced(len(dataset), section[name].max_samples), batch_size):
+        running = _Running("adv. top-1")
+        chosen = evenly_spaced(len(dataset), section[name].max_samples)
+        for x, y, indices in _Batches(run, dataset, chosen, batch_size, f"adversarial {key}", running):
             with torch.no_grad():
                 clean_logits = model(x)
             labels = y if section.labels == "ground_truth" else clean_logits.argmax(1)
@@ -156,6 +183,7 @@ def adversarial(run: EvalRun, section: Any) -> dict[str, Any]:
             with torch.no_grad():
                 logits = model(x_adv)
             meters[key].update(clean_logits, logits, y, x_adv, x)
+            running.update(logits, y)
     clean = clean_meter.compute(run.dist.distributed, device)
     result: dict[str, Any] = {"clean": {k: clean[k] for k in ("top1", "nll", "n")}}
     for key, meter in meters.items():

@@ -67,6 +67,8 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
                                          or (cfg.eval.device == "auto" and not torch.cuda.is_available())):
         checks.fail("eval.precision", f"must be bf16 or fp32 without CUDA (eval.device={cfg.eval.device}): fp16 "
                                       "autocast needs CUDA")
+    checks.check("eval.log_every_n", lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)")
+    checks.check("eval.log_every_s", lambda v: v >= 0, ">= 0 seconds (0: off)")
     checks.fraction("eval.crop_pct", low_open=True, optional=True)
     checks.one_of("eval.interpolation", INTERPOLATIONS, optional=True)
 

@@ -151,6 +151,10 @@ class EvalSettings:
     batch_size: int = 128  # per process
     num_workers: int = 0
     torch_threads: Optional[int] = None  # None: torch's default
+    # progress lines (quest.eval logger): first and last batch of each pass, every log_every_n-th batch (cell of a
+    # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
+    log_every_n: int = 0
+    log_every_s: float = 30.0
     crop_pct: Optional[float] = None  # None: the training recipe's (checkpoint) or timm's pretrained config
     interpolation: Optional[str] = None  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)

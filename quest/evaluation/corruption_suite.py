@@ -6,7 +6,6 @@ so the numbers do not depend on batch size, workers or the number of processes.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from PIL import Image
@@ -17,8 +16,6 @@ from .imagenet_c import corruption_summary
 from .metrics import EvalRun, classify, fixed_subset
 from .dataset_eval import val_split
 from .transforms import describe, split_eval_transform
-
-log = logging.getLogger("quest.eval")
 
 __all__ = ["CorruptedDataset", "corruptions"]
 
@@ -45,15 +42,17 @@ def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
     geometric, finish = split_eval_transform(run.target)
     base, subset = fixed_subset(val_split(run, geometric, "corruptions"), section.max_samples)
     num_classes = run.target.num_classes
-    clean = classify(run, CorruptedDataset(base, finish, None, 0, section.seed), num_classes)
+    clean = classify(run, CorruptedDataset(base, finish, None, 0, section.seed), num_classes, what="corruptions clean")
     clean_error = 1 - clean["top1"] / 100
     names = list(section.corruptions) + list(section.extra_corruptions)
     errors: dict[str, dict[int, float]] = {}
+    grid = run.progress("corruptions", len(names) * len(section.severities), unit="corruption x severity")
     for name in names:
         for severity in section.severities:
-            top1 = classify(run, CorruptedDataset(base, finish, name, int(severity), section.seed), num_classes)["top1"]
+            dataset = CorruptedDataset(base, finish, name, int(severity), section.seed)
+            top1 = classify(run, dataset, num_classes, what=f"corruptions {name}/{severity}", nested=True)["top1"]
             errors.setdefault(name, {})[int(severity)] = 1 - top1 / 100
-        log.info("corruptions %s: error %s", name, {s: round(100 * e, 2) for s, e in errors[name].items()})
+            grid.update(extra=f"{name} severity {severity}: error {100 - top1:.2f}%")
     result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions), clean_error)
     result.update({
         "clean": clean, "data": run.target.data.name, "subset": subset, "seed": section.seed,

@@ -25,6 +25,6 @@ def clean(run: EvalRun, section: Any) -> dict[str, Any]:
     """Top-1 / top-5 / NLL on the val split with the eval transform."""
     transform = eval_transform(run.target)
     dataset, subset = fixed_subset(val_split(run, transform, "clean"), section.max_samples)
-    result = classify(run, dataset, run.target.num_classes)
+    result = classify(run, dataset, run.target.num_classes, what="clean")
     result.update({"data": run.target.data.name, "subset": subset, "transform": describe(transform)})
     return result

@@ -6,15 +6,12 @@ percent); the mCE is taken over exactly the 15 standard corruptions at all 5 sev
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from .config import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA
 from .imagenet_data import ImageList, imagenet_wnids, require_dir, wnid_samples, LAYOUTS
 from .metrics import EvalRun, classify
 from .transforms import describe, imagenet_c_transform
-
-log = logging.getLogger("quest.eval")
 
 __all__ = ["ALEXNET_MEAN_ERROR", "ALEXNET_CLEAN_ERROR", "mce", "corruption_summary", "imagenet_c"]
 
@@ -105,11 +102,13 @@ def imagenet_c(run: EvalRun, section: Any) -> dict[str, Any]:
                 raise FileNotFoundError(f"imagenet_c: {root / c / str(s)} does not exist; expected layout "
                                         f"{LAYOUTS['c']}{hint}")
     errors: dict[str, dict[int, float]] = {}
+    grid = run.progress("imagenet_c", len(corruptions) * len(section.severities), unit="corruption x severity")
     for c in corruptions:
         for s in section.severities:
             samples = wnid_samples(root / c / str(s), imagenet_wnids(), "c", f"imagenet_c {c}/{s}")
-            errors.setdefault(c, {})[int(s)] = 1 - classify(run, ImageList(samples, transform), 1000)["top1"] / 100
-            log.info("imagenet_c %s severity %d: error %.2f%%", c, s, 100 * errors[c][int(s)])
+            top1 = classify(run, ImageList(samples, transform), 1000, what=f"imagenet_c {c}/{s}", nested=True)["top1"]
+            errors.setdefault(c, {})[int(s)] = 1 - top1 / 100
+            grid.update(extra=f"{c} severity {s}: error {100 - top1:.2f}%")
     clean_error, clean_source = _clean_error(run)
     result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions), clean_error)
     result.update(mce(errors, clean_error))

@@ -35,7 +35,7 @@ def imagenet_val(run: EvalRun, section: Any) -> dict[str, Any]:
     require_imagenet_classifier(run, "imagenet_val")
     samples = val_samples(run)
     transform = eval_transform(run.target)
-    result = classify(run, ImageList(samples, transform), 1000)
+    result = classify(run, ImageList(samples, transform), 1000, what="imagenet_val")
     classes = len({t for _, t in samples})
     result.update({"classes_present": classes, "root": str(run.settings.roots.val), "transform": describe(transform)})
     if classes != 1000:
@@ -54,7 +54,8 @@ def imagenet_v2(run: EvalRun, section: Any) -> dict[str, Any]:
         if not folder.is_dir():
             raise FileNotFoundError(f"imagenet_v2: {folder} does not exist; expected layout {LAYOUTS['v2']} "
                                     f"(or drop the variant: eval.imagenet_v2.variants=[...])")
-        result[variant] = classify(run, ImageList(v2_samples(folder, f"imagenet_v2 {variant}"), transform), 1000)
+        result[variant] = classify(run, ImageList(v2_samples(folder, f"imagenet_v2 {variant}"), transform), 1000,
+                                   what=f"imagenet_v2 {variant}")
     return result
 
 
@@ -96,7 +97,7 @@ def imagenet_real(run: EvalRun, section: Any) -> dict[str, Any]:
                          "scores the whole val set (every file once)")
     transform = eval_transform(run.target)
     # targets are unused by ReaL; 0 keeps the loader's collation uniform
-    topk = ordered_topk(run, ImageList([(f, 0) for f in files], transform), k=5)
+    topk = ordered_topk(run, ImageList([(f, 0) for f in files], transform), k=5, what="imagenet_real")
     scorer = RealLabelsImagenet(names, real_json=None if section.real_json is None else str(section.real_json),
                                 topk=(1, 5))
     batch = 1024
@@ -118,7 +119,8 @@ def _imagenet_subset(run: EvalRun, section: Any, which: str) -> dict[str, Any]:
     root = require_dir(run.settings.roots[which], which, name)
     transform = eval_transform(run.target)
     masked = SubsetLogits(run.model, indices)  # argmax over the 200 subset columns only
-    result: dict[str, Any] = classify(run, ImageList(wnid_samples(root, wnids, which, name), transform), 200, masked)
+    result: dict[str, Any] = classify(run, ImageList(wnid_samples(root, wnids, which, name), transform), 200, masked,
+                                      what=name)
     result.update({"root": str(root), "transform": describe(transform),
                    "masking": f"1000-way logits restricted to timm's imagenet_{which}_indices (200 columns, "
                               "ascending) before argmax; targets in sorted-wnid order"})
@@ -131,7 +133,8 @@ def _imagenet_subset(run: EvalRun, section: Any, which: str) -> dict[str, Any]:
             all_wnids = imagenet_wnids()
             clean = [(p, position[all_wnids[t]]) for p, t in val_samples(run) if all_wnids[t] in position]
             if clean:
-                result["imagenet200_clean"] = classify(run, ImageList(clean, transform), 200, masked)
+                result["imagenet200_clean"] = classify(run, ImageList(clean, transform), 200, masked,
+                                                       what=f"{name} imagenet200_clean")
             else:
                 result["imagenet200_clean"] = None
                 result["note"] = f"{run.settings.roots.val} has none of the 200 classes"

@@ -19,6 +19,7 @@ from quest.data import ShardSampler, collate_skipping_bad
 from quest.engine.distributed import DistContext
 from quest.engine.evaluate import evaluate
 
+from .progress import Progress, tracked
 from .target import EvalTarget
 
 __all__ = ["EvalRun", "make_loader", "classify", "ordered_topk", "SubsetLogits", "evenly_spaced", "fixed_subset"]
@@ -42,6 +43,15 @@ class EvalRun:
     def model(self) -> nn.Module:
         return self.target.model
 
+    def progress(self, what: str, total: int, samples: int | None = None, unit: str = "batch",
+                 nested: bool = False) -> Progress:
+        """A progress logger for one loop at the configured cadence; only the first process logs, and with several
+        processes the counts are its own share."""
+        if self.dist.world_size > 1:
+            what = f"{what} [rank 0 of {self.dist.world_size}]"
+        return Progress(what, total, samples, unit, every_n=self.settings.get("log_every_n", 0),
+                        every_s=self.settings.get("log_every_s", 30.0), nested=nested, enabled=self.dist.is_main)
+
 
 def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size or run.settings.batch_size,
@@ -50,14 +60,23 @@ def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -
                       pin_memory=run.device.type == "cuda")
 
 
-def classify(run: EvalRun, dataset: Dataset, num_classes: int, model: nn.Module | None = None) -> dict[str, Any]:
-    """Micro top-1 / top-5 (percent), mean NLL and the sample count over ``dataset``, summed over processes."""
-    metrics = evaluate(model or run.model, make_loader(run, dataset), run.device, num_classes, run.autocast, prefix="")
+def _tracked_loader(run: EvalRun, dataset: Dataset, what: str, nested: bool) -> tracked:
+    loader = make_loader(run, dataset)
+    return tracked(loader, run.progress(what, len(loader), len(loader.sampler), nested=nested))
+
+
+def classify(run: EvalRun, dataset: Dataset, num_classes: int, model: nn.Module | None = None,
+             what: str = "evaluation", nested: bool = False) -> dict[str, Any]:
+    """Micro top-1 / top-5 (percent), mean NLL and the sample count over ``dataset``, summed over processes;
+    progress lines name the pass ``what`` (``nested``: a pass inside a loop that reports its own progress)."""
+    loader = _tracked_loader(run, dataset, what, nested)
+    metrics = evaluate(model or run.model, loader, run.device, num_classes, run.autocast, prefix="")
     return {"top1": metrics["top1"], "top5": metrics["top5"], "nll": metrics["loss"], "n": len(dataset)}
 
 
 @torch.no_grad()
-def ordered_topk(run: EvalRun, dataset: Dataset, k: int, model: nn.Module | None = None) -> torch.Tensor:
+def ordered_topk(run: EvalRun, dataset: Dataset, k: int, model: nn.Module | None = None,
+                 what: str = "evaluation") -> torch.Tensor:
     """The top-``k`` classes of every sample, (len(dataset), k), in data-set order on every process.
 
     With ShardSampler, local prediction j of rank r is sample r + j * W, so the gathered shards interleave back
@@ -65,7 +84,7 @@ def ordered_topk(run: EvalRun, dataset: Dataset, k: int, model: nn.Module | None
     model = model or run.model
     model.eval()
     local = []
-    for images, _, skipped in make_loader(run, dataset):
+    for images, _, skipped in _tracked_loader(run, dataset, what, nested=False):
         if skipped:
             raise RuntimeError("an order-sensitive evaluation cannot skip unreadable images")
         with run.autocast():

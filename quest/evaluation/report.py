@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["write_reports", "flatten_numbers", "log_wandb"]
+__all__ = ["write_reports", "flatten_numbers", "log_wandb", "headline_numbers"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -52,6 +52,21 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 _HEADLINE = ("top1", "top5", "nll", "n", "excluded_empty", "mce", "relative_mce", "mean_error", "extra_mean_error",
              "relative_mean_error", "clean_error")
+
+
+# the numbers of the console's "<evaluation> done" line: top level first, then top-1 of each nested result (an
+# attack budget, an ImageNet-v2 variant, a clean subset)
+_DONE_LINE = ("top1", "top5", "nll", "mce", "relative_mce", "mean_error", "relative_mean_error", "extra_mean_error")
+
+
+def headline_numbers(result: dict[str, Any]) -> dict[str, float]:
+    """The headline numbers of one evaluation's result, e.g. {'top1': ..} for clean, {'clean top1': ..,
+    'pgd@0.00392157 top1': ..} for adversarial, {'matched-frequency top1': ..} for ImageNet-v2."""
+    out = {k: float(result[k]) for k in _DONE_LINE if isinstance(result.get(k), (int, float))}
+    for key, value in result.items():
+        if isinstance(value, dict) and isinstance(value.get("top1"), (int, float)) and key != "protocol":
+            out[f"{key} top1"] = float(value["top1"])
+    return out
 
 
 def _section(name: str, result: dict[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ from .dataset_eval import clean
 from .imagenet_c import imagenet_c
 from .imagenet_suites import imagenet_a, imagenet_r, imagenet_real, imagenet_v2, imagenet_val
 from .metrics import EvalRun
-from .report import log_wandb, write_reports
+from .report import headline_numbers, log_wandb, write_reports
 from .target import EvalTarget, load_target
 
 log = logging.getLogger("quest.eval")
@@ -66,8 +66,10 @@ def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext) -> dict
         result = EVALUATIONS[name](run, settings[name])
         result["seconds"] = round(time.perf_counter() - tic, 2)
         run.results[name] = result
-        log.info("%s done in %.1f s: %s", name, result["seconds"],
-                 {k: round(v, 3) for k, v in result.items() if k in ("top1", "top5", "nll", "mce", "mean_error")})
+        # accuracies and errors are percent, NLL nats
+        numbers = ", ".join(f"{k} {v:.3f}" if k.endswith("nll") else f"{k} {v:.2f}%"
+                            for k, v in headline_numbers(result).items())
+        log.info("%s done in %.1f s: %s", name, result["seconds"], numbers or "no numbers")
     return run.results
 
 
