@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from quest.report.plot import PlotInputError, layer_series, load_metrics, main, plot_diagnostics, run_label
+from matplotlib.colors import to_hex
+
+from quest.report.plot import (
+    FORMULATION_COLORS, PlotInputError, diagnostics_figure, formulation_color, layer_series, load_metrics, main,
+    plot_diagnostics, run_label,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STATS = ("max_logit", "q_norm_at_max", "k_norm_at_max", "q_norm_mean", "entropy_mean", "low_entropy_head_frac")
@@ -111,14 +120,33 @@ def test_missing_metrics_file_is_named(tmp_path, capsys):
         plot_diagnostics([tmp_path / "nowhere"], tmp_path / "x.png")
 
 
-def test_run_without_diagnostics_is_named(runs, tmp_path, capsys):
-    plain = tmp_path / "plain"
+def _plain_run(root: Path, name: str = "plain") -> Path:
+    """A run trained without diagnostics: metrics.jsonl has no diag/ keys."""
+    plain = root / name
     plain.mkdir()
     (plain / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "train/loss": 1.0}) for s in range(5)))
-    assert main(["diagnostics", str(runs[0]), str(plain), "--out", str(tmp_path / "x.png")]) == 2
+    (plain / "summary.json").write_text(json.dumps({"attention": "quest"}))
+    return plain
+
+
+def test_a_run_without_diagnostics_is_skipped_with_a_warning_when_others_have_them(runs, tmp_path, caplog):
+    plain = _plain_run(tmp_path)
+    caplog.set_level(logging.WARNING, logger="quest.report")
+    out = tmp_path / "x.png"
+    assert main(["diagnostics", str(runs[0]), str(plain), str(runs[1]), "--out", str(out)]) == 0
+    assert_png(out)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(plain / "metrics.jsonl") in warnings[0] and "skipped" in warnings[0]
+    fig = diagnostics_figure([runs[0], plain, runs[1]])
+    assert {line.get_label() for line in fig.axes[0].get_lines()} == {"standard", "quest"}
+
+
+def test_only_runs_without_diagnostics_is_an_error_naming_them(tmp_path, capsys):
+    plain, other = _plain_run(tmp_path), _plain_run(tmp_path, "other")
+    assert main(["diagnostics", str(plain), str(other), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert str(plain / "metrics.jsonl") in err and "diag/layerNN/max_logit" in err
-    assert "diagnostics.every_n_steps" in err
+    assert "diagnostics.every_n_steps" in err and not (tmp_path / "x.png").exists()
 
 
 def test_missing_layer_or_key_is_named(runs, tmp_path):
@@ -142,3 +170,77 @@ def test_malformed_lines_are_named(tmp_path):
 def test_bad_layers_option(runs, tmp_path, capsys):
     assert main(["diagnostics", str(runs[0]), "--out", str(tmp_path / "x.png"), "--layers", "0,x"]) == 2
     assert "--layers" in capsys.readouterr().err
+
+
+def _colours(fig) -> dict[str, str]:
+    """Line label -> colour (hex) of every line in every panel; a label has one colour across panels."""
+    out: dict[str, str] = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            colour = to_hex(line.get_color())
+            assert out.setdefault(line.get_label(), colour) == colour, line.get_label()
+    return out
+
+
+@pytest.mark.parametrize("layers", [None, [0, 3]])
+def test_a_formulation_has_its_colour_whatever_the_order_of_the_runs(runs, layers):
+    orders = [runs, runs[::-1], [runs[1], runs[2], runs[0]]]
+    colours = [_colours(diagnostics_figure(order, layers=layers)) for order in orders]
+    assert colours[0] == colours[1] == colours[2]
+    if layers is None:
+        assert colours[0]["standard"] == FORMULATION_COLORS["standard"]
+        assert colours[0]["quest"] == FORMULATION_COLORS["quest"]
+        assert colours[0]["run_c"] == formulation_color("run_c")  # no summary.json: coloured by its name
+    # the same run alone keeps its colour too
+    alone = _colours(diagnostics_figure([runs[1]], layers=layers))
+    assert all(colours[0][label] == colour for label, colour in alone.items())
+
+
+def test_every_configured_formulation_has_its_own_fixed_colour():
+    names = sorted(p.stem for p in (ROOT / "configs" / "attention").glob("*.yaml"))
+    assert set(names) <= set(FORMULATION_COLORS), "a new formulation needs a colour in FORMULATION_COLORS"
+    assert len({FORMULATION_COLORS[n] for n in names}) == len(names)
+
+
+def test_other_names_get_further_colours_deterministically():
+    names = ["my_new_attention", "run_c", "sigmoid"]
+    colours = [formulation_color(n) for n in names]
+    assert colours == [formulation_color(n) for n in names]
+    assert not set(colours) & set(FORMULATION_COLORS.values())
+    # the same in another process with another hash seed (Python's hash() would differ)
+    code = f"from quest.report.plot import formulation_color; print([formulation_color(n) for n in {names!r}])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == repr(colours)
+
+
+def test_axes_say_their_units(runs):
+    keys = ["max_logit", "q_norm_at_max", "k_norm_at_max", "q_norm_mean", "entropy_mean", "low_entropy_head_frac",
+            "head01/max_logit"]
+    fig = diagnostics_figure(runs, keys=keys)
+    ylabels = [ax.get_ylabel() for ax in fig.axes if ax.get_visible()]
+    assert ylabels == ["max attention logit (unitless)", "‖q‖₂ of the max-logit pair (unitless)",
+                       "‖k‖₂ of the max-logit pair (unitless)", "mean ‖q‖₂ (unitless)",
+                       "mean attention entropy (nats)", "share of heads below the entropy threshold (0-1)",
+                       "head 01: max attention logit (unitless)"]
+    assert all(ax.get_xlabel() == "training step (optimizer steps)" for ax in fig.axes if ax.get_visible())
+
+
+@pytest.mark.parametrize("growth", [0.4, 0.05, 0.002])  # 8.7, 0.9 and 0.04 decades of max logit
+def test_log_axes_read_as_plain_numbers(tmp_path, growth):
+    run = write_run(tmp_path, "run", growth, {"attention": "standard"})
+    fig = diagnostics_figure([run])
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    low, high = ax.get_ylim()
+    for axis in (ax.yaxis, ax.xaxis):
+        labels = [t.get_text() for t in axis.get_ticklabels(which="both") if t.get_text()]
+        assert labels, "no tick labels"
+        for text in labels:
+            assert "$" not in text and "times" not in text, text  # no mathtext 10^x
+            float(text.replace("\N{MINUS SIGN}", "-"))  # a plain number
+        assert not axis.get_offset_text().get_text()  # no '1e4' offset
+    shown = [t for t in ax.yaxis.get_majorticklocs() if low <= t <= high]
+    assert len(shown) >= 2  # even within less than a decade the axis has labelled ticks

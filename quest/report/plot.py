@@ -4,11 +4,14 @@
 
 Each RUN_DIR holds ``metrics.jsonl`` (one flat JSON object per line, always with an integer ``step``; diagnostic
 keys ``diag/layerLL/<stat>`` only on diagnostic steps) and optionally ``summary.json`` (the line label is its
-``attention``, or ``choices.attention``, else the directory name). Definitions: docs/diagnostics.md.
+``attention``, or ``choices.attention``, else the directory name). A run without diagnostic keys is skipped with a
+warning when another run has them. Each formulation has one colour in every figure (:func:`formulation_color`);
+axes say their units and log axes read as plain numbers. Definitions: docs/diagnostics.md.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -18,10 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib import ticker
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 
-__all__ = ["PlotInputError", "load_metrics", "run_label", "layer_series", "plot_diagnostics", "main"]
+__all__ = ["PlotInputError", "FORMULATION_COLORS", "formulation_color", "axis_label", "plain_log_axis",
+           "load_metrics", "run_label", "run_formulation", "layer_series", "diagnostics_figure", "plot_diagnostics",
+           "main"]
 
 logger = logging.getLogger("quest.report")
 
@@ -30,6 +38,88 @@ DEFAULT_KEYS = ("max_logit", "q_norm_at_max", "k_norm_at_max")
 # Statistics that belong to the max-logit pair: "over layers" they come from the layer holding the max logit.
 _AT_MAX = ("q_norm_at_max", "k_norm_at_max")
 _LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("", "o", "s", "^", "v", "D", "P", "X")  # the 2nd, 3rd, ... run of one formulation (seeds, lrs)
+
+#: One colour per attention formulation (configs/attention), the same in every figure whatever the order of the runs.
+FORMULATION_COLORS = {
+    "standard": "#1f77b4", "quest": "#d62728", "qnorm": "#2ca02c", "qknorm": "#ff7f0e", "qknorm_hs": "#9467bd",
+    "qknorm_ds": "#8c564b", "elliptical": "#e377c2", "elliptical_quest": "#17becf",
+}
+# Further colours for other names (a new formulation, a run labelled by its directory), none of them above.
+_EXTRA_COLORS = ("#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
+                 "#e6550d", "#31a354", "#756bb1", "#636363")
+
+
+def formulation_color(name: str) -> str:
+    """The colour of a formulation: fixed for the known ones, else picked from further colours by a hash of the
+    name (stable across processes and runs, unlike Python's ``hash``)."""
+    if name in FORMULATION_COLORS:
+        return FORMULATION_COLORS[name]
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return _EXTRA_COLORS[int.from_bytes(digest[:4], "big") % len(_EXTRA_COLORS)]
+
+
+def _shade(color: str, position: int, count: int) -> str:
+    """``color`` darkened (first layer) to lightened (last layer): the layers of one run in one hue."""
+    if count <= 1:
+        return to_hex(color)
+    t = position / (count - 1)  # 0 .. 1
+    rgb = to_rgb(color)
+    if t < 0.5:
+        mixed = tuple(c * (0.6 + 0.8 * t) for c in rgb)  # towards black, at most 40 %
+    else:
+        mixed = tuple(c + (1 - c) * (t - 0.5) * 1.1 for c in rgb)  # towards white, at most 55 %
+    return to_hex(mixed)
+
+
+# Units of the diagnostics (docs/diagnostics.md): logits are dimensionless (scale * q'.k'), norms are the raw
+# projections' l2 norms, entropies natural-log nats.
+_LABELS = {
+    "max_logit": "max attention logit (unitless)",
+    "q_norm_at_max": "‖q‖₂ of the max-logit pair (unitless)",
+    "k_norm_at_max": "‖k‖₂ of the max-logit pair (unitless)",
+    "q_norm_mean": "mean ‖q‖₂ (unitless)", "q_norm_max": "max ‖q‖₂ (unitless)",
+    "k_norm_mean": "mean ‖k‖₂ (unitless)", "k_norm_max": "max ‖k‖₂ (unitless)",
+    "entropy_mean": "mean attention entropy (nats)", "entropy_min": "min attention entropy (nats)",
+    "low_entropy_head_frac": "share of heads below the entropy threshold (0-1)",
+}
+STEP_LABEL = "training step (optimizer steps)"
+
+
+def axis_label(stat: str) -> str:
+    """The y-axis label of a statistic, with its unit (``headHH/<stat>`` prefixed by the head)."""
+    head = re.match(r"^head(\d+)/(.+)$", stat)
+    if head:
+        return f"head {head.group(1)}: {axis_label(head.group(2))}"
+    return _LABELS.get(stat, stat)
+
+
+def _plain(value: float, _pos: Any = None) -> str:
+    """A tick value as a plain number ('0.01', '300', '20000'); exponent notation only past six digits."""
+    return f"{value:.6g}"
+
+
+def plain_log_axis(ax: Axes, values: Sequence[float]) -> None:
+    """Log-scale y with plain-number ticks instead of matplotlib's 10^x labels: decades when the values span
+    several, 1-2-5 within a few decades, evenly spaced ticks within less than one decade."""
+    ax.set_yscale("log")
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    span = math.log10(max(finite) / min(finite)) if finite else 0.0
+    if span < 1:
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
+    elif span < 3:
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    else:
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(_plain))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _plain_linear_axis(axis: Any) -> None:
+    """No offset ('+1e4') and no scientific multiplier on a linear axis."""
+    formatter = ticker.ScalarFormatter(useOffset=False, useMathText=False)
+    formatter.set_scientific(False)
+    axis.set_major_formatter(formatter)
 
 Series = dict[int, dict[str, dict[int, float]]]  # layer -> stat -> step -> value
 
@@ -67,22 +157,27 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def run_formulation(run_dir: Path) -> str | None:
+    """The run's attention formulation: ``attention`` (or ``choices.attention``) from ``summary.json``, else None."""
+    summary_path = Path(run_dir) / "summary.json"
+    if not summary_path.is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError:
+        logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
+        return None
+    if isinstance(summary, dict):
+        choices = summary.get("choices")
+        for source in (summary, choices if isinstance(choices, dict) else {}):
+            if isinstance(source.get("attention"), str):
+                return source["attention"]
+    return None
+
+
 def run_label(run_dir: Path) -> str:
     """``attention`` (or ``choices.attention``) from ``summary.json``, else the directory name."""
-    run_dir = Path(run_dir)
-    summary_path = run_dir / "summary.json"
-    if summary_path.is_file():
-        try:
-            summary = json.loads(summary_path.read_text())
-        except json.JSONDecodeError:
-            logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
-            summary = {}
-        if isinstance(summary, dict):
-            choices = summary.get("choices")
-            for source in (summary, choices if isinstance(choices, dict) else {}):
-                if isinstance(source.get("attention"), str):
-                    return source["attention"]
-    return run_dir.resolve().name
+    return run_formulation(run_dir) or Path(run_dir).resolve().name
 
 
 def layer_series(records: list[dict[str, Any]], prefix: str = "diag/") -> Series:
@@ -154,6 +249,92 @@ def _parse_layers(text: str | None) -> list[int] | str | None:
     return layers
 
 
+def _load_runs(run_dirs: Sequence[str | Path], layers: Sequence[int] | str | None, keys: Sequence[str],
+               prefix: str) -> list[tuple[Path, Series, Sequence[int] | None]]:
+    """(run directory, series, chosen layers) of every run with diagnostics. A run without any diagnostic key (one
+    trained with diagnostics off, next to one with them) is skipped with a warning naming it; only when no run has
+    any is it an error."""
+    loaded = [(run_dir, layer_series(load_metrics(run_dir), prefix)) for run_dir in map(Path, run_dirs)]
+    with_diag = [(run_dir, series) for run_dir, series in loaded if series]
+    if not with_diag:
+        # no run to plot: every run's own error, the first one raised
+        for run_dir, series in loaded:
+            _check_run(run_dir, series, None, keys, prefix)
+    runs = []
+    for run_dir, series in loaded:
+        if not series:
+            logger.warning("%s: skipped, no diagnostic keys ('%slayerNN/...': trained with diagnostics.every_n_steps"
+                           " = 0); plotting the %d run(s) that have them", run_dir / "metrics.jsonl", prefix,
+                           len(with_diag))
+            continue
+        chosen = sorted(series) if layers == "all" else layers
+        _check_run(run_dir, series, chosen, keys, prefix)
+        runs.append((run_dir, series, chosen))
+    return runs
+
+
+def diagnostics_figure(
+    run_dirs: Sequence[str | Path],
+    layers: Sequence[int] | str | None = None,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    prefix: str = "diag/",
+) -> Figure:
+    """One panel per statistic in ``keys`` against step, one line per run (and layer); see :func:`plot_diagnostics`.
+
+    Colour: the run's formulation (:func:`formulation_color`), whatever the order of ``run_dirs``; layers of a run:
+    shades of that colour and line styles; a second run of one formulation: markers."""
+    if not run_dirs:
+        raise PlotInputError("no run directories given")
+    keys = list(keys)
+    runs = _load_runs(run_dirs, layers, keys, prefix)
+    labels = [run_label(run_dir) for run_dir, _, _ in runs]
+    # Two runs of one attention (seeds, learning rates) need their directory names to be told apart.
+    labels = [f"{label} ({run_dir.resolve().name})" if labels.count(label) > 1 else label
+              for (run_dir, _, _), label in zip(runs, labels)]
+    # a run without a formulation in its summary is coloured by its directory name (deterministic too)
+    formulations = [run_formulation(run_dir) or run_dir.resolve().name for run_dir, _, _ in runs]
+    hues = [formulation_color(f) for f in formulations]
+    repeat = [formulations[:i].count(f) for i, f in enumerate(formulations)]
+
+    ncols = min(len(keys), 3)
+    nrows = math.ceil(len(keys) / ncols)
+    fig = Figure(figsize=(5.0 * ncols, 3.8 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, key in zip(axes, keys):
+        drawn: list[float] = []
+        for (_, series, chosen), label, hue, rep in zip(runs, labels, hues, repeat):
+            if chosen is None:
+                lines = [(label, _over_layers(series, key), hue, "-")]
+            else:
+                lines = [(f"{label} layer{layer:02d}", series[layer].get(key, {}), _shade(hue, pos, len(chosen)),
+                          _LINESTYLES[pos % len(_LINESTYLES)]) for pos, layer in enumerate(chosen)]
+            for line_label, values, color, style in lines:
+                steps = sorted(values)
+                ys = [values[s] for s in steps]
+                drawn += [y for y in ys if math.isfinite(y)]
+                marker = _MARKERS[rep % len(_MARKERS)]
+                ax.plot(steps, ys, label=line_label, color=color, linestyle=style, linewidth=1.4, marker=marker or None,
+                        markersize=4, markevery=max(1, len(steps) // 8))
+        # Log scale as in Figure A6 when it can show every value (a share of heads may be exactly 0).
+        if drawn and all(y > 0 for y in drawn):
+            plain_log_axis(ax, drawn)
+        else:
+            _plain_linear_axis(ax.yaxis)
+        _plain_linear_axis(ax.xaxis)
+        reduction = "" if layers is not None else (" (layer of the max logit)" if key in _AT_MAX else
+                                                   " (min over layers)" if "entropy" in key else " (max over layers)")
+        ax.set_title(key + reduction)
+        ax.set_xlabel(STEP_LABEL)
+        ax.set_ylabel(axis_label(key))
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize="small")
+    fig.suptitle("attention diagnostics " + ("(over layers)" if layers is None else "(per layer)"))
+    return fig
+
+
 def plot_diagnostics(
     run_dirs: Sequence[str | Path],
     out: str | Path,
@@ -166,60 +347,7 @@ def plot_diagnostics(
     ``layers``: None plots one value per run over layers (max logit and the norms of that layer's max pair, min for
     entropies, max otherwise); a list of indices, or ``"all"``, plots those layers' own lines.
     """
-    if not run_dirs:
-        raise PlotInputError("no run directories given")
-    keys = list(keys)
-    runs = []
-    for run_dir in map(Path, run_dirs):
-        series = layer_series(load_metrics(run_dir), prefix)
-        chosen = sorted(series) if layers == "all" else layers
-        _check_run(run_dir, series, chosen, keys, prefix)
-        runs.append((run_dir, run_label(run_dir), series, chosen))
-    labels = [label for _, label, _, _ in runs]
-    # Two runs of one attention (seeds, learning rates) need their directory names to be told apart.
-    labels = [
-        f"{label} ({run_dir.resolve().name})" if labels.count(label) > 1 else label
-        for (run_dir, _, _, _), label in zip(runs, labels)
-    ]
-
-    ncols = min(len(keys), 3)
-    nrows = math.ceil(len(keys) / ncols)
-    fig = Figure(figsize=(5.0 * ncols, 3.8 * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    colors = [f"C{i % 10}" for i in range(max(len(runs), 64))]
-    for ax, key in zip(axes, keys):
-        positive = True
-        for run_index, ((_, _, series, chosen), label) in enumerate(zip(runs, labels)):
-            if chosen is None:
-                lines = [(label, _over_layers(series, key), colors[run_index], "-")]
-            else:
-                one_run = len(runs) == 1
-                lines = [
-                    (
-                        f"{label} layer{layer:02d}",
-                        series[layer].get(key, {}),
-                        colors[pos] if one_run else colors[run_index],
-                        "-" if one_run else _LINESTYLES[pos % len(_LINESTYLES)],
-                    )
-                    for pos, layer in enumerate(chosen)
-                ]
-            for line_label, values, color, style in lines:
-                steps = sorted(values)
-                ys = [values[s] for s in steps]
-                positive &= all(y > 0 for y in ys if math.isfinite(y))
-                ax.plot(steps, ys, label=line_label, color=color, linestyle=style, linewidth=1.4)
-        # Log scale as in Figure A6 when it can show every value (a share of heads may be exactly 0).
-        ax.set_yscale("log" if positive else "linear")
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
-        ax.grid(True, which="both", alpha=0.3)
-    for ax in axes[len(keys):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize="small")
-    fig.suptitle("attention diagnostics " + ("(over layers)" if layers is None else "(per layer)"))
-
+    fig = diagnostics_figure(run_dirs, layers, keys, prefix)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
