@@ -116,6 +116,7 @@ class TrainerConfig:
     checkpoint_every_n_steps: Optional[int] = None
     eval_every_n_epochs: int = 1
     resume: str = "auto"  # auto | never | <path to a checkpoint>
+    overwrite: bool = False  # with resume=never: archive the run already in the directory, then start afresh
     init_from: Optional[str] = None  # weights to start from (e.g. the DeiT-III first phase); pos_embed resized
     max_loss: Optional[float] = None  # a loss above this counts as divergence (besides non-finite)
     torch_threads: Optional[int] = None
@@ -155,5 +156,30 @@ class TrainConfig:
     experiment_values: Dict[str, Any] = field(default_factory=dict)
 
 
+#: Keys that say where and how a run executes, not what it trains: they are not part of the run directory's name,
+#: and may differ when a run resumes (docs/training.md, "Runs, resume and provenance"). Patterns end in ".*".
+OPERATIONAL_KEYS = (
+    "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
+    "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
+    "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps", "logger.*",
+)
+#: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
+#: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the
+#: new length; a shorter one is refused), validation cadence and diagnostics (outputs only).
+RESUME_SAFE_KEYS = (*OPERATIONAL_KEYS, "data.root", "trainer.epochs", "trainer.eval_every_n_epochs", "diagnostics.*")
+
+
+def matches_key(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """``key`` equals a pattern, or lies under a ``prefix.*`` pattern."""
+    return any(key == p or (p.endswith(".*") and (key == p[:-2] or key.startswith(p[:-1]))) for p in patterns)
+
+
 def register_configs() -> None:
+    """The schema in Hydra's ConfigStore, and the ``${quest_run_suffix:}`` resolver of the run directory's name."""
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("quest_run_suffix"):
+        from quest.engine.run_dir import run_name_suffix
+
+        OmegaConf.register_new_resolver("quest_run_suffix", run_name_suffix)

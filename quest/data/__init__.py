@@ -1,5 +1,12 @@
 """Data sets, transforms and samplers."""
-from .datasets import DATASETS, build_dataset, class_balanced_subset, dataset_targets
+from .datasets import (
+    DATASETS,
+    build_dataset,
+    check_split_classes,
+    class_balanced_subset,
+    dataset_targets,
+    known_num_classes,
+)
 from .folder import CorruptImageError, SafeImageFolder, check_image_folder, collate_skipping_bad
 from .sampling import ResumableSampler, ShardSampler, build_train_sampler
 from .transforms import build_transforms
@@ -9,6 +16,8 @@ __all__ = [
     "build_dataset",
     "class_balanced_subset",
     "dataset_targets",
+    "known_num_classes",
+    "check_split_classes",
     "CorruptImageError",
     "SafeImageFolder",
     "check_image_folder",

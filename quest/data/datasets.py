@@ -11,9 +11,11 @@ from torchvision import datasets as tvd
 from .digits import DigitsDataset
 from .folder import SafeImageFolder, check_image_folder
 
-__all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "DATASETS"]
+__all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "known_num_classes", "check_split_classes",
+           "DATASETS"]
 
 DATASETS = ("digits", "imagenet", "imagefolder", "cifar10", "cifar100", "fake")
+_FIXED_NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
 
 
 def _need_root(data: Any) -> Path:
@@ -22,14 +24,43 @@ def _need_root(data: Any) -> Path:
     return Path(data.root).expanduser()
 
 
+def _folder_classes(data: Any, split: str) -> tuple[Path, list[str]]:
+    folder = data.train_split if split == "train" else data.val_split
+    root = check_image_folder(_need_root(data) / folder, f"data={data.name} {split} split")
+    return root, sorted(p.name for p in root.iterdir() if p.is_dir())  # torchvision's ImageFolder class order
+
+
+def known_num_classes(data: Any) -> int | None:
+    """The class count a data set has (for image folders: its training split's class folders), or None (fake)."""
+    if data.name in _FIXED_NUM_CLASSES:
+        return _FIXED_NUM_CLASSES[data.name]
+    if data.name in ("imagenet", "imagefolder"):
+        return len(_folder_classes(data, "train")[1])
+    return None
+
+
+def check_split_classes(data: Any) -> None:
+    """Image folders: the validation split must have exactly the training split's classes, since a class index is
+    its folder's position in the sorted list; otherwise validation images would be scored as another class."""
+    if data.name not in ("imagenet", "imagefolder"):
+        return
+    (train_root, train), (val_root, val) = _folder_classes(data, "train"), _folder_classes(data, "val")
+    if train != val:
+        only_train, only_val = sorted(set(train) - set(val)), sorted(set(val) - set(train))
+        raise ValueError(
+            f"data={data.name}: the class folders of {val_root} differ from those of {train_root} "
+            f"(only in train: {only_train[:20]}{' ...' if len(only_train) > 20 else ''}; only in val: "
+            f"{only_val[:20]}{' ...' if len(only_val) > 20 else ''}); both splits need the same <class> folders, "
+            "since a class index is the folder's position in the sorted list")
+
+
 def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
     """The ``split`` ('train' or 'val') of the data set named by ``data.name`` (a DataConfig)."""
     name = data.name
     if name == "digits":
         return DigitsDataset(split, data.val_fraction, data.split_seed, transform)
     if name in ("imagenet", "imagefolder"):
-        folder = data.train_split if split == "train" else data.val_split
-        root = check_image_folder(_need_root(data) / folder, f"data={name} {split} split")
+        root, _ = _folder_classes(data, split)
         ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)
         if len(ds.classes) != data.num_classes:
             raise ValueError(

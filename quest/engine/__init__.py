@@ -1,8 +1,9 @@
-"""Training and evaluation loops, checkpoints and distributed set-up."""
+"""Training and evaluation loops, checkpoints, run directories and distributed set-up."""
 from .checkpoint import load_checkpoint, save_checkpoint
 from .distributed import DistContext, init_distributed
 from .evaluate import evaluate
-from .trainer import EXIT_DIVERGED, TrainState, fit
+from .lifecycle import EXIT_DIVERGED, EXIT_INTERRUPTED, exit_code, fit, summary_line
+from .trainer import TrainState
 
-__all__ = ["fit", "evaluate", "EXIT_DIVERGED", "TrainState", "save_checkpoint", "load_checkpoint",
-           "DistContext", "init_distributed"]
+__all__ = ["fit", "exit_code", "summary_line", "evaluate", "EXIT_DIVERGED", "EXIT_INTERRUPTED", "TrainState",
+           "save_checkpoint", "load_checkpoint", "DistContext", "init_distributed"]

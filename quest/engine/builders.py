@@ -27,10 +27,12 @@ from quest.data import (
 from quest.models import create_model
 
 from .distributed import DistContext
+from .signals import ignore_stop_signals
+from .validate import check_patch_size
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Components", "build_components", "resolve_img_size", "model_meta", "resolve_lr"]
+__all__ = ["Components", "build_components", "resolve_img_size", "img_size_source", "model_meta", "resolve_lr"]
 
 
 @dataclass
@@ -48,11 +50,16 @@ class Components:
     steps_per_epoch: int
 
 
+def img_size_source(cfg: Any) -> str:
+    """The key that sets the input size: the recipe's (DeiT-III first phase), else the model's, else the data's."""
+    for key in ("recipe.img_size", "model.img_size", "data.img_size"):
+        if OmegaConf.select(cfg, key):
+            return key
+    raise ValueError("no input size: set model.img_size, recipe.img_size or data.img_size")
+
+
 def resolve_img_size(cfg: Any) -> int:
-    size = cfg.recipe.img_size or cfg.model.img_size or cfg.data.img_size
-    if not size:
-        raise ValueError("no input size: set model.img_size, recipe.img_size or data.img_size")
-    return int(size)
+    return int(OmegaConf.select(cfg, img_size_source(cfg)))
 
 
 def model_meta(cfg: Any) -> dict[str, Any]:
@@ -124,7 +131,8 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, Dat
         )
     common = dict(num_workers=data.num_workers, collate_fn=collate_skipping_bad,
                   pin_memory=data.pin_memory and ctx.device.type == "cuda",
-                  persistent_workers=data.num_workers > 0)
+                  persistent_workers=data.num_workers > 0,
+                  worker_init_fn=ignore_stop_signals if data.num_workers > 0 else None)
     sampler = build_train_sampler(train_ds, cfg.trainer.seed, ctx.world_size, ctx.rank, cfg.recipe.repeated_aug)
     # Own generators: creating an iterator must not draw from the global RNG, or resuming mid-epoch would shift it.
     train = DataLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,
@@ -137,8 +145,10 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, Dat
 def build_components(cfg: Any, ctx: DistContext) -> Components:
     recipe = cfg.recipe
     img_size = resolve_img_size(cfg)
+    model = build_model(cfg)
+    check_patch_size(model, img_size, img_size_source(cfg))  # before any data is read
+    model = model.to(ctx.device)
     train_loader, val_loader = _loaders(cfg, ctx, img_size)
-    model = build_model(cfg).to(ctx.device)
     if cfg.trainer.strategy not in ("ddp", "fsdp"):
         raise ValueError(f"trainer.strategy must be ddp or fsdp, got {cfg.trainer.strategy!r}")
     if cfg.trainer.strategy == "fsdp":

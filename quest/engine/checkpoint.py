@@ -1,22 +1,63 @@
-"""Checkpoints: tensors and plain containers only, written atomically, loaded with ``weights_only=True``."""
+"""Checkpoints: tensors and plain containers only, written atomically, loaded with ``weights_only=True``.
+
+``save_checkpoint`` / ``load_checkpoint`` handle one file; :class:`Checkpointer` saves and restores a whole training
+run (model, full or sharded, EMA, optimizer, scheduler, loss scaler, every rank's RNG streams and the run record)
+so that a resumed run continues bit-identically.
+"""
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn as nn
 
-__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "check_compatible", "rng_state", "set_rng_state"]
+from .distributed import DistContext, gather_objects
+
+log = logging.getLogger("quest.train")
+
+__all__ = ["FORMAT", "CheckpointWriteError", "save_checkpoint", "load_checkpoint", "check_compatible",
+           "replace_with_link", "rng_state", "set_rng_state", "Checkpointer"]
 
 FORMAT = "quest-checkpoint-v1"
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (full disk, quota); the previous file at that path is intact."""
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: torch's zip writer reports a full disk as a RuntimeError raised from one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _write_error(path: Path, exc: OSError) -> CheckpointWriteError:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    what = "no space left on the device" if exc.errno in _NO_SPACE else exc.strerror or str(exc)
+    return CheckpointWriteError(exc.errno, f"cannot write checkpoint {path}: {what} ({free} in {path.parent}); "
+                                           f"the previous {path.name}, if any, is intact")
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename: a crash never leaves half a file."""
+    """Write to a temporary file in the same directory, fsync, then rename: a crash never leaves half a file, and a
+    failed write (full disk) leaves neither a temporary file nor a damaged previous checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -26,8 +67,35 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        cause = _os_error(exc) if isinstance(exc, (OSError, RuntimeError)) else None
+        if cause is not None:
+            raise _write_error(path, cause) from exc
+        raise
+
+
+def replace_with_link(source: Path, target: Path) -> None:
+    """Make ``target`` the same file as ``source`` atomically: a hard link where the file system has them (no copy
+    of a large checkpoint), else a copy; either way through a temporary name, then a rename."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 * 2**20)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(target, exc) from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -83,3 +151,87 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+class Checkpointer:
+    """``checkpoints/last.pt`` (and ``best.pt``) of one run directory, for DDP (one file) and FSDP (a small file
+    beside a sharded ``<name>.dcp/`` directory)."""
+
+    def __init__(self, ckpt_dir: Path, ctx: DistContext, sharded: bool):
+        self.dir, self.ctx, self.sharded = Path(ckpt_dir), ctx, sharded
+
+    @property
+    def last(self) -> Path:
+        return self.dir / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.dir / "best.pt"
+
+    def clean_temporaries(self) -> list[Path]:
+        """Remove what a killed write left behind (the caller holds the run directory's lock)."""
+        stale = [p for p in self.dir.glob(".*.tmp")] if self.dir.is_dir() else []
+        stale += [p for p in self.dir.glob("*.dcp.tmp")] if self.dir.is_dir() else []
+        for p in stale:
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        if stale:
+            log.info("removed %d temporary file(s) of an interrupted checkpoint write: %s", len(stale),
+                     ", ".join(p.name for p in stale))
+        return stale
+
+    def save(self, model: nn.Module, ema: nn.Module | None, optimizer: torch.optim.Optimizer, scheduler: Any,
+             scaler: Any, record: dict[str, Any], best: bool = False) -> None:
+        """Write the run's state; with ``best``, to ``best.pt`` first and then ``last.pt`` as the same file, so that
+        no ``last.pt`` ever records a best epoch whose ``best.pt`` is missing. Collective under DDP/FSDP."""
+        rngs = gather_objects(rng_state(), self.ctx)  # every rank draws its own augmentation randomness
+        sharded_dir = None
+        if self.sharded:  # collectives: every rank writes its shard and helps gather the full weights
+            from .fsdp import full_model_state_dict, save_sharded
+
+            sharded_dir = "last.dcp"
+            save_sharded(self.dir / sharded_dir, model, optimizer, self.ctx)
+            weights = full_model_state_dict(model)
+        if not self.ctx.is_main:
+            return
+        state = {
+            "model": weights if self.sharded else model.state_dict(),
+            "sharded": sharded_dir,
+            "ema": ema.state_dict() if ema is not None else None,
+            "optimizer": None if self.sharded else optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rngs,
+            **record,
+        }
+        if best:
+            save_checkpoint(self.best, state)
+            replace_with_link(self.best, self.last)
+        else:
+            save_checkpoint(self.last, state)
+
+    def restore(self, ckpt: dict[str, Any], path: Path, model: nn.Module, ema: nn.Module | None,
+                optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, schedule: bool = True) -> None:
+        """Load a checkpoint's state into the run's parts and this rank's RNG streams. ``schedule=False`` keeps the
+        scheduler as built (a run extended to more epochs follows the longer schedule from its current step)."""
+        if bool(ckpt.get("sharded")) != self.sharded:
+            raise ValueError(f"checkpoint {path} was written with strategy "
+                             f"{'fsdp' if ckpt.get('sharded') else 'ddp'}, this run uses "
+                             f"{'fsdp' if self.sharded else 'ddp'}")
+        if self.sharded:
+            from .fsdp import load_sharded
+
+            load_sharded(path.parent / ckpt["sharded"], model, optimizer)
+        else:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        if ema is not None and ckpt["ema"] is not None:
+            ema.load_state_dict(ckpt["ema"])
+        if schedule:
+            scheduler.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and ckpt["scaler"] is not None:
+            scaler.load_state_dict(ckpt["scaler"])
+        rngs = ckpt["rng"]
+        if len(rngs) != self.ctx.world_size:
+            log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",
+                        len(rngs), self.ctx.world_size)
+        set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])

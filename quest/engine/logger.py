@@ -14,9 +14,15 @@ log = logging.getLogger("quest.train")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-    os.replace(tmp, path)
+    """Write through a temporary file and a rename: readers see the old or the new file, never half of one, and a
+    failed write (full disk) leaves no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _jsonable(value: Any) -> Any:
@@ -34,17 +40,26 @@ def _finite_or_str(v: Any) -> Any:
 
 class RunLogger:
     """Appends one JSON object per log call to ``metrics.jsonl``; mirrors to wandb when configured.
-    Only the main process constructs one with ``enabled=True``."""
+    Only the main process constructs one with ``enabled=True``.
+
+    ``truncate_to`` (a resumed run: the size ``metrics.jsonl`` had when the checkpoint was written) drops the lines
+    an interrupted attempt logged after its last checkpoint, which the resumed run logs again."""
 
     def __init__(self, run_dir: Path, cfg: Any | None = None, logger_cfg: Any | None = None,
-                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None):
+                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None,
+                 truncate_to: int | None = None):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb_run = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        path = self.run_dir / "metrics.jsonl"
+        if truncate_to is not None and path.exists() and path.stat().st_size > truncate_to:
+            log.info("metrics.jsonl: dropping %d bytes logged after the last checkpoint",
+                     path.stat().st_size - truncate_to)
+            os.truncate(path, truncate_to)
+        self._metrics = open(path, "a", buffering=1)
         if logger_cfg is not None and logger_cfg.wandb:
             self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
 
@@ -59,6 +74,13 @@ class RunLogger:
             dir=str(self.run_dir), config=OmegaConf.to_container(cfg, resolve=True),
             id=resume_id, resume="allow" if resume_id else None,
         )
+
+    def metrics_bytes(self) -> int | None:
+        """The size of metrics.jsonl so far (stored in checkpoints; see ``truncate_to``)."""
+        if not self.enabled:
+            return None
+        self._metrics.flush()
+        return self._metrics.tell()
 
     @property
     def wandb_id(self) -> str | None:

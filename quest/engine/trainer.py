@@ -1,9 +1,9 @@
-"""The training loop: DeiT's engine.py in spirit, with resumable state, divergence checks and run outputs."""
+"""The training loop: DeiT's engine.py in spirit. ``Run`` holds a run's parts and state and takes its optimizer
+steps and epochs, with divergence checks and stop signals at step boundaries; ``quest.engine.fit`` drives it."""
 from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -13,21 +13,20 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from timm.utils import random_seed
+
+from quest.validation import ConfigError
 
 from .builders import Components, build_components, model_meta
-from .checkpoint import check_compatible, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .distributed import DistContext, all_reduce_max, barrier, gather_objects, init_distributed
+from .checkpoint import Checkpointer, load_checkpoint
+from .distributed import DistContext, all_reduce_max
 from .evaluate import evaluate
 from .logger import RunLogger
-from .preemption import Preemption
+from .run_dir import check_data, data_fingerprint
+from .signals import StopRequested, StopSignals
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["fit", "EXIT_DIVERGED", "TrainState"]
-
-#: Exit code of ``train.py`` for a run that diverged (non-finite loss or grad norm, or loss above trainer.max_loss).
-EXIT_DIVERGED = 3
+__all__ = ["Run", "TrainState", "Diverged", "hms"]
 
 
 @dataclass
@@ -65,11 +64,11 @@ class Run:
 
     def __init__(self, cfg: Any, run_dir: Path, choices: dict[str, str], ctx: DistContext):
         self.cfg, self.run_dir, self.choices, self.ctx = cfg, run_dir, choices, ctx
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.sharded = cfg.trainer.strategy == "fsdp"
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
         self.train_model = torch.compile(self.model) if cfg.trainer.compile else self.model
-        self.sharded = cfg.trainer.strategy == "fsdp"
         if ctx.distributed and not self.sharded:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 self.train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
@@ -78,7 +77,10 @@ class Run:
         self.scaler = torch.amp.GradScaler(ctx.device.type) if self.precision == "fp16" else None
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
-        self.preemption: Preemption | None = None
+        self.signals: StopSignals | None = None
+        self.logger: RunLogger | None = None
+        self.data = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
+        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -91,69 +93,49 @@ class Run:
                                     max_logit_warning=d.max_logit_warning)
 
     # --- checkpoints ------------------------------------------------------------------------------------------
-    def save(self, name: str = "last.pt") -> None:
-        # every rank draws its own augmentation randomness: keep each rank's RNG state, not only rank 0's
-        rngs = gather_objects(rng_state(), self.ctx)
+    @property
+    def derived(self) -> dict[str, Any]:
+        """Values computed from the config and the process count that a resume must reproduce."""
         p = self.parts
-        sharded_dir = None
-        if self.sharded:  # collectives: every rank writes its shard and helps gather the full weights
-            from .fsdp import full_model_state_dict, save_sharded
+        return {"global_batch": p.global_batch, "lr": p.lr, "steps_per_epoch": p.steps_per_epoch}
 
-            sharded_dir = name.replace(".pt", ".dcp")
-            save_sharded(self.ckpt_dir / sharded_dir, self.model, p.optimizer, self.ctx)
-            weights = full_model_state_dict(self.model)
-        if not self.ctx.is_main:
-            return
-        save_checkpoint(self.ckpt_dir / name, {
-            "model": weights if self.sharded else self.model.state_dict(),
-            "sharded": sharded_dir,
-            "ema": p.ema.module.state_dict() if p.ema is not None else None,
-            "optimizer": None if self.sharded else p.optimizer.state_dict(),
-            "scheduler": p.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+    def save(self, best: bool = False) -> None:
+        p = self.parts
+        self.checkpointer.save(self.model, p.ema.module if p.ema is not None else None, p.optimizer, p.scheduler,
+                               self.scaler, best=best, record={
             "state": asdict(self.state),
-            "rng": rngs,
             # plain containers only: a ListConfig option (elliptical's `layers`) would not load with weights_only=True
             "meta": {**model_meta(self.cfg),
                      "attention_options": OmegaConf.to_container(self.cfg.attention.options, resolve=True)},
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "choices": dict(self.choices),
+            "derived": self.derived,
+            "data": self.data,
+            # metrics.jsonl up to here belongs to this state; a resume drops what an interrupted attempt logged later
+            "metrics_bytes": self.logger.metrics_bytes() if self.logger is not None else None,
         })
+        self.saved_step = self.state.step
 
-    def resume(self) -> bool:
-        """Restore everything from ``trainer.resume`` (auto: run_dir/checkpoints/last.pt when present)."""
-        how = self.cfg.trainer.resume
-        if how == "never":
-            return False
-        path = self.ckpt_dir / "last.pt" if how == "auto" else Path(how).expanduser()
-        if how == "auto" and not path.exists():
-            return False
-        ckpt = load_checkpoint(path, map_location=self.ctx.device)
-        check_compatible(ckpt, model_meta(self.cfg), path)
+    def restore(self, ckpt: dict[str, Any], path: Path, extended: bool) -> None:
+        """Continue from ``ckpt``; ``extended``: the run was given more epochs, so the schedule built for the new
+        length continues from the current step instead of the stored (shorter) one."""
+        check_data(ckpt.get("data"), self.data, self.run_dir)
+        stored = ckpt.get("derived") or {}
+        changed = {k: (stored[k], v) for k, v in self.derived.items() if k in stored and k != "steps_per_epoch"
+                   and stored[k] != v}
+        if changed:
+            raise ConfigError(f"{self.run_dir} holds a run trained with " + ", ".join(
+                f"{k}={a}" for k, (a, _) in changed.items()) + "; this one would train with " + ", ".join(
+                f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes or accumulation "
+                "steps): resume it with the process count it was started with")
         p = self.parts
-        if bool(ckpt.get("sharded")) != self.sharded:
-            raise ValueError(f"checkpoint {path} was written with strategy "
-                             f"{'fsdp' if ckpt.get('sharded') else 'ddp'}, this run uses {self.cfg.trainer.strategy}")
-        if self.sharded:
-            from .fsdp import load_sharded
-
-            load_sharded(path.parent / ckpt["sharded"], self.model, p.optimizer)
-        else:
-            self.model.load_state_dict(ckpt["model"])
-            p.optimizer.load_state_dict(ckpt["optimizer"])
-        if p.ema is not None and ckpt["ema"] is not None:
-            p.ema.module.load_state_dict(ckpt["ema"])
-        p.scheduler.load_state_dict(ckpt["scheduler"])
-        if self.scaler is not None and ckpt["scaler"] is not None:
-            self.scaler.load_state_dict(ckpt["scaler"])
+        self.checkpointer.restore(ckpt, path, self.model, p.ema.module if p.ema is not None else None, p.optimizer,
+                                  p.scheduler, self.scaler, schedule=not extended)
         self.state = TrainState(**ckpt["state"])
-        rngs = ckpt["rng"]
-        if len(rngs) != self.ctx.world_size:
-            log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",
-                        len(rngs), self.ctx.world_size)
-        set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
+        self.saved_step = self.state.step
+        if extended:
+            p.scheduler.step_update(num_updates=self.state.step)
         log.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
-        return True
 
     def init_weights(self, path: str) -> None:
         """Start from another run's weights (e.g. DeiT-III's low-resolution phase), resizing pos_embed."""
@@ -249,13 +231,13 @@ class Run:
                 eta = (total_steps - st.step) * p.global_batch / max(rate, 1e-9)
                 log.info("epoch %d/%d step %d/%d loss %.4f lr %.3g grad %.3g %.0f img/s ETA %s",
                          st.epoch + 1, cfg.trainer.epochs, st.step, total_steps, metrics["train/loss"],
-                         metrics["train/lr"], metrics["train/grad_norm"], rate, _hms(eta))
+                         metrics["train/lr"], metrics["train/grad_norm"], rate, hms(eta))
                 tic, images_since_log = time.perf_counter(), 0
-            if cfg.trainer.checkpoint_every_n_steps and st.step % cfg.trainer.checkpoint_every_n_steps == 0:
+            reason = self.signals.due(self.ctx) if self.signals is not None else None
+            if reason or (cfg.trainer.checkpoint_every_n_steps and st.step % cfg.trainer.checkpoint_every_n_steps == 0):
                 self.save()
-            if self.preemption is not None and self.preemption.due(self.ctx):
-                self.save()
-                self.preemption.requeue(self.ctx)
+            if reason:
+                raise StopRequested(reason, self.signals.signal_name or "?")
             if max_steps is not None and st.step >= max_steps:
                 break
         else:  # the epoch ran to its end
@@ -279,73 +261,8 @@ class Run:
         return metrics
 
 
-def _hms(seconds: float) -> str:
+def hms(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
-    """Train (or resume, or report an already finished run) and return the summary written to summary.json."""
-    run_dir = Path(run_dir)
-    ctx = init_distributed(cfg.trainer.device)
-    if cfg.trainer.torch_threads:
-        torch.set_num_threads(cfg.trainer.torch_threads)
-    choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
-                          "recipe": cfg.recipe.name, "data": cfg.data.name}
-    start = time.perf_counter()
-    random_seed(cfg.trainer.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
-    run = Run(cfg, run_dir, choices, ctx)
-    random_seed(cfg.trainer.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
-    resumed = run.resume()
-    if not resumed and cfg.trainer.init_from:
-        run.init_weights(cfg.trainer.init_from)
-    st, tr = run.state, cfg.trainer
-    logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=st.wandb_id)
-    st.wandb_id = logger.wandb_id
-    num_params = sum(p.numel() for p in run.model.parameters())
-    log.info("%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, cfg.attention.name,
-             num_params / 1e6, run_dir)
-    status, diverged_at, reason, val = "completed", None, None, {}
-    run.preemption = Preemption().install()
-    try:
-        while st.epoch < tr.epochs and (tr.max_steps is None or st.step < tr.max_steps):
-            run.train_epoch(logger)
-            if st.micro_in_epoch == 0 and (st.epoch % tr.eval_every_n_epochs == 0 or st.epoch == tr.epochs):
-                val = run.validate(logger)
-                if val["val/top1"] > st.best_top1:
-                    st.best_top1, st.best_epoch = val["val/top1"], st.epoch
-                    run.save()
-                    if ctx.is_main:
-                        shutil.copyfile(run.ckpt_dir / "last.pt", run.ckpt_dir / ".best.pt.tmp")
-                        (run.ckpt_dir / ".best.pt.tmp").replace(run.ckpt_dir / "best.pt")
-                    continue
-            run.save()
-        if st.epoch < tr.epochs:
-            status = "stopped"  # trainer.max_steps reached first
-    except Diverged as exc:
-        status, diverged_at, reason = "diverged", exc.step, exc.reason
-        log.error("run diverged at step %d (%s); the last good checkpoint stays in %s", exc.step, exc.reason, run.ckpt_dir)
-    finally:
-        run.preemption.uninstall()
-    if not val and status != "diverged":
-        val = run.validate(logger)
-    ema_val = {}
-    if run.parts.ema is not None and status != "diverged":
-        ema_val = evaluate(run.parts.ema.module, run.parts.val_loader, ctx.device, cfg.data.num_classes,
-                           run.autocast, prefix="val_ema/")
-    summary = {
-        "status": status, "diverged_at_step": diverged_at, "divergence_reason": reason,
-        "epoch": st.epoch, "step": st.step, **val, **ema_val,
-        "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
-        "choices": dict(choices), "attention": cfg.attention.name, "model": cfg.model.name, "seed": tr.seed,
-        "num_params": num_params, "lr": run.parts.lr, "global_batch": run.parts.global_batch,
-        "world_size": ctx.world_size, "wall_time_s": time.perf_counter() - start,
-        "train_img_per_s": st.images_seen / st.train_seconds if st.train_seconds else None,
-        "resumed": resumed, "run_dir": str(run_dir),
-    }
-    logger.summary(summary)
-    logger.close()
-    barrier(ctx)
-    return summary

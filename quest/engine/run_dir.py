@@ -1,0 +1,213 @@
+"""A run directory holds one run: its name follows the config, a resume must match the stored config, a finished run
+is never rewritten, and a replaced run is archived first (docs/training.md, "Runs, resume and provenance").
+
+- Name: ``runs/<data>/<model>-<attention>-<recipe>-seed<seed>`` for the choices alone, plus ``-<hash>`` of every
+  other override that changes what is trained (operational keys such as ``trainer.device`` do not count), so two
+  different command lines land in different directories and the same command line resumes its own run.
+- Resume: the config stored in ``last.pt`` is compared key by key with the new one; only the keys of
+  ``quest.schema.RESUME_SAFE_KEYS`` may differ (``trainer.epochs`` only upwards). The data set's size and classes
+  are compared too, so a moved data set resumes and a different one is refused.
+- ``run.json``: the run's config and the history of its starts, resumes and the keys each one changed.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from quest.schema import OPERATIONAL_KEYS, RESUME_SAFE_KEYS, TrainConfig, matches_key
+from quest.validation import ConfigError
+
+from .logger import write_json_atomic
+
+log = logging.getLogger("quest.train")
+
+__all__ = ["run_name_suffix", "config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES"]
+
+#: Statuses after which running the same run again has nothing to do.
+FINAL_STATUSES = ("completed", "stopped", "diverged")
+#: Overrides already spelt out in the readable part of the name.
+_NAMED = ("model", "attention", "recipe", "data", "trainer.seed", "attention.name", "recipe.name", "data.name")
+_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "run.json", "wandb", "eval")
+_ABSENT = object()
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out if out or not prefix else {prefix: {}}
+    return {prefix: tree}
+
+
+def run_name_suffix(*, _root_: DictConfig) -> str:
+    """OmegaConf resolver ``${quest_run_suffix:}`` for ``hydra.run.dir``: ``""`` when the command line chooses only
+    what the readable name shows, else ``-`` and 8 hex digits of a hash of every other override's resolved value."""
+    overrides = OmegaConf.select(_root_, "hydra.overrides.task", default=None) or []
+    choices = OmegaConf.select(_root_, "hydra.runtime.choices", default=None) or {}
+    identity: dict[str, Any] = {}
+    for override in overrides:
+        text = str(override)
+        deleted = text.startswith("~")
+        key = text.lstrip("+~").split("=", 1)[0]
+        if key.startswith("hydra") or key in _NAMED or matches_key(key, OPERATIONAL_KEYS):
+            continue
+        if deleted:
+            identity[key] = "<deleted>"
+        elif key in choices:  # a config group (diagnostics=default, experiment=...)
+            identity[key] = str(choices[key])
+        else:
+            value = OmegaConf.select(_root_, key, default=None)
+            identity[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if not identity:
+        return ""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    return "-" + digest[:8]
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    stored: Any
+    new: Any
+
+    def __str__(self) -> str:
+        show = lambda v: "(absent)" if v is _ABSENT else repr(v)  # noqa: E731
+        return f"{self.key}: {show(self.stored)} -> {show(self.new)}"
+
+
+def _schema_defaults() -> dict[str, Any]:
+    return _flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False))
+
+
+def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
+    """Keys whose values differ between two resolved configs; a key one of them lacks (an older quest wrote the
+    checkpoint) counts as the schema's default."""
+    a, b, defaults = _flatten(stored), _flatten(new), _schema_defaults()
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        old, now = a.get(key, defaults.get(key, _ABSENT)), b.get(key, defaults.get(key, _ABSENT))
+        if old != now:
+            diffs.append(Difference(key, old, now))
+    return diffs
+
+
+def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> list[Difference]:
+    """The differences a resume may carry (resume-safe keys); raise :class:`ConfigError` naming every other one."""
+    diffs = config_differences(stored, new)
+    blocked = [d for d in diffs if not matches_key(d.key, RESUME_SAFE_KEYS)]
+    for d in diffs:
+        if d.key == "trainer.epochs" and isinstance(d.stored, int) and isinstance(d.new, int) and d.new < d.stored:
+            blocked.append(d)
+    if blocked:
+        lines = "\n".join(f"  {d}" + ("  (a run can be extended, not shortened; use trainer.max_steps to stop "
+                                       "earlier)" if d.key == "trainer.epochs" else "") for d in blocked)
+        raise ConfigError(
+            f"{where} holds a run with another config; these keys differ from the stored run's:\n{lines}\n"
+            "Only the keys listed in docs/training.md (\"what may change on resume\") may change. To train this "
+            "config, give it its own directory (hydra.run.dir=...), or replace the old run with "
+            "trainer.resume=never trainer.overwrite=true (it is archived under .replaced/).")
+    return diffs
+
+
+def data_fingerprint(train_set: Any, val_set: Any) -> dict[str, Any]:
+    """What a moved data set must keep: split sizes and class names."""
+    classes = getattr(train_set, "classes", None) or getattr(getattr(train_set, "dataset", None), "classes", None)
+    return {"train_size": len(train_set), "val_size": len(val_set),
+            "classes": list(classes) if classes is not None else None}
+
+
+def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) -> None:
+    if not stored or stored == now:
+        return
+    parts = [f"{k}: {stored.get(k)!r:.200} -> {now.get(k)!r:.200}" for k in now if stored.get(k) != now.get(k)]
+    raise ConfigError(f"{where} holds a run trained on another data set (its data.root may differ, but not the data "
+                      "set):\n  " + "\n  ".join(parts))
+
+
+class RunDirectory:
+    """The files of one run directory that are not checkpoints: the lock, run.json, archiving a replaced run."""
+
+    def __init__(self, path: Path, is_main: bool = True):
+        self.path, self.is_main = Path(path), is_main
+        self._lock_fd: int | None = None
+
+    def has_run(self) -> bool:
+        return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
+
+    def summary(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def record(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / "run.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def lock(self) -> None:
+        """Hold an exclusive lock for the run's lifetime: a second process in the same directory is refused rather
+        than left to overwrite the first one's checkpoints. Released when the process ends, however it ends."""
+        if not self.is_main:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RuntimeError(f"run directory {self.path} is in use by another process ({holder}); wait for it "
+                               "to end, or give this run its own directory (hydra.run.dir=...)") from None
+        except OSError as exc:  # a file system without flock (some network mounts): go on unprotected
+            log.warning("cannot lock %s (%s); make sure no other run uses this directory", self.path, exc)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def archive(self) -> Path | None:
+        """Move the previous run's files to ``.replaced/<UTC time>/`` (trainer.overwrite=true): nothing is deleted,
+        and the new run's metrics never mix with the old one's."""
+        present = [self.path / name for name in _RUN_FILES if (self.path / name).exists()]
+        if not present or not self.is_main:
+            return None
+        dest = self.path / ".replaced" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        dest.mkdir(parents=True)
+        for p in present:
+            shutil.move(str(p), dest / p.name)
+        log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
+        return dest
+
+    def write_record(self, config: dict[str, Any], event: str, step: int, changed: list[Difference]) -> None:
+        """run.json: the current config and one history entry per start / resume, with the keys it changed."""
+        if not self.is_main:
+            return
+        record = self.record() or {"format": "quest-run-v1", "created": _now(), "history": []}
+        entry: dict[str, Any] = {"event": event, "time": _now(), "step": step}
+        if changed:
+            entry["changed"] = {d.key: [None if d.stored is _ABSENT else d.stored, None if d.new is _ABSENT else d.new]
+                                for d in changed}
+        record["history"].append(entry)
+        record["config"] = config
+        write_json_atomic(self.path / "run.json", record)

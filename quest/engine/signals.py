@@ -1,0 +1,128 @@
+"""Stop requests by signal: save at the next step boundary, write the summary, then exit or requeue.
+
+- SIGUSR1 (SLURM's pre-timeout signal, ``--signal=USR1@<s>``): requeue. Under Hydra's submitit launcher, submitit has
+  installed its own USR1 handler before our code runs: we chain to it after saving, and it resubmits the job. In a
+  plain sbatch job we run ``scontrol requeue`` ourselves. Either way the requeued job runs the same command in the
+  same run directory and resumes from ``last.pt``.
+- SIGINT (Ctrl-C) and SIGTERM (``kill``, ``scancel``): interrupt. A second one stops at once (KeyboardInterrupt),
+  keeping the last checkpoint written. Where another handler owns SIGTERM (submitit bypasses it on purpose, because
+  SLURM sends it with the requeue signal), we leave it alone.
+
+The handlers only raise flags; the training loop asks :meth:`StopSignals.due` between optimizer steps, agreed across
+ranks, so every process saves the same step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from types import FrameType
+from typing import Any, Callable
+
+from .distributed import DistContext, all_reduce_max
+
+log = logging.getLogger("quest.train")
+
+__all__ = ["StopSignals", "StopRequested", "ignore_stop_signals", "REQUEUED", "INTERRUPTED"]
+
+REQUEUED, INTERRUPTED = "requeued", "interrupted"
+_CODES = {REQUEUED: 1.0, INTERRUPTED: 2.0}  # an interrupt wins over a requeue when both arrive
+
+
+class StopRequested(Exception):
+    """Raised by the loop at a step boundary after a stop signal, once the checkpoint is written."""
+
+    def __init__(self, reason: str, signal_name: str):
+        super().__init__(f"{reason} by {signal_name}")
+        self.reason, self.signal_name = reason, signal_name
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: Ctrl-C reaches the whole process group, but only the main process decides;
+    a worker killed by it would break the batch the main process still needs for a clean stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _foreign(handler: Any) -> bool:
+    """A handler somebody else installed (not Python's or the OS default)."""
+    return callable(handler) and handler is not signal.default_int_handler
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.signal_name: str | None = None
+        self._previous: dict[int, Callable[..., Any] | int | None] = {}
+
+    def install(self) -> "StopSignals":
+        try:
+            for signum in (signal.SIGUSR1, signal.SIGINT, signal.SIGTERM):
+                current = signal.getsignal(signum)
+                if signum == signal.SIGTERM and _foreign(current):
+                    continue  # e.g. submitit's bypass: the requeue signal follows
+                self._previous[signum] = signal.signal(signum, self._handle)
+        except ValueError:  # not the main thread: no signal handling
+            log.warning("signal handlers can only be installed from the main thread; stop signals are not handled")
+            self.uninstall()
+        return self
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGUSR1:
+            self.reason = self.reason or REQUEUED
+            self.signal_name = self.signal_name or name
+            log.warning("%s received: saving at the next step, then requeueing", name)
+            return
+        if self.reason == INTERRUPTED:
+            log.warning("second %s: stopping now; the last checkpoint written stays", name)
+            raise KeyboardInterrupt(name)
+        self.reason, self.signal_name = INTERRUPTED, name
+        log.warning("%s received: saving at the next step, then exiting (send it again to stop at once)", name)
+
+    def due(self, ctx: DistContext) -> str | None:
+        """The stop reason as soon as any rank was signalled (the same answer on every rank), else None."""
+        code = _CODES.get(self.reason, 0.0) if self.reason else 0.0
+        if ctx.distributed:
+            code = all_reduce_max(code, ctx)
+        if code == 0:
+            return None
+        reason = INTERRUPTED if code == _CODES[INTERRUPTED] else REQUEUED
+        if self.reason != reason:  # signalled on another rank only
+            self.reason, self.signal_name = reason, self.signal_name or "a signal on another rank"
+        return reason
+
+    def _slurm_job(self) -> str | None:
+        job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+        if job_id and os.environ.get("SLURM_ARRAY_TASK_ID"):
+            job_id = f"{job_id}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        return job_id
+
+    def requeue_plan(self) -> str:
+        """What :meth:`requeue` will do, for the summary written before it."""
+        if callable(self._previous.get(signal.SIGUSR1)):
+            return "submitit resubmits the job"
+        job_id = self._slurm_job()
+        return f"scontrol requeue {job_id}" if job_id else "none: not a SLURM job (run the same command to resume)"
+
+    def requeue(self, ctx: DistContext) -> None:
+        """Put the job back in the queue (the caller has saved and written the summary). Under submitit its handler
+        resubmits the job and ends this process."""
+        previous = self._previous.get(signal.SIGUSR1)
+        self.uninstall()
+        if callable(previous):
+            log.info("requeue: checkpoint saved; handing over to submitit")
+            previous(signal.SIGUSR1, None)
+            return
+        job_id = self._slurm_job()
+        if not job_id:
+            log.info("SIGUSR1 outside SLURM: checkpoint saved; run the same command to resume")
+        elif ctx.is_main:
+            log.info("requeue: checkpoint saved; requeueing SLURM job %s", job_id)
+            subprocess.run(["scontrol", "requeue", job_id], check=False)

@@ -1,0 +1,128 @@
+"""Checks of a training config that ``fit`` runs before it builds or reads anything.
+
+Every key must be known to the schema (``+key=`` included), every count, rate and fraction in range, every enum one
+of its values, and the data set must agree with the config (class count, the validation classes equal to the
+training classes). All problems of one config are reported together, each naming the key, the value and what is
+allowed. The input size against the model's patch size is checked once the model exists (``check_patch_size``).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+from omegaconf import OmegaConf
+
+from quest.attention import get_attention
+from quest.data import DATASETS, check_split_classes, known_num_classes
+from quest.schema import TrainConfig
+from quest.validation import Checks, ConfigError, check_known_keys
+
+__all__ = ["validate_train_config", "check_patch_size", "ConfigError"]
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
+_TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
+_EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+def _recipe(c: Checks) -> None:
+    from timm.optim import list_optimizers
+
+    c.positive_int("recipe.epochs", "recipe.lr_base_size", "recipe.recount")
+    c.positive("recipe.lr", "recipe.base_lr", optional=True)
+    if c.value("recipe.lr") is None and c.value("recipe.base_lr") is None:
+        c.fail("recipe.lr", "must be set, or recipe.base_lr (scaled by the global batch)")
+    c.non_negative("recipe.weight_decay", "recipe.warmup_epochs", "recipe.warmup_lr", "recipe.min_lr",
+                   "recipe.mixup", "recipe.cutmix", "recipe.repeated_aug")
+    c.non_negative("recipe.color_jitter", optional=True)
+    c.positive("recipe.opt_eps", "recipe.clip_grad", optional=True)
+    c.fraction("recipe.momentum", "recipe.drop_path", "recipe.drop_rate", "recipe.smoothing", "recipe.ema_decay",
+               high_open=True)
+    c.fraction("recipe.mixup_prob", "recipe.mixup_switch_prob", "recipe.hflip", "recipe.reprob")
+    c.fraction("recipe.bce_target_thresh", optional=True)
+    c.fraction("recipe.crop_pct", low_open=True)
+    c.check("recipe.opt_betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two values in [0, 1)",
+            optional=True)
+    c.check("recipe.scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "[min, max] with 0 < min <= max <= 1")
+    c.check("recipe.ratio", lambda v: len(v) == 2 and 0 < v[0] <= v[1], "[min, max] with 0 < min <= max")
+    c.positive_int("recipe.img_size", optional=True)
+    c.one_of("recipe.opt", list_optimizers())
+    c.one_of("recipe.sched", _SCHEDULERS)
+    c.one_of("recipe.mixup_mode", ("batch", "pair", "elem"))
+    c.one_of("recipe.remode", ("const", "rand", "pixel"))
+    c.one_of("recipe.train_interpolation", _TRAIN_INTERPOLATIONS)
+    c.one_of("recipe.eval_interpolation", _EVAL_INTERPOLATIONS)
+
+
+def _data(c: Checks) -> None:
+    c.one_of("data.name", DATASETS)
+    c.positive_int("data.batch_size", "data.num_classes", "data.fake_train_size", "data.fake_val_size")
+    c.positive_int("data.eval_batch_size", "data.img_size", optional=True)
+    c.check("data.num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    c.fraction("data.subset_fraction", low_open=True)
+    c.fraction("data.val_fraction", low_open=True, high_open=True)
+    c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
+    c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
+    c.one_of("data.bad_images", ("error", "skip"))
+
+
+def _trainer(c: Checks) -> None:
+    c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
+    c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", "trainer.torch_threads", optional=True)
+    c.check("trainer.seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    c.check("trainer.device", lambda v: _DEVICE.match(v), "auto, cpu, cuda or cuda:N")
+    c.one_of("trainer.precision", ("auto", "fp32", "bf16", "fp16"))
+    c.one_of("trainer.strategy", ("ddp", "fsdp"))
+    c.positive("trainer.max_loss", optional=True)
+    resume = c.value("trainer.resume")
+    if resume not in ("auto", "never") and not Path(str(resume)).expanduser().is_file():
+        c.fail("trainer.resume", "must be auto, never or the path of an existing checkpoint file")
+    if c.value("trainer.overwrite") and resume != "never":
+        c.fail("trainer.overwrite", "applies only with trainer.resume=never (start afresh, archiving the old run)")
+    init_from = c.value("trainer.init_from")
+    if init_from is not None and not Path(str(init_from)).expanduser().is_file():
+        c.fail("trainer.init_from", "must be the path of an existing checkpoint file")
+
+
+def _rest(c: Checks) -> None:
+    c.one_of("logger.mode", ("online", "offline", "disabled"))
+    c.check("diagnostics.every_n_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
+    c.positive_int("diagnostics.num_samples")
+    c.non_negative("diagnostics.entropy_threshold")
+    c.positive("diagnostics.max_logit_warning", optional=True)
+    c.positive_int("model.img_size", optional=True)
+
+
+def validate_train_config(cfg: Any) -> None:
+    """Raise :class:`ConfigError` naming every unknown key, then every bad value, of a composed train config;
+    then check the data set against it (class count, matching split classes), which lists directories only."""
+    check_known_keys(cfg, TrainConfig)
+    checks = Checks(cfg)
+    for part in (_recipe, _data, _trainer, _rest):
+        part(checks)
+    try:  # attention.options is free-form in the schema: the formulation knows its options
+        get_attention(cfg.attention.name, **OmegaConf.to_container(cfg.attention.options, resolve=True))
+    except ValueError as exc:
+        checks.fail("attention.name" if "unknown attention" in str(exc) else "attention.options", f"is invalid ({exc})")
+    checks.raise_if_any("config")
+    expected = known_num_classes(cfg.data)
+    if expected is not None and expected != cfg.data.num_classes:
+        checks.fail("data.num_classes", f"must be {expected}: the {cfg.data.name} data set has {expected} classes"
+                    + (f" (class folders of {cfg.data.root}/{cfg.data.train_split})" if cfg.data.root else ""))
+        checks.raise_if_any("config")
+    check_split_classes(cfg.data)
+
+
+def check_patch_size(model: nn.Module, img_size: int, source: str) -> None:
+    """The input size must be a whole number of patches: timm's patch embedding would silently drop the border."""
+    embed = getattr(model, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if patch is None:
+        return
+    sizes = tuple(patch) if isinstance(patch, (tuple, list)) else (patch, patch)
+    if any(img_size % p for p in sizes):
+        name = getattr(model, "pretrained_cfg", {}).get("architecture") or type(model).__name__
+        raise ConfigError(f"invalid config values:\n  {source} must be a multiple of the patch size {sizes[0]} of "
+                          f"{name}, got {img_size}")

@@ -1,0 +1,116 @@
+"""Config checks that run before any work: every key known to its schema, every value in its allowed range.
+
+Hydra's structured configs already refuse a misspelt key given as ``key=value``, but ``+key=value`` and
+``++key=value`` open the node and add it; :func:`check_known_keys` walks the composed config against the schema
+dataclasses and refuses such keys with the same kind of message. :class:`Checks` collects value problems so that a
+user sees every bad value of a command line at once, each naming the key, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from typing import Any, Callable, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["ConfigError", "check_known_keys", "Checks"]
+
+
+class ConfigError(ValueError):
+    """A config key or value that cannot run; the message names every offending key."""
+
+
+def _dataclass_of(annotation: Any) -> type | None:
+    """The dataclass an annotation names (unwrapping Optional[...]), else None."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _unknown(node: DictConfig, schema: type, prefix: str) -> list[tuple[str, list[str]]]:
+    hints = typing.get_type_hints(schema)
+    known = {f.name for f in dataclasses.fields(schema)}
+    found: list[tuple[str, list[str]]] = []
+    for key in node.keys():
+        key = str(key)
+        if key not in known:
+            found.append((prefix + key, sorted(known)))
+            continue
+        child_schema = _dataclass_of(hints.get(key))
+        if child_schema is not None and OmegaConf.is_dict(node._get_node(key)) and node[key] is not None:
+            found.extend(_unknown(node[key], child_schema, f"{prefix}{key}."))
+    return found
+
+
+def check_known_keys(cfg: DictConfig, schema: type, ignore: Iterable[str] = ("hydra",)) -> None:
+    """Raise :class:`ConfigError` naming every key of ``cfg`` that the ``schema`` dataclass tree does not define
+    (free-form ``Dict[str, Any]`` fields such as ``attention.options`` accept any key and are checked where used)."""
+    problems = [(k, known) for k, known in _unknown(cfg, schema, "") if k.split(".")[0] not in set(ignore)]
+    if not problems:
+        return
+    lines = []
+    for key, known in problems:
+        leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, known, n=1)
+        hint = f"; did you mean {key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}?" if close else ""
+        node = key.rsplit(".", 1)[0] if "." in key else "the top level"
+        lines.append(f"  {key}: not a key of {node}{hint} (its keys: {', '.join(known)})")
+    raise ConfigError("unknown config keys (added with + or ++ or misspelt; every key is typed by the schema):\n"
+                      + "\n".join(lines))
+
+
+class Checks:
+    """Collects value problems of one config; :meth:`raise_if_any` reports them all at once."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.problems: list[str] = []
+
+    def value(self, key: str) -> Any:
+        return OmegaConf.select(self.cfg, key)
+
+    def fail(self, key: str, message: str) -> None:
+        """Record a problem: ``message`` completes "<key> ...", e.g. "must be a positive integer"."""
+        self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
+
+    def check(self, key: str, ok: Callable[[Any], bool], allowed: str, optional: bool = False) -> None:
+        value = self.value(key)
+        if value is None and optional:
+            return
+        try:
+            good = value is not None and bool(ok(value))
+        except TypeError:
+            good = False
+        if not good:
+            self.fail(key, f"must be {allowed}" + (" (or null)" if optional else ""))
+
+    def positive_int(self, *keys: str, optional: bool = False) -> None:
+        for key in keys:
+            self.check(key, lambda v: isinstance(v, int) and v >= 1, "a positive integer", optional)
+
+    def non_negative(self, *keys: str, optional: bool = False) -> None:
+        for key in keys:
+            self.check(key, lambda v: v >= 0, ">= 0", optional)
+
+    def positive(self, *keys: str, optional: bool = False) -> None:
+        for key in keys:
+            self.check(key, lambda v: v > 0, "> 0", optional)
+
+    def fraction(self, *keys: str, low_open: bool = False, high_open: bool = False, optional: bool = False) -> None:
+        """A value in [0, 1], with either end excluded on request."""
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        for key in keys:
+            self.check(key, lambda v: (v > 0 if low_open else v >= 0) and (v < 1 if high_open else v <= 1),
+                       f"in {lo}0, 1{hi}", optional)
+
+    def one_of(self, key: str, choices: Iterable[Any], optional: bool = False) -> None:
+        choices = list(choices)
+        self.check(key, lambda v: v in choices, f"one of {', '.join(map(str, choices))}", optional)
+
+    def raise_if_any(self, what: str) -> None:
+        if self.problems:
+            raise ConfigError(f"invalid {what} values:\n" + "\n".join(self.problems))
