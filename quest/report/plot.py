@@ -42,7 +42,7 @@ _MARKERS = ("", "o", "s", "^", "v", "D", "P", "X")  # the 2nd, 3rd, ... run of o
 
 #: One colour per attention formulation (configs/attention), the same in every figure whatever the order of the runs.
 FORMULATION_COLORS = {
-    "standard": "#1f77b4", "quest": "#d62728", "qnorm": "#2ca02c", "qknorm": "#ff7f0e", "qknorm_hs": "#9467bd",
+    "standard": "#1f77b4", "quest": "#ff7f0e", "qnorm": "#2ca02c", "qknorm": "#d62728", "qknorm_hs": "#9467bd",
     "qknorm_ds": "#8c564b", "elliptical": "#e377c2", "elliptical_quest": "#17becf",
 }
 # Further colours for other names (a new formulation, a run labelled by its directory), none of them above.
