@@ -84,6 +84,10 @@ class tracked:
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
 
+    def __getattr__(self, name: str):
+        # everything else (dataset, sampler, batch_size) is the loader's, so the wrapper passes for it
+        return getattr(self.iterable, name)
+
     def __iter__(self) -> Iterator[T]:
         for batch in self.iterable:
             yield batch
