@@ -73,9 +73,15 @@ def edit_summary(run: Path, **values) -> None:
 
 
 def edit_config(run: Path, key: str, value) -> None:
+    """Both records of a run's config: run.json (quest's, read first) and .hydra/config.yaml."""
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     OmegaConf.update(cfg, key, value)
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    record = json.loads((run / "run.json").read_text())
+    node = OmegaConf.create(record["config"])
+    OmegaConf.update(node, key, value)
+    record["config"] = OmegaConf.to_container(node)
+    (run / "run.json").write_text(json.dumps(record))
 
 
 def hand_welch_p(a: list[float], b: list[float]) -> float:
@@ -225,9 +231,11 @@ def test_lr_sensitivity_matches_hand_computation(trained, tmp_path, capsys):
         assert float(r["capped_loss"]) == pytest.approx(capped[float(r["lr"])], rel=1e-12)
         assert float(r["lr_sensitivity"]) == pytest.approx(value, rel=1e-12)
 
-    # without .hydra/config.yaml: rows from summary.json (the lr actually used), classes from --num-classes
+    # without a config record (run.json, .hydra/config.yaml): rows from summary.json (the lr actually used), classes
+    # from --num-classes
     for run in root.iterdir():
         shutil.rmtree(run / ".hydra")
+        (run / "run.json").unlink()
     assert main([str(root)]) == 0
     assert "LR sensitivity: n/a (the number of classes is unknown: pass --num-classes)" in capsys.readouterr().out
     report = build_report(load_runs([root]), num_classes=NUM_CLASSES)
@@ -246,14 +254,23 @@ def test_eval_results_become_columns(trained, tmp_path):
                    "imagenet_c": {"mce": mce[att][seed], "relative_mce": 70.0 + seed, "ce": {"fog": 50.0 + seed},
                                   "error": {"fog": {"1": 30.0}}, "corruption_error": {"fog": 30.0},
                                   "note": "test"}}
-        write_reports(root / trained[att, LR, seed].name / "eval" / "suite", {
-            "suite": "suite", "target": {}, "world_size": 1, "device": "cpu", "wall_time_s": 1.0, "results": results})
+        run = root / trained[att, LR, seed].name
+        target = {"checkpoint": str(run / "checkpoints" / "last.pt"), "weights": "model"}
+        write_reports(run / "eval" / "suite" / "last-model", {
+            "suite": "suite", "target": target, "world_size": 1, "device": "cpu", "wall_time_s": 1.0,
+            "results": results})
+        ema = {"clean": {**results["clean"], "top1": clean[att][seed] + 1.0}}  # the EMA weights, beside
+        write_reports(run / "eval" / "suite" / "last-ema", {
+            "suite": "suite", "target": {**target, "weights": "ema"}, "world_size": 1, "device": "cpu",
+            "wall_time_s": 1.0, "results": ema})
     report = build_report(load_runs([root]), primary="imagenet_c/mce")
-    assert report.metrics == ["val/top1", "val_ema/top1", "clean/top1", "imagenet_c/mce", "imagenet_c/relative_mce"]
+    assert report.metrics == ["val/top1", "val_ema/top1", "clean/top1", "imagenet_c/mce", "imagenet_c/relative_mce",
+                              "clean_ema/top1"]
     rows = {r.keys["attention"]: r for r in report.rows}
     assert rows["quest"].best  # lowest mCE
     assert rows["standard"].p_value == pytest.approx(hand_welch_p(mce["standard"], mce["quest"]), rel=1e-9)
     assert rows["standard"].stat("clean/top1") == pytest.approx((41.0, 1.0, 3))
+    assert rows["standard"].stat("clean_ema/top1") == pytest.approx((42.0, 1.0, 3))
     assert "lower is better" in runs_markdown(report)
     picked = build_report(load_runs([root]), metrics=["imagenet_c/ce/*", "clean/nll"])
     assert picked.metrics == ["val/top1", "imagenet_c/ce/fog", "clean/nll"]

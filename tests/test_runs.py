@@ -355,3 +355,37 @@ def test_checkpoint_round_trip_holds_tensors_and_plain_containers_only(tmp_path)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["derived"]["global_batch"] == 16 and ckpt["data"]["train_size"] == 64
     assert isinstance(ckpt["metrics_bytes"], int) and ckpt["metrics_bytes"] == (tmp_path / "metrics.jsonl").stat().st_size
+
+
+# --- the README's command sequence, as written ----------------------------------------------------------------
+@pytest.mark.slow
+def test_readme_quickstart_sequence(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert out.returncode == 0, (args, out.stdout[-2000:], out.stderr[-3000:])
+        return out
+
+    run(str(ROOT / "train.py"))  # python train.py
+    quickstart = tmp_path / "runs" / "digits" / "vit_pico-quest-light-seed0"
+    summary = json.loads((quickstart / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["val/top1"] >= 95.0, summary
+    again = run(str(ROOT / "train.py"))  # the same command: reported, not retrained
+    assert "already holds this finished run" in again.stdout + again.stderr
+    assert json.loads((quickstart / "summary.json").read_text()) == summary
+    run(str(ROOT / "train.py"), "diagnostics=default")  # its own directory, with diagnostics
+    (diag_run,) = [p for p in (tmp_path / "runs" / "digits").iterdir() if p != quickstart]
+    assert diag_run.name.startswith("vit_pico-quest-light-seed0-")
+    assert any("diag/max_logit" in line for line in (diag_run / "metrics.jsonl").read_text().splitlines())
+    runs = sorted(str(p) for p in (tmp_path / "runs" / "digits").iterdir())  # runs/digits/*
+    run("-m", "quest.report.plot", "diagnostics", *runs, "--out", "diag.png")
+    assert (tmp_path / "diag.png").stat().st_size > 10_000
+    run(str(ROOT / "eval.py"), f"checkpoint={quickstart / 'checkpoints' / 'last.pt'}", "eval=clean")

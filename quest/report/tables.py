@@ -1,7 +1,8 @@
 """Paper-style tables from sweeps of training runs (QUEST paper Tables 1, A1 and A3): ``python -m quest.report``.
 
-A run is a directory with ``summary.json`` (written by quest.engine.fit), optionally ``.hydra/config.yaml`` (written
-by Hydra for ``python train.py``) and ``eval/<suite>/eval_results.json`` (written by ``eval.py``). Runs are grouped
+A run is a directory with ``summary.json`` (written by quest.engine.fit), ``run.json`` (its config; older runs:
+``.hydra/config.yaml``, written by Hydra for ``python train.py``) and
+``eval/<suite>/<checkpoint stem>-<model|ema>/eval_results.json`` (written by ``eval.py``). Runs are grouped
 into rows by formulation, model and every other setting that varies across them, except the seed; the seeds are the
 repetitions. Definitions of every column: docs/report.md.
 """
@@ -16,6 +17,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from quest.schema import OPERATIONAL_KEYS
+
 from .stats import LRSensitivity, init_loss, lower_is_better, lr_sensitivity, mean_std, welch_p
 
 __all__ = ["ReportInputError", "RunResult", "Row", "LRSweep", "Report", "load_runs", "row_keys", "build_report",
@@ -26,10 +29,8 @@ DEFAULT_PRIMARY = "val/top1"
 REPEAT_KEYS = ("trainer.seed", "data.subset_seed", "seed")
 #: Settings that never define a row: where and how a run was executed and logged, not what was trained; and
 #: trainer.max_steps, a cap that stops a run early: such a run is marked "stopped" in its setting's row instead.
-IGNORED_KEYS = ("trainer.device", "trainer.resume", "trainer.init_from", "trainer.torch_threads", "trainer.max_steps",
-                "trainer.log_every_n_steps", "trainer.checkpoint_every_n_steps", "trainer.eval_every_n_epochs",
-                "data.root", "data.num_workers", "data.pin_memory", "data.download", "data.eval_batch_size",
-                "logger", "diagnostics", "run_dir")
+IGNORED_KEYS = (*(k.removesuffix(".*") for k in OPERATIONAL_KEYS), "trainer.init_from", "trainer.eval_every_n_epochs",
+                "data.root", "diagnostics", "run_dir")
 #: Settings that set the learning rate: an lr sweep differs in these only.
 LR_KEYS = ("recipe.lr", "recipe.base_lr", "lr")
 #: Leaf names of the eval_results.json numbers shown by default (the rest: --metrics, e.g. 'imagenet_c/ce/*').
@@ -50,8 +51,8 @@ class RunResult:
     path: Path
     status: str
     summary: dict[str, Any]  # summary.json, nested dicts flattened to dotted keys ("choices.model")
-    config: dict[str, Any] | None  # .hydra/config.yaml, resolved and flattened; None without one
-    metrics: dict[str, float]  # numbers of summary.json and of eval/*/eval_results.json ("<evaluation>/<path>")
+    config: dict[str, Any] | None  # run.json's config (or .hydra/config.yaml), resolved and flattened; None without
+    metrics: dict[str, float]  # numbers of summary.json and of eval/<suite>/<stem>-<weights>/eval_results.json
 
     def value(self, key: str) -> Any:
         """A setting: ``attention`` / ``model`` (the formulation and timm name), else a config key, else a summary
@@ -102,6 +103,13 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _read_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's own record of its config (run.json, written by quest.engine.fit), else Hydra's copy of the latest
+    command's config for runs written before run.json existed."""
+    record = run_dir / "run.json"
+    if record.is_file():
+        config = _read_json(record, "the run record written by train.py").get("config")
+        if isinstance(config, dict):
+            return _flatten(config)
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
@@ -115,19 +123,35 @@ def _read_config(run_dir: Path) -> dict[str, Any] | None:
     return _flatten(tree)
 
 
+def _eval_suffix(target: dict[str, Any]) -> str:
+    """How an evaluation's columns say which weights were evaluated: nothing for last.pt's model weights (the
+    headline, as DeiT reports), ``_ema`` for the EMA weights (like val_ema/), ``@<stem>`` for another checkpoint."""
+    suffix = "_ema" if target.get("weights") == "ema" else ""
+    checkpoint = target.get("checkpoint")
+    if isinstance(checkpoint, str) and Path(checkpoint).stem != "last":
+        suffix += f"@{Path(checkpoint).stem}"
+    return suffix
+
+
 def _eval_metrics(run_dir: Path) -> dict[str, float]:
-    """Numbers of every <run>/eval/<suite>/eval_results.json as '<evaluation>/<path>' (e.g. 'imagenet_c/mce'); an
-    evaluation present in two suites takes the more recently written file."""
-    files = sorted(run_dir.glob("eval/*/eval_results.json"), key=lambda p: p.stat().st_mtime)
+    """Numbers of every <run>/eval/<suite>/<stem>-<model|ema>/eval_results.json (and the older
+    <run>/eval/<suite>/eval_results.json) as '<evaluation><suffix>/<path>' (e.g. 'imagenet_c/mce',
+    'imagenet_v2_ema/top1'); an evaluation present in two suites takes the more recently written file."""
+    files = sorted({*run_dir.glob("eval/*/eval_results.json"), *run_dir.glob("eval/*/*/eval_results.json")},
+                   key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
     for path in files:
-        results = _read_json(path, "evaluation results").get("results")
+        report = _read_json(path, "evaluation results")
+        results = report.get("results")
         if not isinstance(results, dict):
             raise ReportInputError(f"{path}: no 'results' object (expected eval.py's eval_results.json)")
-        for key, value in _flatten(results, sep="/").items():
-            number = _number(value)
-            if number is not None:
-                out[key] = number
+        target = report.get("target") if isinstance(report.get("target"), dict) else {}
+        suffix = _eval_suffix(target)
+        for evaluation, result in results.items():
+            for key, value in _flatten({f"{evaluation}{suffix}": result}, sep="/").items():
+                number = _number(value)
+                if number is not None:
+                    out[key] = number
     return out
 
 
@@ -138,11 +162,20 @@ def _load_run(run_dir: Path) -> RunResult:
         return RunResult(run_dir, "incomplete", {}, config, {})
     raw = _read_json(summary_path, "the run summary written by train.py")
     status = raw.get("status")
+    if status in ("interrupted", "requeued"):  # saved by a signal and not finished: like a run still going
+        return RunResult(run_dir, "incomplete", {}, config, {})
     if status not in ("completed", "stopped", "diverged"):
-        raise ReportInputError(f"{summary_path}: status {status!r}, expected completed, stopped or diverged")
+        raise ReportInputError(f"{summary_path}: status {status!r}, expected completed, stopped, diverged, "
+                               "interrupted or requeued")
     metrics = {k: n for k, v in raw.items() if not isinstance(v, dict) and (n := _number(v)) is not None}
     metrics.update(_eval_metrics(run_dir))
     return RunResult(run_dir, status, _flatten(raw), config, metrics)
+
+
+def _run_files(sweep: Path, name: str) -> list[Path]:
+    """``name`` files of the runs under ``sweep``, not those under hidden directories (a replaced run's archive in
+    <run>/.replaced/, submitit's logs)."""
+    return [p for p in sweep.rglob(name) if not any(part.startswith(".") for part in p.relative_to(sweep).parts)]
 
 
 def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
@@ -156,8 +189,8 @@ def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
         if not sweep.is_dir():
             raise ReportInputError(f"{sweep}: {'not a directory' if sweep.exists() else 'does not exist'} "
                                    f"(expected {expected})")
-        finished = {p.parent for p in sweep.rglob("summary.json")}
-        unfinished = {p.parent for p in sweep.rglob("metrics.jsonl")} - finished
+        finished = {p.parent for p in _run_files(sweep, "summary.json")}
+        unfinished = {p.parent for p in _run_files(sweep, "metrics.jsonl")} - finished
         if not finished:
             more = f"; {len(unfinished)} run directories have metrics.jsonl but no summary.json yet" \
                 if unfinished else ""
