@@ -25,6 +25,9 @@ class ModelConfig:
     img_size: Optional[int] = None  # None: the model's own default
     # per-recipe, size-dependent values (drop path, DeiT-III lr and input size), read by the recipe configs
     recipe_values: Dict[str, Any] = field(default_factory=dict)
+    # LayerScale's initial value (timm's init_values); None: the timm model's own (1e-6 for timm's deit3_*, whose
+    # authors' models_v2.py uses 1e-4: configs/model/deit3_*.yaml set that)
+    layer_scale_init: Optional[float] = None
     kwargs: Dict[str, Any] = field(default_factory=dict)  # any other timm model kwargs
 
 
@@ -65,13 +68,17 @@ class RecipeConfig:
     opt_eps: float = 1e-8
     opt_betas: Optional[List[float]] = None
     momentum: float = 0.9
-    # per-step cosine schedule (timm create_scheduler_v2)
+    # cosine schedule (timm create_scheduler_v2), stepped on: updates (every optimizer step) | epochs (after each
+    # epoch, epoch e at the schedule's value for e, as timm's train.py) | deit (as DeiT's main.py: step(epoch) after
+    # epoch `epoch`, so epoch e trains at the value for e - 1; docs/training.md)
     sched: str = "cosine"
+    sched_on: str = "updates"
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
     # regularisation
     drop_path: float = 0.0
+    drop_path_schedule: str = "linear"  # linear (timm: 0 at the first block, drop_path at the last) | uniform (DeiT-III)
     drop_rate: float = 0.0
     smoothing: float = 0.0
     mixup: float = 0.0
@@ -100,6 +107,11 @@ class RecipeConfig:
     ema: bool = True
     ema_decay: float = 0.99996
     reference_global_batch: Optional[int] = None  # the batch the recipe was published with (documentation)
+    # the autocast precision the recipe's authors trained with; trainer.precision=auto uses it on CUDA (else bf16)
+    precision: Optional[str] = None  # null | fp32 | bf16 | fp16 (fp16: with a dynamic loss scaler)
+    # which weights of trainer.init_from's checkpoint a run starts from: ema (when present) | model (DeiT-III's
+    # --finetune loads checkpoint['model'])
+    init_weights: str = "ema"
 
 
 @dataclass
@@ -108,7 +120,7 @@ class TrainerConfig:
     max_steps: Optional[int] = None  # optional cap on optimizer steps (the schedule still spans `epochs`)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (on CUDA the recipe's precision, else bf16; fp32 on CPU) | fp32 | bf16 | fp16
     compile: bool = False
     strategy: str = "ddp"  # ddp (also for one process) | fsdp (FSDP2 fully_shard, sharded checkpoints)
     accum_steps: int = 1

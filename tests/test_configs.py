@@ -59,7 +59,7 @@ def test_deit_vit_base_values():
     ("deit3_small", 4e-3, 224, 0.05, 0.05),
     ("deit3_base", 3e-3, 192, 0.2, 0.2),
     ("deit3_large", 3e-3, 192, 0.45, 0.45),
-    ("deit3_huge", 3e-3, 160, 0.6, 0.55),
+    ("deit3_huge", 3e-3, 154, 0.6, 0.55),  # the authors' 160 is not a multiple of patch 14
 ])
 def test_deit3_size_dependent_values(model, lr, size, drop_path, ft_drop_path):
     cfg = compose_cfg("recipe=deit3", f"model={model}")

@@ -81,6 +81,26 @@ def test_table2_deit3_finetune_starts_from_the_matching_first_phase_job():
     assert "data.root" in cfg.hydra.job.config.override_dirname.exclude_keys
 
 
+def test_table3_adversarial_trains_vit_tiny_deit_with_the_four_formulations():
+    cfg = _compose("table3_adversarial")
+    assert (cfg.model.name, cfg.recipe.name, cfg.data.name, cfg.trainer.epochs) == (
+        "vit_tiny_patch16_224", "deit", "imagenet", 300)
+    assert _sweep(cfg) == {"attention": ["standard", "quest", "elliptical", "elliptical_quest"]}
+
+
+@pytest.mark.parametrize("experiment", ["table1_ablation", "table2_deit", "table2_deit3", "table2_deit3_finetune",
+                                        "tableA2_limited_data", "tableA3_lr_sensitivity", "table3_adversarial"])
+def test_paper_experiments_train_as_the_deit_authors(experiment):
+    """fp16 with a loss scaler on CUDA, the schedule stepped per epoch as DeiT's main.py; DeiT-III's uniform drop
+    path and LayerScale 1e-4; the fine-tune phase from the first phase's model weights."""
+    cfg = _compose(experiment)
+    assert (cfg.recipe.precision, cfg.recipe.sched_on, cfg.trainer.precision) == ("fp16", "deit", "auto")
+    if cfg.recipe.name.startswith("deit3"):
+        assert cfg.recipe.drop_path_schedule == "uniform" and cfg.model.layer_scale_init == 1e-4
+    if experiment == "table2_deit3_finetune":
+        assert cfg.recipe.init_weights == "model"
+
+
 def test_limited_data_and_lr_sweeps():
     a2 = _sweep(_compose("tableA2_limited_data"))
     assert a2["data.subset_fraction"] == ["0.1", "0.25", "0.5"] and a2["data.subset_seed"] == ["0", "1", "2"]

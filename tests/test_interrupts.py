@@ -113,12 +113,16 @@ def _wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cli_ctrl_c_to_the_process_group_saves_and_exits_with_its_code(tmp_path, signum):
-    # data loader workers get Ctrl-C too (the whole foreground process group); they must leave it to the trainer
+    # Ctrl-C reaches the whole foreground process group, data loader workers too: they must leave it to the
+    # trainer; SIGTERM (kill PID) reaches the trainer only
     args = [*LONG, "trainer.epochs=200", "data.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"]
     proc = _cli(*args, cwd=tmp_path)
     try:
         _wait_for_steps(tmp_path / "run" / "metrics.jsonl", 3, proc)
-        os.killpg(proc.pid, signum)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
         output, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:

@@ -24,7 +24,7 @@ from quest.data import (
     class_balanced_subset,
     collate_skipping_bad,
 )
-from quest.models import create_model
+from quest.models import create_model, uniform_drop_path
 
 from .distributed import DistContext
 from .signals import ignore_stop_signals
@@ -32,7 +32,8 @@ from .validate import check_patch_size
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Components", "build_components", "resolve_img_size", "img_size_source", "model_meta", "resolve_lr"]
+__all__ = ["Components", "build_components", "build_model", "resolve_img_size", "img_size_source", "model_meta",
+           "resolve_lr", "scheduler_epoch"]
 
 
 @dataclass
@@ -73,7 +74,12 @@ def model_meta(cfg: Any) -> dict[str, Any]:
 
 
 def build_model(cfg: Any) -> nn.Module:
-    return create_model(
+    """The model of a train config: timm architecture, attention, classes, input size, and the recipe's drop path
+    (linear over depth as timm builds it, or uniform as DeiT-III) and LayerScale init where the config sets one."""
+    kwargs = dict(cfg.model.kwargs)
+    if cfg.model.get("layer_scale_init") is not None:
+        kwargs["init_values"] = float(cfg.model.layer_scale_init)
+    model = create_model(
         cfg.model.name,
         attention=cfg.attention.name,
         attention_options=OmegaConf.to_container(cfg.attention.options, resolve=True),
@@ -81,8 +87,23 @@ def build_model(cfg: Any) -> nn.Module:
         img_size=resolve_img_size(cfg),
         drop_path_rate=cfg.recipe.drop_path,
         drop_rate=cfg.recipe.drop_rate,
-        **dict(cfg.model.kwargs),
+        **kwargs,
     )
+    if cfg.recipe.get("drop_path_schedule", "linear") == "uniform":
+        uniform_drop_path(model, cfg.recipe.drop_path)
+    return model
+
+
+def scheduler_epoch(sched_on: str, epochs_done: int) -> int | None:
+    """The epoch a per-epoch schedule is stepped with once ``epochs_done`` epochs are complete: timm's train.py
+    convention (``epochs``: the next epoch trains at the value for ``epochs_done``), or DeiT's main.py
+    (``deit``: ``lr_scheduler.step(epoch)`` after epoch ``epoch`` = epochs_done - 1, one epoch behind); None for a
+    per-update schedule or before DeiT's first step."""
+    if sched_on == "epochs":
+        return epochs_done
+    if sched_on == "deit" and epochs_done >= 1:
+        return epochs_done - 1
+    return None
 
 
 def resolve_lr(recipe: Any, global_batch: int) -> float:
@@ -163,9 +184,11 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     steps_per_epoch = len(train_loader) // cfg.trainer.accum_steps
     if steps_per_epoch < 1:
         raise ValueError(f"trainer.accum_steps={cfg.trainer.accum_steps} exceeds the {len(train_loader)} batches per epoch")
+    # per update, or per epoch as the DeiT authors (timm's step() and step_update() each act only in their mode)
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=recipe.sched, num_epochs=cfg.trainer.epochs, warmup_epochs=recipe.warmup_epochs,
-        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch,
+        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr, step_on_epochs=recipe.sched_on != "updates",
+        updates_per_epoch=steps_per_epoch,
     )
     mixup_active = recipe.mixup > 0 or recipe.cutmix > 0
     mixup = None

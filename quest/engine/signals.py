@@ -39,10 +39,10 @@ class StopRequested(Exception):
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: Ctrl-C reaches the whole process group, but only the main process decides;
-    a worker killed by it would break the batch the main process still needs for a clean stop."""
+    """DataLoader ``worker_init_fn``: Ctrl-C reaches the whole foreground process group, but only the main process
+    decides; a worker killed by it would break the batch the main process still needs for a clean stop. SIGTERM
+    keeps its default: it is how the main process (and multiprocessing at exit) ends its workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _foreign(handler: Any) -> bool:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from quest.validation import ConfigError
 
-from .builders import Components, build_components, model_meta
+from .builders import Components, build_components, model_meta, scheduler_epoch
 from .checkpoint import Checkpointer, load_checkpoint
 from .distributed import DistContext, all_reduce_max
 from .evaluate import evaluate
@@ -47,16 +47,17 @@ class Diverged(Exception):
         self.step, self.reason = step, reason
 
 
-def _precision(trainer: Any, device: torch.device) -> tuple[str, torch.dtype | None]:
-    p = trainer.precision
-    if p == "auto":
-        p = "bf16" if device.type == "cuda" else "fp32"
-    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if p not in dtypes:
-        raise ValueError(f"trainer.precision must be auto, fp32, bf16 or fp16, got {p!r}")
-    if p == "fp16" and device.type != "cuda":
-        raise ValueError("trainer.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
-    return p, dtypes[p]
+def resolve_precision(trainer_precision: str, recipe_precision: str | None, device: torch.device) -> str:
+    """``auto``: on CUDA what the recipe's authors trained with (DeiT / DeiT-III: fp16 with a loss scaler), else
+    bf16; fp32 on CPU. An explicit trainer.precision wins (fp16 on CPU works, slowly: for tests of the scaler path)."""
+    if trainer_precision != "auto":
+        return trainer_precision
+    if device.type != "cuda":
+        return "fp32"
+    return recipe_precision or "bf16"
+
+
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Run:
@@ -72,9 +73,11 @@ class Run:
         if ctx.distributed and not self.sharded:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 self.train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-        self.precision, dtype = _precision(cfg.trainer, ctx.device)
+        self.precision = resolve_precision(cfg.trainer.precision, cfg.recipe.get("precision"), ctx.device)
+        dtype = _DTYPES[self.precision]
         self.autocast = (partial(torch.autocast, device_type=ctx.device.type, dtype=dtype) if dtype else nullcontext)
-        self.scaler = torch.amp.GradScaler(ctx.device.type) if self.precision == "fp16" else None
+        # fp16 needs dynamic loss scaling (DeiT's NativeScaler is this GradScaler); disabled it is a pass-through
+        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
         self.signals: StopSignals | None = None
@@ -97,7 +100,8 @@ class Run:
     def derived(self) -> dict[str, Any]:
         """Values computed from the config and the process count that a resume must reproduce."""
         p = self.parts
-        return {"global_batch": p.global_batch, "lr": p.lr, "steps_per_epoch": p.steps_per_epoch}
+        return {"global_batch": p.global_batch, "lr": p.lr, "steps_per_epoch": p.steps_per_epoch,
+                "precision": self.precision}
 
     def save(self, best: bool = False) -> None:
         p = self.parts
@@ -126,15 +130,16 @@ class Run:
         if changed:
             raise ConfigError(f"{self.run_dir} holds a run trained with " + ", ".join(
                 f"{k}={a}" for k, (a, _) in changed.items()) + "; this one would train with " + ", ".join(
-                f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes or accumulation "
-                "steps): resume it with the process count it was started with")
+                f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes, or trainer.precision="
+                "auto on another kind of device): resume it as it was started, or set trainer.precision explicitly")
         p = self.parts
         self.checkpointer.restore(ckpt, path, self.model, p.ema.module if p.ema is not None else None, p.optimizer,
                                   p.scheduler, self.scaler, schedule=not extended)
         self.state = TrainState(**ckpt["state"])
         self.saved_step = self.state.step
-        if extended:
+        if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
+            self.step_schedule_on_epoch()
         log.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
 
     def init_weights(self, path: str) -> None:
@@ -142,12 +147,22 @@ class Run:
         from timm.models.vision_transformer import checkpoint_filter_fn
 
         ckpt = load_checkpoint(path)
-        weights = checkpoint_filter_fn(ckpt["ema"] or ckpt["model"], self.model)
+        which = self.cfg.recipe.get("init_weights", "ema")
+        source = ckpt["ema"] if which == "ema" and ckpt.get("ema") is not None else ckpt["model"]
+        log.info("trainer.init_from=%s: starting from its %s weights", path,
+                 "EMA" if source is ckpt.get("ema") else "model")
+        weights = checkpoint_filter_fn(source, self.model)
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if not k.startswith("head")]:
             raise ValueError(f"trainer.init_from={path}: missing {missing}, unexpected {unexpected}")
         if self.parts.ema is not None:
             self.parts.ema.module.load_state_dict(self.model.state_dict())
+
+    def step_schedule_on_epoch(self) -> None:
+        """A per-epoch schedule's step once ``state.epoch`` epochs are done (nothing for a per-update schedule)."""
+        epoch = scheduler_epoch(self.cfg.recipe.get("sched_on", "updates"), self.state.epoch)
+        if epoch is not None:
+            self.parts.scheduler.step(epoch)
 
     # --- one optimizer step -----------------------------------------------------------------------------------
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -168,26 +183,26 @@ class Run:
                 raise Diverged(st.step, f"loss {loss_value:.4g}" + ("" if math.isfinite(loss_value) else " is not finite"))
             loss_sum += loss_value
             loss = loss / len(batches)
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-        if self.scaler is not None:
-            self.scaler.unscale_(p.optimizer)
+            self.scaler.scale(loss).backward()
+        self.scaler.unscale_(p.optimizer)
         clip = cfg.recipe.clip_grad if cfg.recipe.clip_grad is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-        # fp16: an overflow is the scaler's business (it skips the step); otherwise a non-finite norm is divergence
-        if self.scaler is None and all_reduce_max(float(not math.isfinite(grad_norm)), self.ctx) > 0:
+        # fp16: an overflow is the scaler's business (it skips the step and lowers the scale, as DeiT's NativeScaler);
+        # otherwise a non-finite norm is divergence. A non-finite loss is divergence either way (DeiT stops on it).
+        if not self.scaler.is_enabled() and all_reduce_max(float(not math.isfinite(grad_norm)), self.ctx) > 0:
             raise Diverged(st.step, f"gradient norm {grad_norm}")
-        if self.scaler is not None:
-            self.scaler.step(p.optimizer)
-            self.scaler.update()
-        else:
-            p.optimizer.step()
+        metrics = {"train/loss": loss_sum / len(batches), "train/grad_norm": grad_norm}
+        if self.scaler.is_enabled():
+            metrics["train/loss_scale"] = self.scaler.get_scale()  # before update(): the scale this step used
+        self.scaler.step(p.optimizer)
+        self.scaler.update()
         p.optimizer.zero_grad(set_to_none=True)
         st.step += 1
         if p.ema is not None:
             p.ema.update(self.model, step=st.step)
         p.scheduler.step_update(num_updates=st.step)
-        return {"train/loss": loss_sum / len(batches), "train/grad_norm": grad_norm}
+        return metrics
 
     # --- epochs -----------------------------------------------------------------------------------------------
     def train_epoch(self, logger: RunLogger) -> None:
@@ -243,6 +258,7 @@ class Run:
         else:  # the epoch ran to its end
             st.epoch += 1
             st.micro_in_epoch = 0
+            self.step_schedule_on_epoch()
         st.train_seconds += time.perf_counter() - tic
 
     def validate(self, logger: RunLogger) -> dict[str, float]:

@@ -50,6 +50,10 @@ def _recipe(c: Checks) -> None:
     c.positive_int("recipe.img_size", optional=True)
     c.one_of("recipe.opt", list_optimizers())
     c.one_of("recipe.sched", _SCHEDULERS)
+    c.one_of("recipe.sched_on", ("updates", "epochs", "deit"))
+    c.one_of("recipe.drop_path_schedule", ("linear", "uniform"))
+    c.one_of("recipe.precision", ("fp32", "bf16", "fp16"), optional=True)
+    c.one_of("recipe.init_weights", ("ema", "model"))
     c.one_of("recipe.mixup_mode", ("batch", "pair", "elem"))
     c.one_of("recipe.remode", ("const", "rand", "pixel"))
     c.one_of("recipe.train_interpolation", _TRAIN_INTERPOLATIONS)
@@ -93,6 +97,7 @@ def _rest(c: Checks) -> None:
     c.non_negative("diagnostics.entropy_threshold")
     c.positive("diagnostics.max_logit_warning", optional=True)
     c.positive_int("model.img_size", optional=True)
+    c.positive("model.layer_scale_init", optional=True)
 
 
 def validate_train_config(cfg: Any) -> None:

@@ -8,7 +8,6 @@ import timm
 import torch.nn as nn
 from timm.layers import Attention as TimmAttention
 from timm.models.crossvit import CrossAttention as TimmCrossAttention
-from timm.models.vision_transformer import VisionTransformer
 
 from quest.attention import CrossAttentionMixin, QKAttention, QKNormAttention, get_attention, link_elliptical
 
