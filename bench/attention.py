@@ -17,8 +17,9 @@ How
   allocations and frees PyTorch's CPU allocator reports during the step are replayed in order (frees matched to
   allocations by address) and the maximum of the running sum is the peak: the most bytes held at once by tensors
   allocated in the step (activations saved for backward, the new gradients, kernel workspaces), not memory that
-  existed before it (weights, input, the last step's gradients), allocator caches or the process's RSS. On a GPU, ``torch.cuda.max_memory_allocated`` above
-  the bytes allocated at the start of the step is used. The same profiled step records which ATen SDPA kernel ran.
+  existed before it (weights, input, the last step's gradients), allocator caches or the process's RSS. On a GPU,
+  ``torch.cuda.max_memory_allocated`` above the bytes allocated at the start of the step is used. The same profiled
+  step records which ATen SDPA kernel ran.
 
 Usage: ``python bench/attention.py [--threads 1] [--repeats 25] [--quick] [--skip a b c]`` (``--help`` lists all).
 """
@@ -44,8 +45,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from timm.layers import Attention as TimmAttention  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch._C._profiler import _EventType  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from quest.attention import get_attention, list_attentions  # noqa: E402

@@ -10,12 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from matplotlib.colors import to_hex
 
 from quest.report.plot import (
-    FORMULATION_COLORS, PlotInputError, diagnostics_figure, formulation_color, layer_series, load_metrics, main,
-    plot_diagnostics, run_label,
+    FORMULATION_COLORS,
+    PlotInputError,
+    diagnostics_figure,
+    formulation_color,
+    layer_series,
+    load_metrics,
+    main,
+    plot_diagnostics,
+    run_label,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 
-from quest.attention import get_attention
 from quest.toy import (
     OUTCOMES,
     RunSpec,

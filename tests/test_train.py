@@ -128,8 +128,9 @@ def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path):
 
 
 def test_class_balanced_subset(tmp_path):
-    from quest.data import build_dataset, class_balanced_subset, dataset_targets
     import numpy as np
+
+    from quest.data import build_dataset, class_balanced_subset, dataset_targets
 
     cfg = compose_cfg()
     ds = build_dataset(cfg.data, "train", None)

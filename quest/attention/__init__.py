@@ -6,7 +6,7 @@
 Register your own with ``@register_attention("name")`` on a :class:`QKAttention` subclass that overrides
 ``transform_qk``.
 """
-from .base import CrossAttentionMixin, QKAttention, l2_normalize
+from .base import CrossAttentionMixin, LayerSite, QKAttention, bind_attention, l2_normalize
 from .elliptical import EllipticalAttention, EllipticalQuestAttention, link_elliptical
 from .formulations import (
     QKNormAttention,
@@ -20,6 +20,8 @@ from .registry import attention_options, get_attention, list_attentions, registe
 
 __all__ = [
     "QKAttention",
+    "LayerSite",
+    "bind_attention",
     "CrossAttentionMixin",
     "l2_normalize",
     "StandardAttention",

@@ -10,6 +10,7 @@ initialisation, ``no_weight_decay`` handling and checkpoints apply unchanged.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -63,11 +64,22 @@ def l2_normalize(x: torch.Tensor, eps: float, scale: torch.Tensor | None = None)
     return _L2Normalize.apply(x, eps, scale)[0]
 
 
+@dataclass(frozen=True)
+class LayerSite:
+    """Where an attention layer sits in the model it was built into (see :meth:`QKAttention.bind`)."""
+
+    model: nn.Module
+    layers: tuple["QKAttention", ...]  # every quest attention layer of the model, in module definition order
+    index: int  # this layer's position in ``layers`` (its block index in a ViT)
+    num_tokens: int | None  # tokens attended over at the model's input size (patches + prefix tokens), if known
+
+
 class QKAttention(nn.Module):
     """Multi-head self-attention with a pluggable (q, k) transform; a drop-in for timm's ``Attention``.
 
     Subclasses override :meth:`transform_qk` (and :meth:`_init_formulation` for learnable parameters) and declare
-    their configurable initial values in the class attribute ``options``.
+    their configurable initial values in the class attribute ``options``. A formulation that needs to know its
+    model (the token count, the previous block) overrides :meth:`bind`.
     """
 
     attention_name: ClassVar[str] = "base"
@@ -121,6 +133,11 @@ class QKAttention(nn.Module):
     # --- what a formulation overrides -------------------------------------------------------------------------
     def _init_formulation(self, device: Any = None, dtype: Any = None) -> None:
         """Create the formulation's learnable parameters (none by default)."""
+
+    def bind(self, site: LayerSite) -> None:
+        """Told once, when the model is built and before any weights are loaded, where this layer sits
+        (:func:`bind_attention`). Nothing to do by default; QKNorm initialises its scale from the token count,
+        Elliptical links to the previous layer."""
 
     def transform_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor]:
         """(q, k) of shape (B, H, N, d) -> (q', k', scale) with logits = scale * q' @ k'^T."""
@@ -186,6 +203,14 @@ class QKAttention(nn.Module):
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
         return f"attention={self.attention_name!r}, num_heads={self.num_heads}" + (f", {opts}" if opts else "")
+
+
+def bind_attention(model: nn.Module, num_tokens: int | None) -> nn.Module:
+    """Tell every quest attention layer of ``model`` its :class:`LayerSite` (the model factory calls this once)."""
+    layers = tuple(m for m in model.modules() if isinstance(m, QKAttention))
+    for index, layer in enumerate(layers):
+        layer.bind(LayerSite(model, layers, index, num_tokens))
+    return model
 
 
 class CrossAttentionMixin:

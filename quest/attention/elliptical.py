@@ -8,10 +8,10 @@ finite-difference step delta divides both and cancels in that normalisation, so 
 - ``elliptical``:        z_ij = (q_i * m) . k_j / sqrt(d)
 - ``elliptical_quest``:  z_ij = ||q_i|| (l2n(q_i) * m) . l2n(k_j) = (q_i * m) . l2n(k_j), scale 1
 
-The previous block's values are carried without forking timm's ``VisionTransformer``: :func:`link_elliptical`
-(called by :func:`quest.models.create_model` and :func:`~quest.models.convert_attention`) gives every layer its
-index and a plain (unregistered) reference to the previous attention layer; each layer keeps its detached ``v`` from
-its last forward, and a forward pre-hook on the model drops all of them at the start of every model forward.
+The previous block's values are carried without forking timm's ``VisionTransformer``: when the model is built,
+:meth:`~quest.attention.QKAttention.bind` gives every layer its index and a plain (unregistered) reference to the
+previous attention layer; each layer keeps its detached ``v`` from its last forward, and a forward pre-hook on the
+model drops all of them at the start of every model forward.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .base import CrossAttentionMixin, QKAttention, l2_normalize
+from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
 from .registry import register_attention
 
 __all__ = ["EllipticalAttention", "EllipticalQuestAttention", "elliptical_weights", "link_elliptical"]
@@ -87,7 +87,17 @@ class _Elliptical(QKAttention):
         self._uses_m = False
         self._values: torch.Tensor | None = None
 
-    # --- linking (see link_elliptical) --------------------------------------------------------------------------
+    # --- linking ------------------------------------------------------------------------------------------------
+    def bind(self, site: LayerSite) -> None:
+        """Link to the previous attention layer of the model; the first layer also checks that the model is one
+        chain of elliptical self-attention blocks and installs the model's value-clearing pre-hook (once)."""
+        layers = site.layers
+        if site.index == 0:
+            _check_chain(layers)
+            if _clear_values not in site.model._forward_pre_hooks.values():
+                site.model.register_forward_pre_hook(_clear_values)
+        self._link(site.index, layers[site.index - 1] if site.index else None, len(layers))
+
     def _link(self, index: int, prev: _Elliptical | None, depth: int) -> None:
         if self._use_layers is not None and max(self._use_layers, default=0) >= depth:
             raise ValueError(
@@ -177,24 +187,20 @@ def _clear_values(model: nn.Module, args: Any) -> None:
             module._values = None
 
 
-def link_elliptical(model: nn.Module) -> nn.Module:
-    """Give each elliptical layer of ``model`` its index and previous layer, and clear stored values per forward.
-
-    A no-op for a model without elliptical layers; idempotent. Layers are numbered in module definition order (the
-    block order of a ViT). Raises ``ValueError`` for a model mixing elliptical with other attention layers or with
-    cross-attention (no single chain of blocks to take "the previous block" from).
-    """
-    layers = [m for m in model.modules() if isinstance(m, QKAttention)]
-    elliptical = [m for m in layers if isinstance(m, _Elliptical)]
-    if not elliptical:
-        return model
-    if len(elliptical) != len(layers) or any(isinstance(m, CrossAttentionMixin) for m in layers):
+def _check_chain(layers: Sequence[QKAttention]) -> None:
+    if not all(isinstance(m, _Elliptical) for m in layers) or any(isinstance(m, CrossAttentionMixin) for m in layers):
         raise ValueError(
             "elliptical attention needs one chain of self-attention blocks that are all elliptical; this model mixes "
             "it with other attention layers or cross-attention (CrossViT is not supported)"
         )
-    for index, layer in enumerate(elliptical):
-        layer._link(index, elliptical[index - 1] if index else None, len(elliptical))
-    if _clear_values not in model._forward_pre_hooks.values():
-        model.register_forward_pre_hook(_clear_values)
+
+
+def link_elliptical(model: nn.Module) -> nn.Module:
+    """Link the elliptical layers of an already built ``model``, as :meth:`_Elliptical.bind` does when the model
+    factory builds one (idempotent; a no-op without elliptical layers). For models assembled by hand."""
+    layers = tuple(m for m in model.modules() if isinstance(m, QKAttention))
+    if any(isinstance(m, _Elliptical) for m in layers):
+        _check_chain(layers)
+        for index, layer in enumerate(layers):
+            layer.bind(LayerSite(model, layers, index, None))
     return model

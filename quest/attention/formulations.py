@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .base import QKAttention, l2_normalize
+from .base import LayerSite, QKAttention, l2_normalize
 from .registry import register_attention
 
 __all__ = [
@@ -65,7 +65,7 @@ class QKNormAttention(QKAttention):
     """QKNorm: softmax(g * l2n(q) . l2n(k)) with one learnable scalar g per layer (Henry et al. 2020).
 
     g starts at log2(L^2 - L), L the training sequence length (15.24 for the 197 tokens of a /16 model at 224 px).
-    ``seq_len=None`` means "this model's token count": :func:`quest.models.create_model` fills it in; a layer
+    ``seq_len=None`` means "this model's token count": :meth:`bind` fills it in when the model is built; a layer
     built outside a model uses 197.
     """
 
@@ -87,6 +87,10 @@ class QKNormAttention(QKAttention):
         """Re-initialise g for a sequence length known only once the model exists."""
         with torch.no_grad():
             self.qk_scale.fill_(self.initial_scale(seq_len))
+
+    def bind(self, site: LayerSite) -> None:
+        if self.options["seq_len"] is None and site.num_tokens is not None:
+            self.reset_scale(site.num_tokens)
 
     def transform_qk(self, q, k):
         # g is folded into the query normalisation (one fused pass): logits = (g l2n(q)) . l2n(k), scale 1

@@ -1,4 +1,7 @@
-"""Name -> attention class registry, and option binding for timm's ``attn_layer=``.
+"""Name -> attention class registry, import paths, and option binding for timm's ``attn_layer=``.
+
+An attention is named by its registered name (``quest``) or by the import path of a :class:`QKAttention` subclass
+in any package (``my_package.attention:MyAttention``), so a new formulation needs no edit to quest.
 
 timm checks ``issubclass(attn_layer, ...)``, so an attention with non-default options (say a QKNorm scale
 initialised for a 65-token model) cannot be a ``functools.partial``: :func:`get_attention` returns a small
@@ -6,6 +9,7 @@ subclass with the options bound as class attributes instead.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
@@ -39,17 +43,43 @@ def attention_options(cls: type) -> dict[str, Any]:
     return dict(getattr(cls, "options", {}))
 
 
-def get_attention(name: str | type, **options: Any) -> type[nn.Module]:
-    """The attention class registered as ``name``, with ``options`` (initial values of learnable scales, ...) bound.
+def _import_attention(path: str) -> type[nn.Module]:
+    """``package.module:ClassName`` -> the class, which must subclass QKAttention."""
+    from .base import QKAttention
 
-    Raises ``ValueError`` naming the registered attentions for an unknown name, and the valid options of that
-    attention for an unknown option.
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name or ":" in class_name:
+        raise ValueError(f"attention {path!r}: an import path is 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"attention {path!r}: cannot import {module_name!r} ({exc}); is its package installed or on "
+                         "PYTHONPATH?") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, QKAttention)):
+        found = "not found" if cls is None else f"a {type(cls).__name__}, not a QKAttention subclass"
+        raise ValueError(f"attention {path!r}: {class_name!r} in {module_name} is {found}; an attention is a "
+                         "subclass of quest.attention.QKAttention (docs/attention.md)")
+    if "attention_name" not in vars(cls):  # an unregistered class goes by its import path (checkpoints, logs)
+        cls.attention_name = path
+    return cls
+
+
+def get_attention(name: str | type, **options: Any) -> type[nn.Module]:
+    """The attention class registered as ``name`` (or at the import path ``package.module:ClassName``), with
+    ``options`` (initial values of learnable scales, ...) bound.
+
+    Raises ``ValueError`` naming the registered attentions for an unknown name, what failed for an import path, and
+    the valid options of that attention for an unknown option.
     """
     if isinstance(name, type):
         cls = name
+    elif ":" in name:
+        cls = _import_attention(name)
     else:
         if name not in _REGISTRY:
-            raise ValueError(f"unknown attention {name!r}; registered attentions: {', '.join(list_attentions())}")
+            raise ValueError(f"unknown attention {name!r}; registered attentions: {', '.join(list_attentions())} "
+                             "(or an import path package.module:ClassName)")
         cls = _REGISTRY[name]
     if not options:
         return cls

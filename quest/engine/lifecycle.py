@@ -56,7 +56,8 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) ->
         directory.unlock()
 
 
-def _plan(cfg: Any, directory: RunDirectory, config: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, list[Difference]]:
+def _plan(cfg: Any, directory: RunDirectory,
+          config: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, list[Difference]]:
     """Which checkpoint to continue from (None: a fresh start), its content and the resume-safe keys that changed;
     archives a run being replaced, refuses a resume with another config."""
     tr, run_dir = cfg.trainer, directory.path

@@ -64,8 +64,11 @@ class RunLogger:
             self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
 
     def _start_wandb(self, cfg: Any, lc: Any, choices: dict[str, str], resume_id: str | None):
-        import wandb
         from omegaconf import OmegaConf
+
+        from quest.extras import require
+
+        wandb = require("wandb", "wandb", "logger=wandb")
 
         group = lc.group or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
         name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"

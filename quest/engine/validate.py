@@ -110,7 +110,7 @@ def validate_train_config(cfg: Any) -> None:
     try:  # attention.options is free-form in the schema: the formulation knows its options
         get_attention(cfg.attention.name, **OmegaConf.to_container(cfg.attention.options, resolve=True))
     except ValueError as exc:
-        checks.fail("attention.name" if "unknown attention" in str(exc) else "attention.options", f"is invalid ({exc})")
+        checks.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
     checks.raise_if_any("config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:

@@ -6,16 +6,18 @@ from pathlib import Path
 
 __all__ = ["rewrite_model_override"]
 
-_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 _PLAIN_MODEL = re.compile(r"^model=([A-Za-z0-9_.\-]+)$")
 
 
-def rewrite_model_override(argv: list[str], configs: Path = _CONFIGS) -> list[str]:
+def rewrite_model_override(argv: list[str], configs: Path | None = None) -> list[str]:
     """``model=<name>`` selects configs/model/<name>.yaml when that file exists (a curated model with its input
     size); for any other timm model name, Hydra would fail with "Could not find 'model/<name>'", so the argument
     becomes ``model.name=<name>``. Anything else (sweeps, ``+model=``, options that exist) is left alone."""
     import timm
 
+    from quest.cli import config_root
+
+    configs = configs or config_root()
     out = []
     for arg in argv:
         match = _PLAIN_MODEL.match(arg)

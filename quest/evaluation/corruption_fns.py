@@ -39,7 +39,8 @@ from typing import Callable
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
+
+from quest.extras import require
 
 __all__ = ["CORRUPTIONS", "corrupt", "sample_seed"]
 
@@ -49,7 +50,7 @@ _IMAGENET_C_SIZE = 224
 def _package_dir() -> Path:
     spec = importlib.util.find_spec("imagecorruptions")
     if spec is None or spec.origin is None:
-        raise ImportError("the corruptions need the imagecorruptions package: pip install imagecorruptions==1.1.2")
+        require("imagecorruptions", "eval", "the ImageNet-C corruptions")
     return Path(spec.origin).parent
 
 
@@ -71,7 +72,7 @@ def _ic() -> types.ModuleType:
 
 
 def impulse_noise(x: Image.Image, severity: int = 1) -> np.ndarray:
-    from skimage.util import random_noise
+    random_noise = require("skimage.util", "eval", "the impulse_noise corruption").random_noise
 
     c = [0.03, 0.06, 0.09, 0.17, 0.27][severity - 1]
     # scikit-image >= 0.19 draws from a fresh unseeded Generator unless given one; ImageNet-C's version drew from
@@ -81,7 +82,7 @@ def impulse_noise(x: Image.Image, severity: int = 1) -> np.ndarray:
 
 
 def _gaussian(x: np.ndarray, sigma: float) -> np.ndarray:
-    from skimage.filters import gaussian
+    gaussian = require("skimage.filters", "eval", "the blur corruptions").gaussian
 
     return gaussian(x, sigma=sigma, channel_axis=-1)
 
@@ -250,6 +251,7 @@ def _center_zoom(img: np.ndarray, factor: float) -> np.ndarray:
     h, w = img.shape[:2]
     inv = 1.0 / factor
     offset = [(h - 1) / 2 * (1 - inv), (w - 1) / 2 * (1 - inv), 0.0]
+    ndimage = require("scipy.ndimage", "eval", "the zoom_blur corruption")
     return ndimage.affine_transform(img, [inv, inv, 1.0], offset=offset, order=1, mode="nearest")
 
 

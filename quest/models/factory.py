@@ -9,7 +9,7 @@ import torch.nn as nn
 from timm.layers import Attention as TimmAttention
 from timm.models.crossvit import CrossAttention as TimmCrossAttention
 
-from quest.attention import CrossAttentionMixin, QKAttention, QKNormAttention, get_attention, link_elliptical
+from quest.attention import CrossAttentionMixin, QKAttention, bind_attention, get_attention
 
 from . import presets  # noqa: F401  (registers the CPU presets with timm)
 
@@ -29,18 +29,6 @@ def model_seq_len(model: nn.Module) -> int | None:
     if patch_embed is None or not hasattr(patch_embed, "num_patches"):
         return None
     return int(patch_embed.num_patches) + int(getattr(model, "num_prefix_tokens", 1))
-
-
-def _resolve_seq_len(model: nn.Module, options: dict[str, Any]) -> None:
-    # QKNorm's scale init depends on the token count, which is known only once the model exists.
-    if options.get("seq_len") is not None:
-        return
-    seq_len = model_seq_len(model)
-    if seq_len is None:
-        return
-    for _, layer in attention_layers(model):
-        if isinstance(layer, QKNormAttention):
-            layer.reset_scale(seq_len)
 
 
 def create_model(
@@ -64,8 +52,7 @@ def create_model(
     model = timm.create_model(name, attn_layer=attn_cls, **timm_kwargs)
     if not attention_layers(model):
         raise ValueError(f"model {name!r} does not build its attention from attn_layer=; quest cannot swap it")
-    _resolve_seq_len(model, options)
-    return link_elliptical(model)  # elliptical layers read the previous block's values (a no-op for the others)
+    return bind_attention(model, model_seq_len(model))  # each layer learns its place (token count, previous block)
 
 
 def _layer_config(layer: nn.Module) -> dict[str, Any]:
@@ -110,7 +97,7 @@ def _converted(layer: nn.Module, attn_cls: type[QKAttention]) -> QKAttention:
     missing_in_target = sorted(set(source) - set(target))
     if missing_in_target:
         raise ValueError(f"converting to {attn_cls.attention_name!r} would drop weights {missing_in_target}")
-    # Parameters only the new formulation has (a QKNorm scale) keep their initial values.
+    # Parameters only the new formulation has (a learnable scale) keep their initial values.
     target.update(source)
     new.load_state_dict(target)
     param = next(layer.parameters())
@@ -135,5 +122,4 @@ def convert_attention(model: nn.Module, attention: str, **options: Any) -> nn.Mo
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, _converted(module, attn_cls))
-    _resolve_seq_len(model, options)
-    return link_elliptical(model)
+    return bind_attention(model, model_seq_len(model))

@@ -12,8 +12,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .tables import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, runs_markdown, \
-    write_outputs
+from .tables import (
+    DEFAULT_PRIMARY,
+    ReportInputError,
+    build_report,
+    load_runs,
+    lr_markdown,
+    runs_markdown,
+    write_outputs,
+)
 
 
 def _parser() -> argparse.ArgumentParser:

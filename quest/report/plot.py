@@ -21,11 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib import ticker
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_hex, to_rgb
-from matplotlib.figure import Figure
+from quest.extras import require
+
+require("matplotlib", "report", "quest.report.plot")
+from matplotlib import ticker  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.colors import to_hex, to_rgb  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 __all__ = ["PlotInputError", "FORMULATION_COLORS", "formulation_color", "axis_label", "plain_log_axis",
            "load_metrics", "run_label", "run_formulation", "layer_series", "diagnostics_figure", "plot_diagnostics",

@@ -29,7 +29,9 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     (fewer than two values on either side, or both samples constant)."""
     if len(a) < 2 or len(b) < 2:
         return None
-    from scipy.stats import ttest_ind  # scipy is slow to import: only when a test is actually run
+    from quest.extras import require  # scipy is slow to import: only when a test is actually run
+
+    ttest_ind = require("scipy.stats", "report", "the Welch t-test of quest.report").ttest_ind
 
     p = float(ttest_ind(list(a), list(b), equal_var=False).pvalue)
     return p if math.isfinite(p) else None

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp, trunc_normal_
 
-from quest.attention import QKNormAttention, get_attention
+from quest.attention import LayerSite, get_attention
 
 __all__ = ["ToyTransformer"]
 
@@ -31,8 +31,8 @@ class ToyTransformer(nn.Module):
         self.pos_embed = nn.Parameter(trunc_normal_(torch.empty(seq_len + 1, dim), std=embed_init_std))
         self.norm1 = nn.LayerNorm(dim)
         self.attn = get_attention(attention)(dim, num_heads=1, qkv_bias=True)
-        if isinstance(self.attn, QKNormAttention):  # its scale starts from the token count, [CLS] included
-            self.attn.reset_scale(seq_len + 1)
+        # its place, as the model factory tells every layer: QKNorm's scale starts from the token count ([CLS] too)
+        self.attn.bind(LayerSite(self, (self.attn,), 0, seq_len + 1))
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, mlp_hidden)
         self.norm = nn.LayerNorm(dim)

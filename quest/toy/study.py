@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.util
 import itertools
 import json
 import logging
@@ -105,6 +106,9 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
             raise ValueError(f"toy study: grid.{key} is empty; give at least one value")
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
+    if not _can_plot():  # said before the grid trains, not after
+        log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
+                    "'quest[report]')")
     fingerprint = _fingerprint(cfg)
     rules = OutcomeRules(**cfg["outcome"])
     rows, key_norms, timings = [], {}, {}
@@ -135,11 +139,16 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     timing = {"train_seconds": timings, "total_train_seconds": sum(timings.values()), "fingerprint": fingerprint,
               "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome")}}
     (out / "study.json").write_text(json.dumps(timing, indent=2, default=str))
-    from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
+    if _can_plot():
+        from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
 
-    plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png")
-    plot_key_norms(rows, norms, out / "key_norms.png")
+        plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png")
+        plot_key_norms(rows, norms, out / "key_norms.png")
     return {"rows": rows, "success_rates": rates, "key_norms": norms, "timing": timing}
+
+
+def _can_plot() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _write_csv(path: Path, rows: list[Mapping[str, Any]], fields: list[str]) -> None:

@@ -1,0 +1,132 @@
+"""Console scripts, each the same app as its ``python ...`` form (pyproject.toml ``[project.scripts]``):
+
+| script | same as | what |
+|---|---|---|
+| ``quest-train`` | ``python train.py`` | train (Hydra app, configs/train.yaml) |
+| ``quest-eval`` | ``python eval.py`` | evaluate a checkpoint or a timm model (configs/eval.yaml) |
+| ``quest-toy`` | ``python -m quest.toy`` | the toy study (configs/toy/toy.yaml) |
+| ``quest-report`` | ``python -m quest.report`` | tables from sweeps of runs |
+| ``quest-plot`` | ``python -m quest.report.plot`` | diagnostics figures |
+
+The configs are found as the package ``quest.configs`` (an install ships them; an editable install maps the
+checkout's configs/ there), or, in a checkout that is only on sys.path, in its configs/ folder.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["train", "evaluate", "toy", "report", "plot", "config_root", "rewrite_attention_override"]
+
+_IMPORT_PATH = re.compile(r"^attention=([A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+
+
+def config_root() -> Path:
+    """The folder holding train.yaml, eval.yaml and the config groups."""
+    spec = importlib.util.find_spec("quest.configs")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[1] / "configs"
+
+
+def _config_path(sub: str = "") -> str:
+    """Hydra's ``config_path``: the package when it is importable, else the checkout's folder."""
+    if importlib.util.find_spec("quest.configs") is not None:
+        return "pkg://quest.configs" + (f".{sub}" if sub else "")
+    return str(config_root() / sub)
+
+
+def rewrite_attention_override(argv: list[str]) -> list[str]:
+    """``attention=<package.module:Class>`` (an attention from any package) -> ``attention=path
+    attention.name=<package.module:Class>``: Hydra would look for a config file of that name otherwise."""
+    out = []
+    for arg in argv:
+        match = _IMPORT_PATH.match(arg)
+        out.extend(["attention=path", f"attention.name={match.group(1)}"] if match else [arg])
+    return out
+
+
+# --- training ------------------------------------------------------------------------------------------------------
+@hydra.main(version_base="1.3", config_path=_config_path(), config_name="train")
+def _train_app(cfg: DictConfig) -> None:
+    from quest.engine import exit_code, fit
+
+    hc = HydraConfig.get()
+    choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
+    summary = fit(cfg, hc.runtime.output_dir, choices)
+    code = exit_code(summary, multirun=hc.mode == RunMode.MULTIRUN)
+    if code:
+        sys.exit(code)
+
+
+def train() -> None:
+    """``quest-train [group=option ...] [key=value ...]``: docs/training.md."""
+    from quest.schema import register_configs
+
+    register_configs()
+    sys.argv = rewrite_attention_override(sys.argv)
+    _train_app()
+
+
+# --- evaluation ----------------------------------------------------------------------------------------------------
+@hydra.main(version_base="1.3", config_path=_config_path(), config_name="eval")
+def _eval_app(cfg: DictConfig) -> None:
+    from quest.evaluation import run_evaluation
+
+    run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+
+
+def evaluate() -> None:
+    """``quest-eval checkpoint=<run>/checkpoints/last.pt eval=<suite>``: docs/evaluation.md."""
+    from quest.evaluation import register_eval_configs, rewrite_model_override
+
+    register_eval_configs()
+    # model=<any timm name> as well as model=<configs/model option>; attention=<package.module:Class>
+    sys.argv = rewrite_attention_override(rewrite_model_override(sys.argv))
+    _eval_app()
+
+
+# --- toy study -----------------------------------------------------------------------------------------------------
+@hydra.main(version_base="1.3", config_path=_config_path("toy"), config_name="toy")
+def _toy_app(cfg: DictConfig) -> None:
+    import logging
+    import time
+
+    from quest.toy.study import run_study, summary_table
+
+    out_dir = cfg.out_dir or HydraConfig.get().runtime.output_dir
+    start = time.perf_counter()
+    result = run_study(OmegaConf.to_container(cfg, resolve=True), out_dir)
+    print(summary_table(result["success_rates"]))
+    logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name, out_dir,
+                                        time.perf_counter() - start)
+
+
+def toy() -> None:
+    """``quest-toy [grid=full|quick] [attentions=[...]] [data.train_size=...]``: docs/experiments.md."""
+    from quest.toy.config import register_toy_config
+
+    register_toy_config()
+    _toy_app()
+
+
+# --- reports -------------------------------------------------------------------------------------------------------
+def report() -> None:
+    """``quest-report SWEEP_DIR ...``: docs/report.md."""
+    from quest.report.__main__ import main
+
+    sys.exit(main())
+
+
+def plot() -> None:
+    """``quest-plot diagnostics RUN_DIR ... --out FILE.png``: docs/diagnostics.md."""
+    from quest.report.plot import main
+
+    sys.exit(main())
