@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from scipy.stats import t as t_dist
 
 from quest.engine import fit
+from quest.report import ReportInputError, build_report, load_runs, lr_csv, lr_markdown, runs_markdown
 from quest.report.__main__ import main
-from quest.report.tables import ReportInputError, build_report, load_runs, lr_csv, lr_markdown, runs_markdown
 
 from .helpers import FAST, ROOT, compose_cfg
 

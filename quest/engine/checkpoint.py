@@ -11,13 +11,14 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
+
+from quest.io import atomic_write
 
 from .distributed import DistContext, gather_objects
 
@@ -56,23 +57,16 @@ def _write_error(path: Path, exc: OSError) -> CheckpointWriteError:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename: a crash never leaves half a file, and a
-    failed write (full disk) leaves neither a temporary file nor a damaged previous checkpoint."""
+    """Write atomically (quest.io.atomic_write: a temporary file, fsync, rename): a crash never leaves half a file,
+    and a failed write (full disk) leaves neither a temporary file nor a damaged previous checkpoint."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        cause = _os_error(exc) if isinstance(exc, (OSError, RuntimeError)) else None
-        if cause is not None:
-            raise _write_error(path, cause) from exc
-        raise
+        atomic_write(path, lambda f: torch.save({"format": FORMAT, **state}, f))
+    except (OSError, RuntimeError) as exc:
+        cause = _os_error(exc)
+        if cause is None:
+            raise
+        raise _write_error(path, cause) from exc
 
 
 def replace_with_link(source: Path, target: Path) -> None:

@@ -1,41 +1,16 @@
 """Run outputs: metrics.jsonl (every logged step and epoch), summary.json, and optionally a wandb run."""
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLogger", "write_json_atomic"]
+from quest.io import json_text, write_json_atomic
+
+__all__ = ["RunLogger"]
 
 log = logging.getLogger("quest.train")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write through a temporary file and a rename: readers see the old or the new file, never half of one, and a
-    failed write (full disk) leaves no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def _finite_or_str(v: Any) -> Any:
-    # JSON has no NaN/inf: keep them readable and parseable
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
 
 
 class RunLogger:
@@ -92,8 +67,7 @@ class RunLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **{k: _finite_or_str(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(row, default=_jsonable) + "\n")
+        self._metrics.write(json_text({"step": step, **metrics}, indent=None))
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 

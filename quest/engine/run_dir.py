@@ -24,10 +24,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from quest.io import write_json_atomic
 from quest.schema import OPERATIONAL_KEYS, RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.validation import ConfigError
-
-from .logger import write_json_atomic
 
 log = logging.getLogger("quest.train")
 

@@ -12,15 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .tables import (
-    DEFAULT_PRIMARY,
-    ReportInputError,
-    build_report,
-    load_runs,
-    lr_markdown,
-    runs_markdown,
-    write_outputs,
-)
+from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, runs_markdown, write_outputs
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,13 +6,11 @@ same config skips finished chunks, so an interrupted study resumes where it stop
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import importlib.util
 import itertools
 import json
 import logging
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from quest.attention import list_attentions
+from quest.io import atomic_write, markdown_table, write_csv_atomic, write_json_atomic
 
 from .batched import RunSpec, train_chunk
 from .config import OutcomeRules
@@ -62,12 +61,6 @@ def success_rates(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _fingerprint(cfg: Any) -> str:
     keys = {k: cfg[k] for k in ("grid", "data", "model", "train")}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _run_chunk(cfg: Any, data_cfg: ToyDataConfig, attention: str, data_seed: int) -> dict[str, Any]:
@@ -124,7 +117,7 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
                 log.info("%s, data %d: done before (%s), skipped", attention, data_seed, path.name)
             else:
                 chunk = {"fingerprint": fingerprint, **_run_chunk(cfg, data_cfg, attention, data_seed)}
-                _write_atomic(path, lambda p, c=chunk: torch.save(c, p))
+                atomic_write(path, lambda f, c=chunk: torch.save(c, f))
             chunk_rows = [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules)} for r in chunk["rows"]]
             log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk_rows), chunk["seconds"],
                      dict(Counter(r["outcome"] for r in chunk_rows)))
@@ -132,13 +125,13 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
             key_norms.setdefault(attention, []).append(chunk["key_norms"])
             timings[attention] = timings.get(attention, 0.0) + chunk["seconds"]
     rates = success_rates(rows)
-    _write_csv(out / "runs.csv", rows, RUN_FIELDS)
-    _write_csv(out / "success_rates.csv", rates, list(rates[0]))
+    write_csv_atomic(out / "runs.csv", rows, RUN_FIELDS)
+    write_csv_atomic(out / "success_rates.csv", rates, list(rates[0]))
     norms = {a: torch.cat(v) for a, v in key_norms.items()}  # (runs, epochs + 1, 3) in runs.csv order
-    _write_atomic(out / "key_norms.pt", lambda p: torch.save(norms, p))
+    atomic_write(out / "key_norms.pt", lambda f: torch.save(norms, f))
     timing = {"train_seconds": timings, "total_train_seconds": sum(timings.values()), "fingerprint": fingerprint,
               "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome")}}
-    (out / "study.json").write_text(json.dumps(timing, indent=2, default=str))
+    write_json_atomic(out / "study.json", timing)
     if _can_plot():
         from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
 
@@ -151,23 +144,10 @@ def _can_plot() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _write_csv(path: Path, rows: list[Mapping[str, Any]], fields: list[str]) -> None:
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-
-    _write_atomic(path, write)
-
-
 def summary_table(rates: Iterable[Mapping[str, Any]]) -> str:
     """Markdown: per formulation, the overall success rate and outcome shares."""
-    lines = ["| attention | runs | correct (success rate) | biased | degenerate | other |", "|---|---|---|---|---|---|"]
-    for r in rates:
-        if r["lr"] != "all":
-            continue
-        n = r["runs"]
-        lines.append(f"| {r['attention']} | {n} | {100 * r['success_rate']:.1f}% | {100 * r['biased'] / n:.1f}% | "
-                     f"{100 * r['degenerate'] / n:.1f}% | {100 * r['other'] / n:.1f}% |")
-    return "\n".join(lines)
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    rows = [(r["attention"], r["runs"], pct(r["success_rate"]), pct(r["biased"] / r["runs"]),
+             pct(r["degenerate"] / r["runs"]), pct(r["other"] / r["runs"])) for r in rates if r["lr"] == "all"]
+    return "\n".join(markdown_table(["attention", "runs", "correct (success rate)", "biased", "degenerate", "other"],
+                                     rows))

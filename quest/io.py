@@ -1,0 +1,93 @@
+"""Writing result files so that a reader never sees half of one: a temporary sibling, fsync, then a rename; a
+failed write (a full disk, Ctrl-C) removes the temporary and leaves the previous file as it was. And the one
+markdown table renderer the reports share.
+
+Used by the training engine (summary.json, run.json, checkpoints), the evaluation reports, ``quest.report`` and the
+toy study.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = ["atomic_write", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text",
+           "markdown_table"]
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write`` on a binary file that becomes ``path`` only once complete and on disk."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return _finite(value.item())
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such floats become the strings 'nan', 'inf', '-inf' (readable and parseable)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    return json.dumps(_finite(obj), indent=indent, default=_jsonable, allow_nan=False) + "\n"
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    return write_text_atomic(path, json_text(obj))
+
+
+def csv_text(rows: Iterable[Mapping[str, Any]] | Iterable[Sequence[Any]], fields: Sequence[str] | None = None) -> str:
+    """Rows as CSV: dicts under a header of ``fields`` (all keys of the first row by default), or plain sequences
+    (the first one being the header)."""
+    buf = io.StringIO()
+    rows = list(rows)
+    if rows and isinstance(rows[0], Mapping):
+        writer = csv.DictWriter(buf, fieldnames=list(fields or rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)  # type: ignore[arg-type]
+    else:
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+def write_csv_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]] | Iterable[Sequence[Any]],
+                     fields: Sequence[str] | None = None) -> Path:
+    return write_text_atomic(path, csv_text(rows, fields))
+
+
+def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A GitHub markdown table, one string per line; ``|`` inside a cell is escaped."""
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(map(esc, row)) + " |" for row in rows]

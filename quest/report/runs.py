@@ -1,0 +1,176 @@
+"""Loading run directories for the reports: a run is a directory with ``summary.json`` (written by
+quest.engine.fit), ``run.json`` (its config; older runs: ``.hydra/config.yaml``, written by Hydra for
+``python train.py``) and ``eval/<suite>/<checkpoint stem>-<model|ema>/eval_results.json`` (written by ``eval.py``).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ReportInputError", "RunResult", "load_runs", "flatten", "number"]
+
+
+class ReportInputError(ValueError):
+    """Input that cannot be reported on; the message names the path or option and what was expected."""
+
+
+# --- loading ----------------------------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    """One run directory: status completed | stopped | diverged | incomplete (no summary.json yet)."""
+
+    path: Path
+    status: str
+    summary: dict[str, Any]  # summary.json, nested dicts flattened to dotted keys ("choices.model")
+    config: dict[str, Any] | None  # run.json's config (or .hydra/config.yaml), resolved and flattened; None without
+    metrics: dict[str, float]  # numbers of summary.json and of eval/<suite>/<stem>-<weights>/eval_results.json
+
+    def value(self, key: str) -> Any:
+        """A setting: ``attention`` / ``model`` (the formulation and timm name), else a config key, else a summary
+        field."""
+        if key in ("attention", "model"):
+            if isinstance(self.summary.get(key), str):
+                return self.summary[key]
+            return (self.config or {}).get(f"{key}.name")
+        if self.config is not None and key in self.config:
+            return self.config[key]
+        return self.summary.get(key)
+
+    @property
+    def lr(self) -> float | None:
+        lr = self.summary.get("lr")  # the lr the run actually used (base_lr already scaled by the batch)
+        lr = lr if lr is not None else (self.config or {}).get("recipe.lr")
+        return float(lr) if isinstance(lr, (int, float)) else None
+
+
+def flatten(tree: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{sep}{key}" if prefix else str(key), sep))
+        return out
+    return {prefix: tuple(tree) if isinstance(tree, list) else tree}
+
+
+def number(value: Any) -> float | None:
+    """JSON numbers, and the strings 'nan' / 'inf' that the writers use for non-finite values; not booleans."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(value)
+    return None
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ReportInputError(f"{path}: cannot read {what} ({err})") from None
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: expected a JSON object ({what}), got {type(data).__name__}")
+    return data
+
+
+def _read_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's own record of its config (run.json, written by quest.engine.fit), else Hydra's copy of the latest
+    command's config for runs written before run.json existed."""
+    record = run_dir / "run.json"
+    if record.is_file():
+        config = _read_json(record, "the run record written by train.py").get("config")
+        if isinstance(config, dict):
+            return flatten(config)
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    try:
+        tree = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation that needs Hydra's runtime: compare the unresolved text instead
+        tree = OmegaConf.to_container(cfg, resolve=False)
+    return flatten(tree)
+
+
+def _eval_suffix(target: dict[str, Any]) -> str:
+    """How an evaluation's columns say which weights were evaluated: nothing for last.pt's model weights (the
+    headline, as DeiT reports), ``_ema`` for the EMA weights (like val_ema/), ``@<stem>`` for another checkpoint."""
+    suffix = "_ema" if target.get("weights") == "ema" else ""
+    checkpoint = target.get("checkpoint")
+    if isinstance(checkpoint, str) and Path(checkpoint).stem != "last":
+        suffix += f"@{Path(checkpoint).stem}"
+    return suffix
+
+
+def _eval_metrics(run_dir: Path) -> dict[str, float]:
+    """Numbers of every <run>/eval/<suite>/<stem>-<model|ema>/eval_results.json (and the older
+    <run>/eval/<suite>/eval_results.json) as '<evaluation><suffix>/<path>' (e.g. 'imagenet_c/mce',
+    'imagenet_v2_ema/top1'); an evaluation present in two suites takes the more recently written file."""
+    files = sorted({*run_dir.glob("eval/*/eval_results.json"), *run_dir.glob("eval/*/*/eval_results.json")},
+                   key=lambda p: p.stat().st_mtime)
+    out: dict[str, float] = {}
+    for path in files:
+        report = _read_json(path, "evaluation results")
+        results = report.get("results")
+        if not isinstance(results, dict):
+            raise ReportInputError(f"{path}: no 'results' object (expected eval.py's eval_results.json)")
+        target = report.get("target") if isinstance(report.get("target"), dict) else {}
+        suffix = _eval_suffix(target)
+        for evaluation, result in results.items():
+            for key, value in flatten({f"{evaluation}{suffix}": result}, sep="/").items():
+                value = number(value)
+                if value is not None:
+                    out[key] = value
+    return out
+
+
+def _load_run(run_dir: Path) -> RunResult:
+    summary_path = run_dir / "summary.json"
+    config = _read_config(run_dir)
+    if not summary_path.is_file():
+        return RunResult(run_dir, "incomplete", {}, config, {})
+    raw = _read_json(summary_path, "the run summary written by train.py")
+    status = raw.get("status")
+    if status in ("interrupted", "requeued"):  # saved by a signal and not finished: like a run still going
+        return RunResult(run_dir, "incomplete", {}, config, {})
+    if status not in ("completed", "stopped", "diverged"):
+        raise ReportInputError(f"{summary_path}: status {status!r}, expected completed, stopped, diverged, "
+                               "interrupted or requeued")
+    metrics = {k: n for k, v in raw.items() if not isinstance(v, dict) and (n := number(v)) is not None}
+    metrics.update(_eval_metrics(run_dir))
+    return RunResult(run_dir, status, flatten(raw), config, metrics)
+
+
+def _run_files(sweep: Path, name: str) -> list[Path]:
+    """``name`` files of the runs under ``sweep``, not those under hidden directories (a replaced run's archive in
+    <run>/.replaced/, submitit's logs)."""
+    return [p for p in sweep.rglob(name) if not any(part.startswith(".") for part in p.relative_to(sweep).parts)]
+
+
+def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
+    """Every run under the sweep directories (recursively): each directory with summary.json, and each with
+    metrics.jsonl but no summary.json yet (incomplete: running, or killed before the end)."""
+    if not sweep_dirs:
+        raise ReportInputError("no sweep directories given")
+    runs: dict[Path, RunResult] = {}
+    for sweep in map(Path, sweep_dirs):
+        expected = "a sweep directory holding run directories written by train.py, each with summary.json"
+        if not sweep.is_dir():
+            raise ReportInputError(f"{sweep}: {'not a directory' if sweep.exists() else 'does not exist'} "
+                                   f"(expected {expected})")
+        finished = {p.parent for p in _run_files(sweep, "summary.json")}
+        unfinished = {p.parent for p in _run_files(sweep, "metrics.jsonl")} - finished
+        if not finished:
+            more = f"; {len(unfinished)} run directories have metrics.jsonl but no summary.json yet" \
+                if unfinished else ""
+            raise ReportInputError(f"{sweep}: no summary.json under it (expected {expected}){more}")
+        for run_dir in sorted(finished | unfinished):
+            runs.setdefault(run_dir.resolve(), _load_run(run_dir))  # overlapping arguments: each run once
+    return list(runs.values())
+
+
