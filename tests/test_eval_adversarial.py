@@ -1,5 +1,6 @@
-"""Attacks lower the accuracy of a trained model, respect their budget, change nothing at eps 0; the suite states its
-protocol (library, labels, space)."""
+"""Attacks lower the accuracy of a trained model, respect their budget, change nothing at eps 0; the suite attacks the
+space, with the labels and the elliptical estimator it is told (checked against FGSM and models written or built
+independently here) and states its protocol."""
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,14 @@ from torchvision import transforms as T
 
 from quest.data.digits import DigitsDataset
 from quest.evaluation import attacks as A
-from quest.evaluation.adversarial_suite import adversarial
+from quest.evaluation.adversarial_suite import adversarial, adversarial_paper, attack_labels
+from quest.evaluation.attack_space import AttackSpace
+from quest.evaluation.estimator import attack_time_estimator, elliptical_layers
+from quest.evaluation.metrics import evenly_spaced
 from quest.evaluation.transforms import Normalized
+from quest.models import create_model
 
-from .eval_helpers import digits_target, linear_digits_model, make_run, settings
+from .eval_helpers import digits_target, linear_digits_model, make_run, oracle_target, settings, write_wnid_tree
 
 PIXELS = T.Compose([T.Resize(16, interpolation=T.InterpolationMode.BICUBIC), T.ToTensor()])
 
@@ -51,7 +56,7 @@ def test_attacks_lower_accuracy_within_budget(trained):
     adv = {
         "fgsm": A.fgsm(model, x, y, eps),
         "pgd": A.pgd(model, x, y, eps, steps=10, step_size=0.15 * eps, random_start=True, seed=0, indices=range(48)),
-        "spsa": A.spsa(model, x, y, eps, lr=0.01, delta=0.01, nb_sample=32, nb_iter=20, max_batch_size=4096, seed=0,
+        "spsa": A.spsa(model, x, y, eps, lr=0.01, delta=0.01, nb_sample=128, nb_iter=20, max_batch_size=4096, seed=0,
                        indices=range(48)),
     }
     for name, x_adv in adv.items():
@@ -97,22 +102,162 @@ def test_suite_reports_protocol_and_per_attack_subsets():
     assert result["fgsm@0"]["top1"] == result["fgsm@0"]["clean_top1"] == result["clean"]["top1"]
     assert result["fgsm@0"]["max_linf"] == 0.0 and result["fgsm@0.05"]["max_linf"] <= 0.05 + 1e-6
     assert result["spsa@0.1"]["n"] == 4 and result["pgd@0.00392157"]["n"] == 20
+    fgsm = result["fgsm@0.05"]
+    assert fgsm["space"] == "pixel" and fgsm["labels"] == "ground_truth" and fgsm["clipping"] == "[0, 1] pixels"
+    assert fgsm["eps_pixel"] == {"0": 0.05, "1": 0.05, "2": 0.05}
+    assert fgsm["eps_normalized"] == pytest.approx({"0": 0.1, "1": 0.1, "2": 0.1})  # std 0.5
+    assert fgsm["max_linf_pixel_x255"] == pytest.approx(255 * fgsm["max_linf"])
     protocol = result["protocol"]
     assert "pixels" in protocol["space"] and "inside the attacked model" in protocol["space"]
-    assert protocol["labels"].startswith("ground truth") and protocol["model_mode"] == "eval"
-    assert "own implementation" in protocol["libraries"]["pgd"] and "advertorch" in protocol["libraries"]["spsa"]
+    assert protocol["labels"]["pgd"].startswith("ground truth") and protocol["model_mode"] == "eval"
+    assert "own implementation" in protocol["libraries"]["pgd"] and "cleverhans" in protocol["libraries"]["spsa"]
+    assert "space: pixel (authors: normalized)" in protocol["differs_from_authors"]
+    assert result["elliptical_estimator"] is None and protocol["elliptical_estimator"]["layers"] == 0
 
 
-def test_predicted_labels_and_bad_settings():
-    cfg = settings(adversarial__max_samples=6, adversarial__attacks=["fgsm"], adversarial__labels="predicted")
+def _digits_val() -> tuple[torch.Tensor, torch.Tensor]:
+    ds = DigitsDataset("val", transform=PIXELS)
+    return torch.stack([ds[i][0] for i in range(len(ds))]), torch.tensor(ds.targets)
+
+
+def _fgsm_normalised(model, z, labels, eps):
+    """FGSM written out on the normalised tensor, no clipping (cleverhans' fast_gradient_method, norm inf)."""
+    z = z.clone().requires_grad_(True)
+    F.cross_entropy(model(z), labels).backward()
+    return z + eps * z.grad.sign()
+
+
+@pytest.mark.parametrize("labels", ["ground_truth", "predicted"])
+def test_normalized_space_attacks_the_normalised_tensor(labels):
+    eps = 0.04
+    cfg = settings(adversarial__attacks=["fgsm"], adversarial__space="normalized", adversarial__labels=labels,
+                   adversarial__fgsm__eps=[eps])
+    model = linear_digits_model(seed=3)
+    result = adversarial(make_run(digits_target(model), cfg), cfg.adversarial)
+    x, y = _digits_val()
+    z = (x - 0.5) / 0.5
+    with torch.no_grad():
+        clean = model(z)
+    target = y if labels == "ground_truth" else clean.argmax(1)
+    z_adv = _fgsm_normalised(model, z, target, eps)
+    with torch.no_grad():
+        expected = int((model(z_adv).argmax(1) == y).sum())
+    got = result[f"fgsm@{eps:g}"]
+    assert got["n"] == len(y) and got["correct"] == expected and got["labels"] == labels
+    assert got["clean_correct"] == int((clean.argmax(1) == y).sum())
+    assert got["space"] == "normalized" and got["clipping"].startswith("none")
+    assert got["eps_normalized"] == {"0": eps, "1": eps, "2": eps} and got["eps_pixel"] == pytest.approx(
+        {"0": eps * 0.5, "1": eps * 0.5, "2": eps * 0.5})
+    assert got["max_linf"] == pytest.approx(eps, rel=1e-5)  # float32 inputs
+    assert got["max_linf_pixel_x255"] == pytest.approx(255 * eps * 0.5, rel=1e-5)
+    assert (z_adv.detach() * 0.5 + 0.5).min() < 0  # unclipped: the attacked image leaves [0, 1] somewhere
+
+
+def test_attack_space_units_per_channel():
+    space = AttackSpace("normalized", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    units = space.eps_units(1 / 255)
+    assert units["eps_pixel_x255"] == pytest.approx({"0": 0.229, "1": 0.224, "2": 0.225})  # about 0.23/255
+    assert units["eps_normalized"] == pytest.approx({"0": 1 / 255, "1": 1 / 255, "2": 1 / 255})
+    assert space.clip is None and AttackSpace("pixel", (0.5,), (0.5,)).clip == (0.0, 1.0)
+    x = torch.rand(2, 3, 4, 4)
+    torch.testing.assert_close(space.to_pixels(space.encode(x)), x)
+    torch.testing.assert_close(space.encode(x)[:, 1], (x[:, 1] - 0.456) / 0.224)
+
+
+def test_paper_labels_are_predictions_except_for_autoattack():
+    table = {"fgsm": "predicted", "pgd": "predicted", "spsa": "predicted", "autoattack": "ground_truth"}
+    assert {a: attack_labels("paper", a) for a in table} == table
+    assert {attack_labels("ground_truth", a) for a in table} == {"ground_truth"}
+    cfg = settings(adversarial__max_samples=4, adversarial__attacks=["fgsm", "autoattack"],
+                   adversarial__labels="paper", adversarial__autoattack__eps=[0.3])
     result = adversarial(make_run(digits_target(linear_digits_model()), cfg), cfg.adversarial)
-    assert "clean predictions" in result["protocol"]["labels"]
+    assert result["fgsm@0.00392157"]["labels"] == "predicted" and result["autoattack@0.3"]["labels"] == "ground_truth"
+    assert "clean predictions" in result["protocol"]["labels"]["fgsm"]
+    assert result["protocol"]["labels"]["autoattack"].startswith("ground truth")
+
+
+def test_paper_section_is_the_authors_protocol():
+    cfg = settings(adversarial_paper__max_samples=4, adversarial_paper__attacks=["fgsm", "pgd", "spsa"],
+                   adversarial_paper__spsa__max_samples=1, adversarial_paper__spsa__nb_iter=1)
+    section = cfg.adversarial_paper
+    assert (section.space, section.labels, section.elliptical_estimator) == ("normalized", "paper", "median")
+    assert section.spsa.estimate_at == "cleverhans_torch" and section.spsa.random_start
+    assert list(section.fgsm.eps) == list(section.pgd.eps) == list(section.autoattack.eps) == [1 / 255]
+    assert list(section.spsa.eps) == [0.1] and (section.pgd.steps, section.pgd.step_size) == (20, 0.15)
+    result = adversarial_paper(make_run(digits_target(linear_digits_model()), cfg), section)
+    assert result["protocol"]["differs_from_authors"] == ["spsa.nb_iter: 1 (authors: 40)"]
+    assert result["spsa@0.1"]["space"] == "normalized" and "2x" in result["protocol"]["spsa"]
+
+
+def _elliptical_digits_model():
+    torch.manual_seed(0)
+    model = create_model("vit_pico_patch4_16", attention="elliptical", depth=3, num_classes=10).eval()
+    with torch.no_grad():  # off the init, so that m differs visibly between mean and median
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def test_attack_time_estimator_is_set_on_the_layers_and_restored():
+    model = _elliptical_digits_model()
+    x = torch.randn(4, 3, 16, 16)
+    layers = elliptical_layers(model)
+    with torch.no_grad():
+        before = model(x)
+    with attack_time_estimator(model, "median") as info:
+        assert {layer.options["estimator"] for layer in layers} == {"median"}
+        assert type(layers[0]).options["estimator"] == "mean"  # the class (shared by other models) untouched
+        with torch.no_grad():
+            during = model(x)
+    assert info == {"used": "median", "as_trained": ["mean"], "layers": 3, "overridden": True}
+    assert {layer.options["estimator"] for layer in layers} == {"mean"}
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, atol=0, rtol=0)
+    # the median model, built independently with the option set at construction, gives the same outputs
+    median = create_model("vit_pico_patch4_16", attention="elliptical", attention_options={"estimator": "median"},
+                          depth=3, num_classes=10).eval()
+    median.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(during, median(x))
+        assert not torch.allclose(during, before)
+
+
+def test_suite_attacks_and_scores_with_the_attack_time_estimator():
+    model = _elliptical_digits_model()
+    cfg = settings(adversarial__max_samples=30, adversarial__attacks=["fgsm"], adversarial__fgsm__eps=[0.0],
+                   adversarial__elliptical_estimator="median")
+    result = adversarial(make_run(digits_target(model), cfg), cfg.adversarial)
+    median = create_model("vit_pico_patch4_16", attention="elliptical", attention_options={"estimator": "median"},
+                          depth=3, num_classes=10).eval()
+    median.load_state_dict(model.state_dict())
+    x, y = _digits_val()
+    chosen = torch.tensor(evenly_spaced(len(y), 30))
+    with torch.no_grad():
+        expected = int((median((x[chosen] - 0.5) / 0.5).argmax(1) == y[chosen]).sum())
+    assert result["clean"]["correct"] == expected and result["elliptical_estimator"] == "median"
+    assert result["protocol"]["elliptical_estimator"]["as_trained"] == ["mean"]
+    assert {layer.options["estimator"] for layer in elliptical_layers(model)} == {"mean"}  # restored
+
+
+def test_bad_settings():
+    from omegaconf import OmegaConf
+
     for key, value, message in (("adversarial.attacks", ["cw"], "unknown attacks"),
                                 ("adversarial.labels", "true", "labels must be one of"),
-                                ("adversarial.fgsm.eps", [0.1, 0.1], "distinct")):
+                                ("adversarial.fgsm.eps", [0.1, 0.1], "distinct"),
+                                ("adversarial.space", "lab", "attack space must be one of"),
+                                ("adversarial.elliptical_estimator", "mode", "estimator must be null or one of")):
         bad = settings(adversarial__max_samples=6, adversarial__attacks=["fgsm"])
-        from omegaconf import OmegaConf
-
         OmegaConf.update(bad, key, value, merge=False)
         with pytest.raises(ValueError, match=message):
             adversarial(make_run(digits_target(linear_digits_model()), bad), bad.adversarial)
+
+
+def test_imagenet_val_source_attacks_the_wnid_tree(tmp_path):
+    # 4 images of ImageNet val, one showing the wrong class: labels from the sorted wnids, as imagenet_val
+    write_wnid_tree(tmp_path / "val", [(3, 3, "a.JPEG"), (3, 4, "b.JPEG"), (500, 500, "c.JPEG"), (999, 999, "d.JPEG")])
+    cfg = settings(roots__val=str(tmp_path / "val"), adversarial_paper__attacks=["fgsm"],
+                   adversarial_paper__fgsm__eps=[0.0], adversarial_paper__source="imagenet_val")
+    result = adversarial_paper(make_run(oracle_target(), cfg), cfg.adversarial_paper)
+    assert result["clean"]["correct"] == 3 and result["clean"]["n"] == 4 and result["clean"]["top1"] == 75.0
+    assert result["fgsm@0"]["correct"] == 3 and result["data"].startswith("imagenet val")

@@ -134,6 +134,19 @@ def test_every_suite_composes_with_its_evaluations():
     assert digits.adversarial.pgd.steps == 20 and digits.adversarial.pgd.step_size == 0.15
     assert digits.adversarial.spsa.nb_sample == 128 and digits.adversarial.spsa.nb_iter == 40
     assert digits.adversarial.autoattack.version == "standard" and digits.adversarial.labels == "ground_truth"
+    assert digits.adversarial.space == "pixel" and digits.adversarial.elliptical_estimator is None
+    assert digits.adversarial.spsa.estimate_at == "iterate" and digits.adversarial.spsa.random_start
+    # the paper's protocol (Tables 3/4): the ImageNet suite and the digits twin
+    for name in ("adversarial_paper", "imagenet_adversarial_paper", "digits_adversarial"):
+        paper = eval_cfg(f"eval={name}").eval
+        assert "adversarial_paper" in paper.run, name
+        section = paper.adversarial_paper
+        assert (section.space, section.labels, section.elliptical_estimator) == ("normalized", "paper", "median")
+        assert section.spsa.estimate_at == "cleverhans_torch" and list(section.spsa.eps) == [0.1]
+        assert list(section.fgsm.eps) == list(section.pgd.eps) == list(section.autoattack.eps) == [1 / 255]
+    assert list(eval_cfg("eval=digits_adversarial").eval.run) == ["clean", "adversarial_paper", "adversarial"]
+    assert eval_cfg("eval=imagenet_adversarial_paper").eval.adversarial_paper.source == "imagenet_val"
+    assert eval_cfg("eval=digits_adversarial").eval.adversarial.space == "pixel"
 
 
 def test_misspelt_keys_fail_naming_the_key():

@@ -18,8 +18,7 @@ from quest.evaluation.metrics import ordered_topk
 from quest.evaluation.progress import Progress, hms
 from quest.evaluation.runner import run_evaluations
 
-from .eval_helpers import MEAN, STD, class_colour, digits_target, linear_digits_model, make_run, oracle_target, \
-    settings
+from .eval_helpers import MEAN, STD, class_colour, digits_target, linear_digits_model, make_run, oracle_target, settings
 
 
 @pytest.fixture

@@ -13,14 +13,22 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from quest.attention.elliptical import ESTIMATORS
 from quest.validation import Checks, check_known_keys
 
+from .attack_space import SPACES
 from .config import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, EvalConfig
+from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
-__all__ = ["check_eval_config", "ATTACKS", "LABELS", "PRECISIONS", "INTERPOLATIONS", "V2_VARIANTS"]
+__all__ = ["check_eval_config", "ATTACKS", "LABELS", "SPACES", "ADVERSARIAL_SECTIONS", "PRECISIONS", "INTERPOLATIONS",
+           "V2_VARIANTS"]
 
 ATTACKS = ("fgsm", "pgd", "spsa", "autoattack")
-LABELS = ("ground_truth", "predicted")
+# paper: the model's predictions for FGSM, PGD and SPSA, the data set's labels for AutoAttack (the authors' code)
+LABELS = ("ground_truth", "predicted", "paper")
+# the evaluations that take an AdversarialConfig section (eval.adversarial, eval.adversarial_paper)
+ADVERSARIAL_SECTIONS = ("adversarial", "adversarial_paper")
+ADVERSARIAL_SOURCES = ("data", "imagenet_val")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
 # transform must be deterministic
@@ -47,12 +55,36 @@ def _severities(checks: Checks, key: str) -> None:
                  "a list of distinct severities from 1, 2, 3, 4, 5")
 
 
-def _attack(checks: Checks, name: str) -> None:
-    base = f"eval.adversarial.{name}"
-    # pixel space: an l_inf budget above 1 means nothing (every image is already within 1 of every other)
+def _attack(checks: Checks, section: str, name: str) -> None:
+    base = f"eval.{section}.{name}"
+    # pixel space: an l_inf budget above 1 means nothing (every image is already within 1 of every other); in
+    # normalised units 1 is about a quarter of the pixel range, far beyond any budget in use
     checks.check(f"{base}.eps", lambda v: all(0 <= e <= 1 for e in v) and len(set(v)) == len(v),
-                 "a list of distinct budgets in [0, 1] (pixel units: 1/255 = one grey level)")
+                 "a list of distinct budgets in [0, 1] (units of the section's space: pixel 1/255 = one grey level, "
+                 "or normalised)")
     checks.positive_int(f"{base}.max_samples", optional=True)
+
+
+def _adversarial(checks: Checks, section: str) -> None:
+    base = f"eval.{section}"
+    _sublist(checks, f"{base}.attacks", ATTACKS, "attacks")
+    checks.one_of(f"{base}.space", SPACES)
+    checks.one_of(f"{base}.source", ADVERSARIAL_SOURCES)
+    checks.one_of(f"{base}.labels", LABELS)
+    checks.one_of(f"{base}.elliptical_estimator", ESTIMATORS, optional=True)
+    checks.positive_int(f"{base}.max_samples", f"{base}.batch_size", optional=True)
+    checks.check(f"{base}.seed", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    for name in ATTACKS:
+        _attack(checks, section, name)
+    checks.positive_int(f"{base}.pgd.steps")
+    checks.positive(f"{base}.pgd.step_size")
+    checks.positive(f"{base}.spsa.lr", f"{base}.spsa.delta")
+    checks.positive_int(f"{base}.spsa.nb_sample", f"{base}.spsa.nb_iter", f"{base}.spsa.max_batch_size")
+    checks.one_of(f"{base}.spsa.estimate_at", SPSA_ESTIMATE_AT)
+    checks.one_of(f"{base}.autoattack.version", AUTOATTACK_VERSIONS)
+    # the suite reports l_inf budgets and the largest l_inf perturbation applied, for every attack
+    checks.check(f"{base}.autoattack.norm", lambda v: v == "Linf",
+                 "Linf (the suite's budgets and its max_linf are l_inf)")
 
 
 def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
@@ -82,21 +114,8 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
     # sample seeds go through numpy's SeedSequence, which takes non-negative integers only
     checks.check("eval.corruptions.seed", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
 
-    _sublist(checks, "eval.adversarial.attacks", ATTACKS, "attacks")
-    checks.one_of("eval.adversarial.labels", LABELS)
-    checks.positive_int("eval.adversarial.max_samples", "eval.adversarial.batch_size", optional=True)
-    checks.check("eval.adversarial.seed", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-    for name in ATTACKS:
-        _attack(checks, name)
-    checks.positive_int("eval.adversarial.pgd.steps")
-    checks.positive("eval.adversarial.pgd.step_size")
-    checks.positive("eval.adversarial.spsa.lr", "eval.adversarial.spsa.delta")
-    checks.positive_int("eval.adversarial.spsa.nb_sample", "eval.adversarial.spsa.nb_iter",
-                        "eval.adversarial.spsa.max_batch_size")
-    checks.one_of("eval.adversarial.autoattack.version", AUTOATTACK_VERSIONS)
-    # the suite reports l_inf budgets and the largest l_inf perturbation applied, for every attack
-    checks.check("eval.adversarial.autoattack.norm", lambda v: v == "Linf",
-                 "Linf (the suite's budgets and its max_linf are l_inf)")
+    for section in ADVERSARIAL_SECTIONS:
+        _adversarial(checks, section)
     return checks
 
 

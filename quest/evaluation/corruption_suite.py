@@ -6,15 +6,16 @@ so the numbers do not depend on batch size, workers or the number of processes.
 """
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Callable
 
 from PIL import Image
 from torch.utils.data import Dataset
 
 from .corruption_fns import corrupt, sample_seed
-from .imagenet_c import corruption_summary
-from .metrics import EvalRun, classify, fixed_subset
 from .dataset_eval import val_split
+from .imagenet_c import corruption_summary
+from .metrics import EvalRun, classify, error_fraction, fixed_subset
 from .transforms import describe, split_eval_transform
 
 __all__ = ["CorruptedDataset", "corruptions"]
@@ -43,16 +44,16 @@ def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
     base, subset = fixed_subset(val_split(run, geometric, "corruptions"), section.max_samples)
     num_classes = run.target.num_classes
     clean = classify(run, CorruptedDataset(base, finish, None, 0, section.seed), num_classes, what="corruptions clean")
-    clean_error = 1 - clean["top1"] / 100
+    clean_error = error_fraction(clean["correct"], clean["n"])
     names = list(section.corruptions) + list(section.extra_corruptions)
-    errors: dict[str, dict[int, float]] = {}
+    errors: dict[str, dict[int, Fraction]] = {}
     grid = run.progress("corruptions", len(names) * len(section.severities), unit="corruption x severity")
     for name in names:
         for severity in section.severities:
             dataset = CorruptedDataset(base, finish, name, int(severity), section.seed)
-            top1 = classify(run, dataset, num_classes, what=f"corruptions {name}/{severity}", nested=True)["top1"]
-            errors.setdefault(name, {})[int(severity)] = 1 - top1 / 100
-            grid.update(extra=f"{name} severity {severity}: error {100 - top1:.2f}%")
+            scored = classify(run, dataset, num_classes, what=f"corruptions {name}/{severity}", nested=True)
+            errors.setdefault(name, {})[int(severity)] = error_fraction(scored["correct"], scored["n"])
+            grid.update(extra=f"{name} severity {severity}: error {100 - scored['top1']:.2f}%")
     result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions), clean_error)
     result.update({
         "clean": clean, "data": run.target.data.name, "subset": subset, "seed": section.seed,

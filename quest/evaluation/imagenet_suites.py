@@ -10,9 +10,17 @@ import torch
 from timm.data import RealLabelsImagenet
 
 from .imagenet_data import (
-    LAYOUTS, V2_DIR, ImageList, imagenet_wnids, real_files, require_dir, subset_classes, v2_samples, wnid_samples,
+    LAYOUTS,
+    V2_DIR,
+    ImageList,
+    imagenet_wnids,
+    real_files,
+    require_dir,
+    subset_classes,
+    v2_samples,
+    wnid_samples,
 )
-from .metrics import EvalRun, SubsetLogits, classify, ordered_topk
+from .metrics import EvalRun, SubsetLogits, classify, ordered_topk, percent
 from .transforms import describe, eval_transform
 
 __all__ = ["imagenet_val", "imagenet_v2", "imagenet_real", "imagenet_a", "imagenet_r", "val_samples",
@@ -106,7 +114,11 @@ def imagenet_real(run: EvalRun, section: Any) -> dict[str, Any]:
     if scorer.sample_idx != len(names):
         raise RuntimeError(f"ReaL scored {scorer.sample_idx} of {len(names)} images")
     scored = len(scorer.is_correct[1])
-    return {"top1": scorer.get_accuracy(1) if scored else None, "top5": scorer.get_accuracy(5) if scored else None,
+    # from the integer counts (timm's get_accuracy rounds twice: a float64 mean, then x 100)
+    correct = {k: sum(bool(c) for c in scorer.is_correct[k]) for k in (1, 5)}
+    return {"top1": percent(correct[1], scored) if scored else None,
+            "top5": percent(correct[5], scored) if scored else None,
+            "correct": correct[1], "top5_correct": correct[5],
             "n": scored, "excluded_empty": len(names) - scored, "root": str(root),
             "real_json": section.real_json or "timm/data/_info/imagenet_real_labels.json",
             "transform": describe(transform)}

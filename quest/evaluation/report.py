@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["write_reports", "flatten_numbers", "log_wandb", "headline_numbers"]
+__all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -37,12 +37,38 @@ def flatten_numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix, tree
 
 
+#: Text leaves written to the CSV beside the numbers (what each adversarial number means: space, labels, ...);
+#: the protocol notes themselves stay in the JSON.
+CSV_TEXT_KEYS = ("space", "eps_units", "labels", "clipping", "elliptical_estimator")
+
+
+def flatten_texts(tree: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """('a/b/space', 'normalized') for string leaves named in CSV_TEXT_KEYS, outside 'protocol'."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            path = f"{prefix}/{key}" if prefix else str(key)
+            if key == "protocol":
+                continue
+            if key in CSV_TEXT_KEYS and isinstance(value, str):
+                yield path, value
+            else:
+                yield from flatten_texts(value, path)
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
         return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.3g}"
     return str(value)
+
+
+def _per_channel(values: Any) -> str:
+    """'0.1170/0.1142/0.1148' for a per-channel dict, one number when the channels agree."""
+    if not isinstance(values, dict):
+        return _fmt(values)
+    numbers = [f"{v:.4g}" for v in values.values()]
+    return numbers[0] if len(set(numbers)) == 1 else "/".join(numbers)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -80,10 +106,14 @@ def _section(name: str, result: dict[str, Any]) -> list[str]:
                         [[k, v.get("top1"), v.get("top5"), v.get("nll"), v.get("n")] for k, v in variants]) + [""]
     attacks = [(k, v) for k, v in result.items() if isinstance(v, dict) and "attack" in v]
     if attacks:
-        lines += _table(["attack", "eps", "eps x 255", "n", "clean top-1 %", "adv. top-1 %", "clean NLL", "adv. NLL",
-                         "max l_inf", "seconds"],
-                        [[v["attack"], v["eps"], v["eps_x255"], v["n"], v["clean_top1"], v["top1"], v["clean_nll"],
-                          v["nll"], v["max_linf"], v["seconds"]] for _, v in attacks]) + [""]
+        lines += _table(["attack", "space", "eps", "eps in pixels x 255 (per channel)", "labels", "n", "clean top-1 %",
+                         "adv. top-1 %", "clean NLL", "adv. NLL", "max l_inf (space)", "max l_inf (pixels x 255)",
+                         "seconds"],
+                        [[v["attack"], v.get("space", "pixel"), v["eps"], _per_channel(v.get("eps_pixel_x255")),
+                          v.get("labels"), v["n"], v["clean_top1"], v["top1"], v["clean_nll"], v["nll"],
+                          v["max_linf"], v.get("max_linf_pixel_x255"), v["seconds"]] for _, v in attacks]) + [""]
+        if "elliptical_estimator" in result:
+            lines += [f"Elliptical estimator while attacked and scored: {result['elliptical_estimator'] or 'n/a'}", ""]
     if isinstance(result.get("error"), dict):
         error = {c: {int(s): e for s, e in by_s.items()} for c, by_s in result["error"].items()}  # JSON keys: str
         severities = sorted({s for by_s in error.values() for s in by_s})
@@ -106,7 +136,7 @@ def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path
     paths = {ext: out_dir / f"eval_results.{ext}" for ext in ("json", "csv", "md")}
     texts: dict[str, str] = {"json": json.dumps(report, indent=2) + "\n"}
     rows = [(evaluation, metric, value) for evaluation, result in report["results"].items()
-            for metric, value in flatten_numbers(result)]
+            for flatten in (flatten_numbers, flatten_texts) for metric, value in flatten(result)]
     tmp_csv = out_dir / ".eval_results.csv.tmp"
     with open(tmp_csv, "w", newline="") as f:
         writer = csv.writer(f)

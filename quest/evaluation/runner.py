@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
 
-from .adversarial_suite import adversarial
+from .adversarial_suite import adversarial, adversarial_paper
 from .checks import check_eval_config
 from .corruption_suite import corruptions
 from .dataset_eval import clean
@@ -32,7 +32,7 @@ __all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for"]
 EVALUATIONS: dict[str, Callable[[EvalRun, Any], dict[str, Any]]] = {
     "imagenet_val": imagenet_val, "imagenet_v2": imagenet_v2, "imagenet_real": imagenet_real,
     "imagenet_a": imagenet_a, "imagenet_r": imagenet_r, "imagenet_c": imagenet_c,
-    "clean": clean, "corruptions": corruptions, "adversarial": adversarial,
+    "clean": clean, "corruptions": corruptions, "adversarial": adversarial, "adversarial_paper": adversarial_paper,
 }
 
 
