@@ -1,4 +1,4 @@
-"""Validation: micro top-1 / top-5 and mean cross-entropy with torchmetrics (reduced across ranks)."""
+"""Validation: top-1 / top-5 (percent, from integer counts in float64) and mean cross-entropy, summed over ranks."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -6,11 +6,9 @@ from typing import Callable, ContextManager
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
+from .counts import Counts
 from .distributed import DistContext, all_reduce_max
 
 __all__ = ["evaluate"]
@@ -27,13 +25,11 @@ def evaluate(
     first_batch_hook: Callable[[torch.Tensor], None] | None = None,
     lockstep: DistContext | None = None,
 ) -> dict[str, float]:
-    """Micro top-1/top-5 (percent) and mean NLL over ``loader``; ``first_batch_hook`` sees the first batch's images."""
+    """Top-1/top-5 over images (percent) and mean NLL over ``loader``, summed over every process of the group;
+    ``first_batch_hook`` sees the first batch's images."""
     was_training = model.training
     model.eval()
-    # average="micro": top-1 over images (torchmetrics' MulticlassAccuracy defaults to macro)
-    top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro").to(device)
-    top5 = MulticlassAccuracy(num_classes=num_classes, top_k=min(5, num_classes), average="micro").to(device)
-    nll = MeanMetric().to(device)
+    counts = Counts()
     # A sharded (FSDP) forward is a collective: a rank whose shard of the data is shorter keeps stepping with a
     # repeated batch whose outputs are discarded, so no rank waits forever and nothing is counted twice.
     extra = int(all_reduce_max(len(loader), lockstep)) - len(loader) if lockstep is not None else 0
@@ -48,13 +44,20 @@ def evaluate(
             first_batch_hook = None
         with autocast():
             logits = model(images)
-        logits = logits.float()
-        top1.update(logits, targets)
-        top5.update(logits, targets)
-        nll.update(F.cross_entropy(logits, targets, reduction="none"))
+        counts.update(logits, targets)
     for _ in range(extra):
         with autocast():
             model(last.to(device))
     model.train(was_training)
-    return {f"{prefix}top1": 100.0 * top1.compute().item(), f"{prefix}top5": 100.0 * top5.compute().item(),
-            f"{prefix}loss": nll.compute().item()}
+    total = counts.reduced(_group()).summary()
+    return {f"{prefix}top1": total["top1"], f"{prefix}top5": total["top5"], f"{prefix}loss": total["nll"]}
+
+
+def _group() -> DistContext:
+    """The process group the loader's shards belong to (every rank evaluates its own share)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return DistContext()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return DistContext(dist.get_rank(), dist.get_world_size(), 0, device)

@@ -8,17 +8,16 @@ into data-set order. torchmetrics' accuracy is not used: its ratio is a float32 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from quest.data import ShardSampler, collate_skipping_bad
+from quest.engine.counts import Counts, error_fraction, percent
 from quest.engine.distributed import DistContext
 
 from .progress import Progress, tracked
@@ -26,59 +25,6 @@ from .target import EvalTarget
 
 __all__ = ["EvalRun", "Counts", "percent", "error_fraction", "make_loader", "classify", "ordered_topk", "SubsetLogits",
            "evenly_spaced", "fixed_subset"]
-
-
-def percent(correct: int, total: int) -> float:
-    """100 * correct / total as the float64 nearest to the exact ratio (one rounding: 100 * correct is an exact
-    integer). The float32 ratio torchmetrics computes differs by up to 3e-6 points, e.g. 1 of 3 gives
-    33.33333432674408 instead of 33.333333333333336."""
-    if total <= 0:
-        raise ValueError(f"a percentage of {total} samples")
-    return 100 * int(correct) / int(total)
-
-
-def error_fraction(correct: int, total: int) -> Fraction:
-    """The exact error (total - correct) / total; corruption means and mCE are taken on these, rounded once."""
-    return Fraction(int(total) - int(correct), int(total))
-
-
-@dataclass
-class Counts:
-    """Samples, correct top-1 and top-5 predictions (integers) and the summed cross-entropy (float64) of one pass.
-
-    Counts add exactly, across batches and across processes (:meth:`reduced` sums them as int64), so the reported
-    accuracy of W processes is that of one. With fewer than 5 classes "top-5" is the top-``num_classes``."""
-
-    n: int = 0
-    top1: int = 0
-    top5: int = 0
-    nll_sum: float = 0.0
-
-    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        logits = logits.float()
-        k = min(5, logits.shape[1])
-        self.n += len(targets)
-        self.top1 += int((logits.argmax(dim=1) == targets).sum().item())
-        self.top5 += int((logits.topk(k, dim=1).indices == targets[:, None]).any(dim=1).sum().item())
-        self.nll_sum += F.cross_entropy(logits, targets, reduction="sum").double().item()
-
-    def reduced(self, ctx: DistContext) -> "Counts":
-        """The counts summed over all processes (a collective: every process must call it)."""
-        if not ctx.distributed:
-            return self
-        ints = torch.tensor([self.n, self.top1, self.top5], dtype=torch.int64, device=ctx.device)
-        nll = torch.tensor([self.nll_sum], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(ints)
-        dist.all_reduce(nll)
-        n, top1, top5 = (int(v) for v in ints.tolist())
-        return Counts(n, top1, top5, float(nll.item()))
-
-    def summary(self) -> dict[str, Any]:
-        """top-1 / top-5 percentages from the counts, the mean NLL, and the counts themselves."""
-        if self.n == 0:
-            raise ValueError("no samples were evaluated")
-        return {"top1": percent(self.top1, self.n), "top5": percent(self.top5, self.n), "nll": self.nll_sum / self.n,
-                "correct": self.top1, "top5_correct": self.top5, "n": self.n}
 
 
 @dataclass
