@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from quest.engine.distributed import DistContext
-from quest.evaluation.config import EvalSettings
-from quest.evaluation.metrics import EvalRun
+from quest.evaluation.config import eval_settings_schema
+from quest.evaluation.context import EvalRun
 from quest.evaluation.runner import autocast_for
 from quest.evaluation.target import EvalTarget
 
@@ -70,7 +70,7 @@ def digits_target(model: nn.Module) -> EvalTarget:
 
 def settings(**overrides: Any):
     """A typed eval settings node, as eval.py composes it, with dotted-key overrides."""
-    cfg = OmegaConf.structured(EvalSettings(name="test", run=[]))
+    cfg = OmegaConf.structured(eval_settings_schema()(name="test", run=[]))
     for key, value in overrides.items():
         OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
     return cfg

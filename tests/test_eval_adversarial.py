@@ -10,10 +10,10 @@ from torchvision import transforms as T
 
 from quest.data.digits import DigitsDataset
 from quest.evaluation import attacks as A
-from quest.evaluation.adversarial_suite import adversarial, adversarial_paper, attack_labels
 from quest.evaluation.attack_space import AttackSpace
+from quest.evaluation.context import evenly_spaced
 from quest.evaluation.estimator import attack_time_estimator, elliptical_layers
-from quest.evaluation.metrics import evenly_spaced
+from quest.evaluation.suites.adversarial import adversarial, adversarial_paper, attack_labels
 from quest.evaluation.transforms import Normalized
 from quest.models import create_model
 

@@ -7,9 +7,9 @@ import pytest
 from PIL import Image
 from skimage.filters import gaussian
 
-from quest.evaluation.config import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA
 from quest.evaluation.corruption_fns import CORRUPTIONS, _ic, corrupt, sample_seed
-from quest.evaluation.corruption_suite import corruptions
+from quest.evaluation.mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA
+from quest.evaluation.suites.corruptions import corruptions
 
 from .eval_helpers import digits_target, linear_digits_model, make_run, random_images, settings
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
-from quest.evaluation.adversarial_suite import adversarial
-from quest.evaluation.imagenet_suites import imagenet_val
-from quest.evaluation.metrics import Counts, percent
+from quest.evaluation.context import Counts, percent
+from quest.evaluation.suites.adversarial import adversarial
+from quest.evaluation.suites.classification import imagenet_val
 
 from .eval_helpers import digits_target, linear_digits_model, make_run, oracle_target, settings, write_wnid_tree
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from quest.evaluation.imagenet_data import subset_classes
-from quest.evaluation.imagenet_suites import imagenet_a, imagenet_r, imagenet_real, imagenet_v2, imagenet_val
+from quest.evaluation.suites.classification import imagenet_a, imagenet_r, imagenet_v2, imagenet_val
+from quest.evaluation.suites.imagenet_real import imagenet_real
 
 from .eval_helpers import PixelCodeModel, make_run, oracle_target, settings, wnid, write_image, write_wnid_tree
 

@@ -6,8 +6,8 @@ from fractions import Fraction
 import pytest
 from torchvision import transforms as T
 
-from quest.evaluation.config import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA
-from quest.evaluation.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_MEAN_ERROR, imagenet_c, mce
+from quest.evaluation.mce import ALEXNET_CLEAN_ERROR, ALEXNET_MEAN_ERROR, IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, mce
+from quest.evaluation.suites.imagenet_c import imagenet_c
 from quest.evaluation.transforms import imagenet_c_transform
 
 from .eval_helpers import make_run, oracle_target, settings, write_wnid_tree

@@ -1,11 +1,16 @@
 """Structured config of ``eval.py``: every key and type, registered in Hydra's ConfigStore as ``eval_schema``.
 
 configs/eval.yaml lists ``eval_schema`` first in its defaults, so the suite files in configs/eval/ merge into typed
-nodes: a misspelt key or a wrong type fails at start, naming the key. Protocol numbers (PGD steps, SPSA samples,
-severities, ...) have their published defaults here and are restated in the suite files for visibility.
+nodes: a misspelt key or a wrong type fails at start, naming the key. The keys every suite shares are here
+(:class:`EvalSettingsBase`); each registered evaluation adds its own section ``eval.<name>``, typed by the dataclass
+it was registered with (quest.evaluation.registry), so ``EvalSettings`` and ``EvalConfig`` are built from the
+registry (:func:`eval_settings_schema`, :func:`eval_config_schema`; the module attributes give the current ones).
+Protocol numbers (PGD steps, SPSA samples, severities, ...) have their published defaults in those dataclasses and
+are restated in the suite files for visibility.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
@@ -15,19 +20,12 @@ from omegaconf import MISSING, OmegaConf
 
 from quest.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 
-__all__ = [
-    "IMAGENET_C_CORRUPTIONS", "IMAGENET_C_EXTRA", "EvalConfig", "EvalSettings", "register_eval_configs",
-    "default_eval_dir", "evaluated_name",
-]
+from .registry import evaluators, load_evaluations, registry_version
 
-# ImageNet-C (Hendrycks & Dietterich 2019): the 15 corruptions of the mCE, in the paper's order, and the 4 extra
-# ("validation") corruptions that have no AlexNet normaliser and are reported apart.
-IMAGENET_C_CORRUPTIONS = [
-    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
-    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
+__all__ = [
+    "EvalSettingsBase", "EvalConfigBase", "RootsConfig", "RESERVED_KEYS",
+    "eval_settings_schema", "eval_config_schema", "register_eval_configs", "default_eval_dir", "evaluated_name",
 ]
-IMAGENET_C_EXTRA = ["speckle_noise", "gaussian_blur", "spatter", "saturate"]
-ONE_OVER_255 = 1.0 / 255.0
 
 
 @dataclass
@@ -53,123 +51,11 @@ class RootsConfig:
 
 
 @dataclass
-class ImageNetValConfig:
-    pass
+class EvalSettingsBase:
+    """The keys every suite shares; eval_settings_schema() adds one section per registered evaluation."""
 
-
-@dataclass
-class ImageNetV2Config:
-    variants: List[str] = field(default_factory=lambda: ["matched-frequency", "threshold0.7", "top-images"])
-
-
-@dataclass
-class ImageNetRealConfig:
-    real_json: Optional[str] = None  # None: the real.json timm ships (timm/data/_info/imagenet_real_labels.json)
-
-
-@dataclass
-class ImageNetSubsetConfig:
-    # also report the "ImageNet-200" clean number: val restricted to the same 200 classes (needs eval.roots.val)
-    clean_subset: bool = True
-
-
-@dataclass
-class ImageNetCConfig:
-    corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS))
-    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))
-    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
-
-
-@dataclass
-class CleanConfig:
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
-
-
-@dataclass
-class CorruptionsConfig:
-    corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS))
-    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))
-    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
-    seed: int = 0  # each sample's corruption randomness is seeded from (seed, corruption, severity, index)
-
-
-@dataclass
-class FGSMConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
-
-
-@dataclass
-class PGDConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
-    steps: int = 20
-    step_size: float = 0.15  # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
-    random_start: bool = True
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
-
-
-@dataclass
-class SPSAConfig:
-    eps: List[float] = field(default_factory=lambda: [0.1])
-    lr: float = 0.01  # Adam
-    delta: float = 0.01
-    nb_sample: int = 128
-    nb_iter: int = 40
-    random_start: bool = True  # uniform in the eps-ball, as cleverhans' SPSA (the authors' code) starts
-    # iterate: the gradient estimated at x + perturbation (the algorithm); cleverhans_torch: at 2x, where cleverhans'
-    # torch SPSA and the authors' copy of it estimate it (quest/evaluation/spsa.py)
-    estimate_at: str = "iterate"
-    max_batch_size: int = 256  # model inputs per forward while estimating the gradient
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
-
-
-@dataclass
-class AutoAttackConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
-    version: str = "standard"  # APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)
-    norm: str = "Linf"
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
-
-
-@dataclass
-class AdversarialConfig:
-    attacks: List[str] = field(default_factory=lambda: ["fgsm", "pgd", "spsa", "autoattack"])
-    # pixel: [0, 1] images, normalisation inside the model (sound); normalized: the tensor after mean/std, eps in
-    # normalised units, FGSM/PGD/SPSA unclipped (the Elliptical-attention code's convention, QUEST Tables 3/4)
-    space: str = "pixel"
-    # data: the configured data set's val split (the checkpoint's data, or data=<name>); imagenet_val: eval.roots.val
-    # in ImageNet's layout, labels from the sorted wnids (as the imagenet_val evaluation)
-    source: str = "data"
-    # ground_truth: the data set's labels (sound); predicted: the clean predictions; paper: predicted for FGSM, PGD
-    # and SPSA, ground truth for AutoAttack (the authors' scripts). Accuracy is always against the data set's labels.
-    labels: str = "ground_truth"
-    # estimator of elliptical layers while attacked and scored: None = as trained; mean | median (the authors
-    # attacked with --grad-median)
-    elliptical_estimator: Optional[str] = None
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
-    batch_size: Optional[int] = None  # None: eval.batch_size
-    seed: int = 0
-    fgsm: FGSMConfig = field(default_factory=FGSMConfig)
-    pgd: PGDConfig = field(default_factory=PGDConfig)
-    spsa: SPSAConfig = field(default_factory=SPSAConfig)
-    autoattack: AutoAttackConfig = field(default_factory=AutoAttackConfig)
-
-
-def paper_adversarial_config() -> AdversarialConfig:
-    """QUEST Tables 3/4 as the Elliptical-attention code ran them (KurtPask/Elliptical-Attention @ 5ae39ee,
-    ImageAttack/: engine.py, spsa.py, Scripts/run_{fgm,pgd,spsa,auto}.sh; docs/evaluation.md has the table): the
-    normalised tensor, eps 1/255 (0.1 for SPSA) in normalised units, predicted labels except AutoAttack, the median
-    estimator, SPSA's gradient where cleverhans' torch code estimates it."""
-    cfg = AdversarialConfig(space="normalized", labels="paper", elliptical_estimator="median")
-    cfg.spsa.estimate_at = "cleverhans_torch"
-    return cfg
-
-
-@dataclass
-class EvalSettings:
     name: str = MISSING  # the suite's name (output folder, wandb run name)
-    run: List[str] = MISSING  # evaluations to run, in order (quest.evaluation.runner.EVALUATIONS)
+    run: List[str] = MISSING  # evaluations to run, in order (quest.evaluation.registry)
     use_ema: bool = False  # checkpoint mode: evaluate the EMA weights
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the forward passes (attacks always run in fp32)
@@ -183,21 +69,12 @@ class EvalSettings:
     crop_pct: Optional[float] = None  # None: the training recipe's (checkpoint) or timm's pretrained config
     interpolation: Optional[str] = None  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)
-    imagenet_val: ImageNetValConfig = field(default_factory=ImageNetValConfig)
-    imagenet_v2: ImageNetV2Config = field(default_factory=ImageNetV2Config)
-    imagenet_real: ImageNetRealConfig = field(default_factory=ImageNetRealConfig)
-    imagenet_a: ImageNetSubsetConfig = field(default_factory=ImageNetSubsetConfig)
-    imagenet_r: ImageNetSubsetConfig = field(default_factory=ImageNetSubsetConfig)
-    imagenet_c: ImageNetCConfig = field(default_factory=ImageNetCConfig)
-    clean: CleanConfig = field(default_factory=CleanConfig)
-    corruptions: CorruptionsConfig = field(default_factory=CorruptionsConfig)
-    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
-    # the same evaluation with the authors' protocol as its defaults, so that a suite can report both side by side
-    adversarial_paper: AdversarialConfig = field(default_factory=paper_adversarial_config)
 
 
 @dataclass
-class EvalConfig:
+class EvalConfigBase:
+    """Everything but ``eval``, which eval_config_schema() adds, typed by the registry."""
+
     checkpoint: Optional[str] = None  # a checkpoint written by train.py
     weights: Optional[str] = None  # model mode: a state_dict file (loaded with weights_only=True)
     model: EvalModelConfig = field(default_factory=EvalModelConfig)
@@ -206,7 +83,49 @@ class EvalConfig:
     # the checkpoint's own data config
     data: DataConfig = field(default_factory=DataConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    eval: EvalSettings = field(default_factory=EvalSettings)
+
+
+#: keys of the eval node itself, which no evaluation may take as its name
+RESERVED_KEYS = frozenset(f.name for f in dataclasses.fields(EvalSettingsBase))
+_SCHEMAS: dict[str, Any] = {"version": None}
+
+
+def _named(cls: type, name: str) -> type:
+    # importable by this name (module __getattr__ below), so that configs typed by it pickle by reference
+    cls.__module__, cls.__qualname__ = __name__, name
+    return cls
+
+
+def _build() -> None:
+    load_evaluations()
+    version = registry_version()
+    if _SCHEMAS["version"] == version:
+        return
+    sections = [(name, ev.settings, field(default_factory=ev.default)) for name, ev in evaluators().items()]
+    settings = _named(dataclasses.make_dataclass("EvalSettings", sections, bases=(EvalSettingsBase,)), "EvalSettings")
+    config = _named(dataclasses.make_dataclass("EvalConfig", [("eval", settings, field(default_factory=settings))],
+                                               bases=(EvalConfigBase,)), "EvalConfig")
+    _SCHEMAS.update(version=version, EvalSettings=settings, EvalConfig=config)
+
+
+def eval_settings_schema() -> type:
+    """The ``eval`` node's dataclass: :class:`EvalSettingsBase` and one section per registered evaluation."""
+    _build()
+    return _SCHEMAS["EvalSettings"]
+
+
+def eval_config_schema() -> type:
+    """eval.py's whole config: :class:`EvalConfigBase` and ``eval`` typed by :func:`eval_settings_schema`."""
+    _build()
+    return _SCHEMAS["EvalConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EvalSettings":
+        return eval_settings_schema()
+    if name == "EvalConfig":
+        return eval_config_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _given(value: Any) -> bool:
@@ -239,7 +158,11 @@ def default_eval_dir(checkpoint: Any, model_name: Any, attention_name: Any, suit
     return f"outputs/eval/{model_name}-{attention_name}/{suite}/{name}"
 
 
-def register_eval_configs() -> None:
-    ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+def register_eval_configs(modules: tuple[str, ...] | list[str] = ()) -> None:
+    """Store ``eval_schema`` (the current :func:`eval_config_schema`) in Hydra's ConfigStore, after importing the
+    evaluation modules (the built-in suites, ``QUEST_EVAL_MODULES``, entry points, ``modules``). Call it again after
+    registering an evaluation later."""
+    load_evaluations(modules)
+    ConfigStore.instance().store(name="eval_schema", node=eval_config_schema())
     if not OmegaConf.has_resolver("quest_eval_dir"):
         OmegaConf.register_new_resolver("quest_eval_dir", default_eval_dir)

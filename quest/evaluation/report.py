@@ -2,14 +2,14 @@
 eval_results.md (tables for people), plus an optional wandb run in the training run's group."""
 from __future__ import annotations
 
-import csv
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from quest.io import json_text, markdown_table, write_csv_atomic, write_text_atomic
 
 __all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers"]
 
@@ -72,8 +72,7 @@ def _per_channel(values: Any) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return markdown_table(header, [[_fmt(v) for v in row] for row in rows])
 
 
 _HEADLINE = ("top1", "top5", "nll", "n", "excluded_empty", "mce", "relative_mce", "mean_error", "extra_mean_error",
@@ -129,19 +128,12 @@ def _section(name: str, result: dict[str, Any]) -> list[str]:
 
 
 def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path]:
-    """Write the three files atomically; return their paths."""
+    """Write the three files, each atomically (quest.io); return their paths."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = _jsonable(report)
     paths = {ext: out_dir / f"eval_results.{ext}" for ext in ("json", "csv", "md")}
-    texts: dict[str, str] = {"json": json.dumps(report, indent=2) + "\n"}
     rows = [(evaluation, metric, value) for evaluation, result in report["results"].items()
             for flatten in (flatten_numbers, flatten_texts) for metric, value in flatten(result)]
-    tmp_csv = out_dir / ".eval_results.csv.tmp"
-    with open(tmp_csv, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["evaluation", "metric", "value"])
-        writer.writerows(rows)
     target = report["target"]
     md = [f"# Evaluation: {report['suite']}", "",
           f"- model: {target.get('model')} with {target.get('attention')} attention "
@@ -153,12 +145,9 @@ def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path
           "- accuracies and errors in percent; NLL in nats", ""]
     for name, result in report["results"].items():
         md += _section(name, result)
-    texts["md"] = "\n".join(md)
-    for ext in ("json", "md"):
-        tmp = out_dir / f".eval_results.{ext}.tmp"
-        tmp.write_text(texts[ext])
-        os.replace(tmp, paths[ext])
-    os.replace(tmp_csv, paths["csv"])
+    write_text_atomic(paths["json"], json_text(report))
+    write_csv_atomic(paths["csv"], [("evaluation", "metric", "value"), *rows])
+    write_text_atomic(paths["md"], "\n".join(md))
     return paths
 
 

@@ -1,4 +1,5 @@
-"""Run a suite: load what is evaluated, run the configured evaluations in order, write the reports."""
+"""Run a suite: load what is evaluated, run the configured evaluations (quest.evaluation.registry) in order, write
+the reports."""
 from __future__ import annotations
 
 import logging
@@ -14,26 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
 
-from .adversarial_suite import adversarial, adversarial_paper
 from .checks import check_eval_config
-from .corruption_suite import corruptions
-from .dataset_eval import clean
-from .imagenet_c import imagenet_c
-from .imagenet_suites import imagenet_a, imagenet_r, imagenet_real, imagenet_v2, imagenet_val
-from .metrics import EvalRun
+from .context import EvalRun
+from .registry import EVALUATIONS, evaluators
 from .report import headline_numbers, log_wandb, write_reports
 from .target import EvalTarget, load_target
 
 log = logging.getLogger("quest.eval")
 
 __all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for"]
-
-#: evaluation name (the entries of eval.run) -> function(run, its config section) -> result dict
-EVALUATIONS: dict[str, Callable[[EvalRun, Any], dict[str, Any]]] = {
-    "imagenet_val": imagenet_val, "imagenet_v2": imagenet_v2, "imagenet_real": imagenet_real,
-    "imagenet_a": imagenet_a, "imagenet_r": imagenet_r, "imagenet_c": imagenet_c,
-    "clean": clean, "corruptions": corruptions, "adversarial": adversarial, "adversarial_paper": adversarial_paper,
-}
 
 
 def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
@@ -53,6 +43,10 @@ def _check_names(settings: Any) -> list[str]:
         raise ValueError(f"eval.run names unknown evaluations {unknown}; known: {sorted(EVALUATIONS)}")
     if len(set(names)) != len(names):
         raise ValueError(f"eval.run lists an evaluation twice: {names}")
+    unstored = [n for n in names if n not in settings]
+    if unstored:
+        raise ValueError(f"eval has no section for {unstored}: they were registered after the config schema was "
+                         "stored; import their modules before register_eval_configs() (or call it again)")
     return names
 
 
@@ -60,10 +54,11 @@ def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext) -> dict
     """Every evaluation of ``settings.run`` on ``target``, in order; the results by name (on every process)."""
     names = _check_names(settings)
     run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device))
+    registered = evaluators()
     for name in names:
         tic = time.perf_counter()
         log.info("running %s", name)
-        result = EVALUATIONS[name](run, settings[name])
+        result = registered[name].run(run, settings[name])
         result["seconds"] = round(time.perf_counter() - tic, 2)
         run.results[name] = result
         # accuracies and errors are percent, NLL nats

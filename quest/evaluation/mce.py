@@ -1,5 +1,6 @@
-"""ImageNet-C: per-corruption, per-severity errors, the AlexNet-normalised mCE and relative mCE (Hendrycks &
-Dietterich 2019), and the shared summary used for on-the-fly corruptions too.
+"""Corruption errors and their summaries: the AlexNet-normalised mCE and relative mCE of ImageNet-C (Hendrycks &
+Dietterich 2019), and the means over corruptions and severities that ImageNet-C and the on-the-fly corruptions
+report alike.
 
 Errors are exact fractions internally (:class:`fractions.Fraction` of integer counts, and of the published decimal
 normalisers), so every mean, CE and mCE is rounded once, when it is written out as a float64 percentage; keys say
@@ -11,12 +12,16 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Mapping
 
-from .config import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA
-from .imagenet_data import LAYOUTS, ImageList, imagenet_wnids, require_dir, wnid_samples
-from .metrics import EvalRun, classify, error_fraction
-from .transforms import describe, imagenet_c_transform
+__all__ = ["IMAGENET_C_CORRUPTIONS", "IMAGENET_C_EXTRA", "SEVERITIES", "ALEXNET_MEAN_ERROR", "ALEXNET_TOP1",
+           "ALEXNET_CLEAN_ERROR", "mce", "corruption_summary"]
 
-__all__ = ["ALEXNET_MEAN_ERROR", "ALEXNET_CLEAN_ERROR", "mce", "corruption_summary", "imagenet_c"]
+# ImageNet-C: the 15 corruptions of the mCE, in the paper's order, and the 4 extra ("validation") corruptions that
+# have no AlexNet normaliser and are reported apart.
+IMAGENET_C_CORRUPTIONS = [
+    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
+]
+IMAGENET_C_EXTRA = ["speckle_noise", "gaussian_blur", "spatter", "saturate"]
 
 # AlexNet's error on each of the 15 corruptions, averaged over the 5 severities (evaluation.md, Hendrycks' repo),
 # as the exact decimals published.
@@ -104,47 +109,3 @@ def corruption_summary(errors: Errors, standard: list[str], extra: list[str],
         out["relative_mean_error"] = mean_over(std, clean)
         out["extra_relative_mean_error"] = mean_over(ext, clean)
     return out
-
-
-def _clean_error(run: EvalRun) -> tuple[Fraction | None, str]:
-    """The model's clean ImageNet val error: from imagenet_val of this run, else measured when roots.val is set."""
-    if "imagenet_val" in run.results:
-        val = run.results["imagenet_val"]
-        return error_fraction(val["correct"], val["n"]), "imagenet_val of this run"
-    if run.settings.roots.val is not None:
-        from .imagenet_suites import imagenet_val
-
-        val = imagenet_val(run, None)
-        run.results.setdefault("imagenet_val", val)
-        return error_fraction(val["correct"], val["n"]), "imagenet_val (measured for the relative mCE)"
-    return None, "eval.roots.val not set: relative mCE not computed"
-
-
-def imagenet_c(run: EvalRun, section: Any) -> dict[str, Any]:
-    if run.target.num_classes != 1000:
-        raise ValueError(f"imagenet_c needs a 1000-class ImageNet classifier; this model has {run.target.num_classes}")
-    root = require_dir(run.settings.roots.c, "c", "imagenet_c")
-    transform = imagenet_c_transform(run.target)
-    corruptions = list(section.corruptions) + list(section.extra_corruptions)
-    for c in corruptions:
-        for s in section.severities:
-            if not (root / c / str(s)).is_dir():
-                hint = " (or eval.imagenet_c.extra_corruptions=[] without ImageNet-C's extra set)" \
-                    if c in IMAGENET_C_EXTRA else ""
-                raise FileNotFoundError(f"imagenet_c: {root / c / str(s)} does not exist; expected layout "
-                                        f"{LAYOUTS['c']}{hint}")
-    errors: dict[str, dict[int, Fraction]] = {}
-    grid = run.progress("imagenet_c", len(corruptions) * len(section.severities), unit="corruption x severity")
-    for c in corruptions:
-        for s in section.severities:
-            samples = wnid_samples(root / c / str(s), imagenet_wnids(), "c", f"imagenet_c {c}/{s}")
-            scored = classify(run, ImageList(samples, transform), 1000, what=f"imagenet_c {c}/{s}", nested=True)
-            errors.setdefault(c, {})[int(s)] = error_fraction(scored["correct"], scored["n"])
-            grid.update(extra=f"{c} severity {s}: error {100 - scored['top1']:.2f}%")
-    clean_error, clean_source = _clean_error(run)
-    result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions), clean_error)
-    result.update(mce(errors, clean_error))
-    result.update({"clean_error_source": clean_source, "root": str(root), "transform": describe(transform),
-                   "normaliser": "AlexNet mean errors over severities (evaluation.md); AlexNet clean error 0.43478 "
-                                 "(1 - 0.56522, torchvision's AlexNet top-1)"})
-    return result

@@ -1,0 +1,219 @@
+"""The settings of an adversarial evaluation and what they mean: the config sections of ``adversarial`` and
+``adversarial_paper`` (every setting of either can be set on the other), their value checks, and the protocol text
+each result carries (the space, labels and clipping of each attack in words, and where the settings differ from the
+authors' protocol of QUEST Tables 3/4, :func:`paper_adversarial_config`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+
+from quest.attention.elliptical import ESTIMATORS
+from quest.validation import Checks
+
+from .attack_space import SPACES, AttackSpace
+from .checks import is_int, sublist
+from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
+
+__all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "AdversarialConfig", "FGSMConfig", "PGDConfig",
+           "SPSAConfig", "AutoAttackConfig", "paper_adversarial_config", "check_adversarial", "attack_labels",
+           "clipping", "protocol", "budget_key", "check_section"]
+
+ATTACKS = ("fgsm", "pgd", "spsa", "autoattack")
+# paper: the model's predictions for FGSM, PGD and SPSA, the data set's labels for AutoAttack (the authors' code)
+LABELS = ("ground_truth", "predicted", "paper")
+SOURCES = ("data", "imagenet_val")
+# pyautoattack's versions; 'custom' needs an attack list this config does not expose
+AUTOATTACK_VERSIONS = ("standard", "plus", "rand")
+ONE_OVER_255 = 1.0 / 255.0
+
+
+@dataclass
+class FGSMConfig:
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
+    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+
+
+@dataclass
+class PGDConfig:
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
+    steps: int = 20
+    step_size: float = 0.15  # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
+    random_start: bool = True
+    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+
+
+@dataclass
+class SPSAConfig:
+    eps: List[float] = field(default_factory=lambda: [0.1])
+    lr: float = 0.01  # Adam
+    delta: float = 0.01
+    nb_sample: int = 128
+    nb_iter: int = 40
+    random_start: bool = True  # uniform in the eps-ball, as cleverhans' SPSA (the authors' code) starts
+    # iterate: the gradient estimated at x + perturbation (the algorithm); cleverhans_torch: at 2x, where cleverhans'
+    # torch SPSA and the authors' copy of it estimate it (quest/evaluation/spsa.py)
+    estimate_at: str = "iterate"
+    max_batch_size: int = 256  # model inputs per forward while estimating the gradient
+    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+
+
+@dataclass
+class AutoAttackConfig:
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
+    version: str = "standard"  # APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)
+    norm: str = "Linf"
+    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+
+
+@dataclass
+class AdversarialConfig:
+    attacks: List[str] = field(default_factory=lambda: ["fgsm", "pgd", "spsa", "autoattack"])
+    # pixel: [0, 1] images, normalisation inside the model (sound); normalized: the tensor after mean/std, eps in
+    # normalised units, FGSM/PGD/SPSA unclipped (the Elliptical-attention code's convention, QUEST Tables 3/4)
+    space: str = "pixel"
+    # data: the configured data set's val split (the checkpoint's data, or data=<name>); imagenet_val: eval.roots.val
+    # in ImageNet's layout, labels from the sorted wnids (as the imagenet_val evaluation)
+    source: str = "data"
+    # ground_truth: the data set's labels (sound); predicted: the clean predictions; paper: predicted for FGSM, PGD
+    # and SPSA, ground truth for AutoAttack (the authors' scripts). Accuracy is always against the data set's labels.
+    labels: str = "ground_truth"
+    # estimator of elliptical layers while attacked and scored: None = as trained; mean | median (the authors
+    # attacked with --grad-median)
+    elliptical_estimator: Optional[str] = None
+    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
+    batch_size: Optional[int] = None  # None: eval.batch_size
+    seed: int = 0
+    fgsm: FGSMConfig = field(default_factory=FGSMConfig)
+    pgd: PGDConfig = field(default_factory=PGDConfig)
+    spsa: SPSAConfig = field(default_factory=SPSAConfig)
+    autoattack: AutoAttackConfig = field(default_factory=AutoAttackConfig)
+
+
+def paper_adversarial_config() -> AdversarialConfig:
+    """QUEST Tables 3/4 as the Elliptical-attention code ran them (KurtPask/Elliptical-Attention @ 5ae39ee,
+    ImageAttack/: engine.py, spsa.py, Scripts/run_{fgm,pgd,spsa,auto}.sh; docs/evaluation.md has the table): the
+    normalised tensor, eps 1/255 (0.1 for SPSA) in normalised units, predicted labels except AutoAttack, the median
+    estimator, SPSA's gradient where cleverhans' torch code estimates it."""
+    cfg = AdversarialConfig(space="normalized", labels="paper", elliptical_estimator="median")
+    cfg.spsa.estimate_at = "cleverhans_torch"
+    return cfg
+
+
+def _attack(checks: Checks, base: str) -> None:
+    # pixel space: an l_inf budget above 1 means nothing (every image is already within 1 of every other); in
+    # normalised units 1 is about a quarter of the pixel range, far beyond any budget in use
+    checks.check(f"{base}.eps", lambda v: all(0 <= e <= 1 for e in v) and len(set(v)) == len(v),
+                 "a list of distinct budgets in [0, 1] (units of the section's space: pixel 1/255 = one grey level, "
+                 "or normalised)")
+    checks.positive_int(f"{base}.max_samples", optional=True)
+
+
+def check_adversarial(checks: Checks, base: str) -> None:
+    """The value checks of an AdversarialConfig section (eval.adversarial, eval.adversarial_paper)."""
+    sublist(checks, f"{base}.attacks", ATTACKS, "attacks")
+    checks.one_of(f"{base}.space", SPACES)
+    checks.one_of(f"{base}.source", SOURCES)
+    checks.one_of(f"{base}.labels", LABELS)
+    checks.one_of(f"{base}.elliptical_estimator", ESTIMATORS, optional=True)
+    checks.positive_int(f"{base}.max_samples", f"{base}.batch_size", optional=True)
+    checks.check(f"{base}.seed", lambda v: is_int(v) and v >= 0, "an integer >= 0")
+    for name in ATTACKS:
+        _attack(checks, f"{base}.{name}")
+    checks.positive_int(f"{base}.pgd.steps")
+    checks.positive(f"{base}.pgd.step_size")
+    checks.positive(f"{base}.spsa.lr", f"{base}.spsa.delta")
+    checks.positive_int(f"{base}.spsa.nb_sample", f"{base}.spsa.nb_iter", f"{base}.spsa.max_batch_size")
+    checks.one_of(f"{base}.spsa.estimate_at", SPSA_ESTIMATE_AT)
+    checks.one_of(f"{base}.autoattack.version", AUTOATTACK_VERSIONS)
+    # the suite reports l_inf budgets and the largest l_inf perturbation applied, for every attack
+    checks.check(f"{base}.autoattack.norm", lambda v: v == "Linf",
+                 "Linf (the suite's budgets and its max_linf are l_inf)")
+
+
+_LABEL_TEXT = {"ground_truth": "ground truth (the data set's labels)",
+               "predicted": "the model's clean predictions (accuracy still against the data set's labels)"}
+
+
+def budget_key(attack: str, eps: float) -> str:
+    """How a budget is named in results: ``pgd@0.00392157``."""
+    return f"{attack}@{eps:.6g}"
+
+
+def check_section(section: Any, name: str) -> None:
+    """The settings an adversarial evaluation cannot run with, when it is called directly (eval.py checked them
+    all at start)."""
+    unknown = [a for a in section.attacks if a not in ATTACKS]
+    if unknown:
+        raise ValueError(f"unknown attacks {unknown}; eval.{name}.attacks takes {list(ATTACKS)}")
+    if section.labels not in LABELS:
+        raise ValueError(f"eval.{name}.labels must be one of {LABELS}, got {section.labels!r}")
+    for attack in section.attacks:
+        eps = list(section[attack].eps)
+        if any(e < 0 for e in eps) or len({budget_key(attack, e) for e in eps}) != len(eps):
+            raise ValueError(f"eval.{name}.{attack}.eps must be distinct values >= 0, got {eps}")
+
+
+def attack_labels(mode: str, attack: str) -> str:
+    """The labels ``attack`` is run with under ``labels: mode``: ground_truth or predicted. ``paper`` is what the
+    authors' engine.py passes: nothing to cleverhans' FGSM / PGD and to their SPSA (which then use the model's
+    predictions), the data set's targets to AutoAttack's run_standard_evaluation."""
+    if mode not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS}, got {mode!r}")
+    if mode == "paper":
+        return "ground_truth" if attack == "autoattack" else "predicted"
+    return mode
+
+
+def clipping(space: AttackSpace, attack: str) -> str:
+    if attack == "autoattack":
+        return ("[0, 1] pixels (pyautoattack)" if space.name == "pixel" else
+                "[0, 1] on the normalised tensor (pyautoattack clamps every iterate, as the authors' bundled copy)")
+    return "[0, 1] pixels" if space.clip is not None else "none (unbounded by the image)"
+
+
+# settings compared with the authors' protocol (paper_adversarial_config) in every result
+_PROTOCOL_KEYS = ("space", "labels", "elliptical_estimator", "fgsm.eps", "pgd.eps", "pgd.steps", "pgd.step_size",
+                  "pgd.random_start", "spsa.eps", "spsa.lr", "spsa.delta", "spsa.nb_sample", "spsa.nb_iter",
+                  "spsa.random_start", "spsa.estimate_at", "autoattack.eps", "autoattack.version")
+
+
+def _differences(section: Any) -> list[str]:
+    """Where this section's protocol differs from the authors' (empty: theirs)."""
+    paper = OmegaConf.structured(paper_adversarial_config())
+    out = []
+    for key in _PROTOCOL_KEYS:
+        attack = key.split(".")[0]
+        if attack in ATTACKS and attack not in section.attacks:
+            continue
+        mine, theirs = OmegaConf.select(section, key), OmegaConf.select(paper, key)
+        mine = list(mine) if OmegaConf.is_list(mine) else mine
+        theirs = list(theirs) if OmegaConf.is_list(theirs) else theirs
+        if mine != theirs:
+            out.append(f"{key}: {mine} (authors: {theirs})")
+    return out
+
+
+def _spsa_text(cfg: Any) -> str:
+    start = "a uniform start in the eps-ball" if cfg.random_start else "no random start"
+    point = ("x + perturbation" if cfg.estimate_at == "iterate" else
+             "2x, where cleverhans' torch SPSA (and the authors' copy) estimates it (cleverhans issue #1249)")
+    return f"Rademacher directions per element, {start}, gradient estimated at {point}"
+
+
+def protocol(section: Any, space: AttackSpace, libraries: dict[str, str], estimator: dict[str, Any]) -> dict[str, Any]:
+    """The protocol of one result, in words: space, labels and clipping per attack, the SPSA variant, the libraries,
+    and where the settings differ from the authors'."""
+    return {
+        "space": space.describe(), "space_name": space.name,
+        "labels": {a: _LABEL_TEXT[attack_labels(section.labels, a)] for a in section.attacks},
+        "clipping": {a: clipping(space, a) for a in section.attacks},
+        "elliptical_estimator": estimator,
+        "spsa": _spsa_text(section.spsa),
+        "model_mode": "eval", "norm": "Linf", "libraries": libraries,
+        "scoring": "fp32 forward of the attacked inputs (the authors scored under CUDA fp16 autocast)",
+        "differs_from_authors": _differences(section),
+        "settings": {a: OmegaConf.to_container(section[a], resolve=True) for a in section.attacks},
+    }

@@ -1,0 +1,93 @@
+"""ImageNet-C's corruptions applied on the fly to any data set, at the model's input resolution.
+
+Each image goes through the eval resize/crop (PIL), is corrupted (uint8, as ImageNet-C stored its images), then
+converted to a tensor and normalised. The corruption of sample i is seeded from (seed, corruption, severity, i),
+so the numbers do not depend on batch size, workers or the number of processes. The corruption grid's settings
+(:class:`CorruptionGridConfig`) are ImageNet-C's too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional
+
+from PIL import Image
+from torch.utils.data import Dataset
+
+from quest.validation import Checks
+
+from ..checks import is_int, severities, sublist
+from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset
+from ..corruption_fns import corrupt, sample_seed
+from ..mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, corruption_summary
+from ..registry import register_evaluation
+from ..transforms import describe, split_eval_transform
+from .classification import val_split
+
+__all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "check_grid", "corruptions"]
+
+
+@dataclass
+class CorruptionGridConfig:
+    corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS))
+    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))
+    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+
+
+@dataclass
+class CorruptionsConfig(CorruptionGridConfig):
+    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
+    seed: int = 0  # each sample's corruption randomness is seeded from (seed, corruption, severity, index)
+
+
+def check_grid(checks: Checks, key: str) -> None:
+    # the standard 15 enter the means (and ImageNet-C's mCE); the 4 extra ones are reported apart
+    sublist(checks, f"{key}.corruptions", IMAGENET_C_CORRUPTIONS, "standard corruptions")
+    sublist(checks, f"{key}.extra_corruptions", IMAGENET_C_EXTRA, "extra corruptions")
+    severities(checks, f"{key}.severities")
+
+
+def _check(checks: Checks, key: str) -> None:
+    check_grid(checks, key)
+    checks.positive_int(f"{key}.max_samples", optional=True)
+    # sample seeds go through numpy's SeedSequence, which takes non-negative integers only
+    checks.check(f"{key}.seed", lambda v: is_int(v) and v >= 0, "an integer >= 0")
+
+
+class CorruptedDataset(Dataset):
+    """``base`` (PIL images at the model's resolution) with one corruption at one severity, then ``finish``."""
+
+    def __init__(self, base: Dataset, finish: Callable, corruption: str | None, severity: int, seed: int):
+        self.base, self.finish = base, finish
+        self.corruption, self.severity, self.seed = corruption, severity, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, target = self.base[index]
+        if self.corruption is not None:
+            seed = sample_seed(self.seed, self.corruption, self.severity, index)
+            image = Image.fromarray(corrupt(image, self.corruption, self.severity, seed))
+        return self.finish(image), target
+
+
+@register_evaluation("corruptions", CorruptionsConfig, check=_check)
+def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
+    geometric, finish = split_eval_transform(run.target)
+    base, subset = fixed_subset(val_split(run, geometric, "corruptions"), section.max_samples)
+    num_classes = run.target.num_classes
+    clean = classify(run, CorruptedDataset(base, finish, None, 0, section.seed), num_classes, what="corruptions clean")
+    errors = error_grid(run, "corruptions", list(section.corruptions) + list(section.extra_corruptions),
+                        list(section.severities), lambda c, s: CorruptedDataset(base, finish, c, s, section.seed),
+                        num_classes)
+    result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions),
+                                error_fraction(clean["correct"], clean["n"]))
+    result.update({
+        "clean": clean, "data": run.target.data.name, "subset": subset, "seed": section.seed,
+        "resolution": run.target.img_size,
+        "pipeline": f"{describe(geometric)} -> corruption (uint8, ImageNet-C strengths) -> {describe(finish)}",
+        "note": "no AlexNet normaliser exists for this data set: mean_error is the unnormalised mean over the "
+                "standard corruptions and severities; relative_mean_error is mean(E_cs - E_clean) with the clean "
+                "error of this model on the same samples",
+    })
+    return result
