@@ -256,3 +256,45 @@ def test_init_from_another_resolution_resizes_pos_embed(tmp_path):
     assert weights["pos_embed"].shape[1] == 8 * 8 + 1 != source["ema"]["pos_embed"].shape[1]
     torch.testing.assert_close(weights["blocks.0.attn.qkv.weight"], source["ema"]["blocks.0.attn.qkv.weight"])
     assert fit(cfg, tmp_path / "high")["status"] == "completed"
+
+
+def test_a_training_step_reads_the_device_once_and_reduces_once(tmp_path, monkeypatch):
+    """At most one device-to-host read and one collective per optimizer step from quest's own code, whatever the
+    gradient accumulation (the reads of torch's own optimizer and samplers are not quest's to remove)."""
+    import sys
+
+    import torch.distributed as dist
+
+    from quest.engine.trainer import Run
+
+    reads: list[int] = []
+    counting = {"on": False}
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            if counting["on"] and sys._getframe(1).f_globals.get("__name__", "").startswith("quest."):
+                reads[-1] += 1
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    reduces: list[int] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: reduces.__setitem__(-1, reduces[-1] + 1))
+    step = Run.train_step
+
+    def observed(self, batches, log=True):
+        reads.append(0)
+        reduces.append(0)
+        counting["on"] = True
+        try:
+            return step(self, batches, log=log)
+        finally:
+            counting["on"] = False
+
+    monkeypatch.setattr(Run, "train_step", observed)
+    fit(compose_cfg(*FAST, "trainer.accum_steps=2", "trainer.epochs=2"), tmp_path)
+    assert len(reads) == 4 and reads == [1] * 4  # one read per step, two micro-batches each
+    assert reduces == [0] * 4  # one process: no collective at all

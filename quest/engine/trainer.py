@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from quest.validation import ConfigError
 
 from .builders import Components, build_components, model_meta, scheduler_epoch
 from .checkpoint import Checkpointer, load_checkpoint
-from .distributed import DistContext, all_reduce_max
+from .distributed import DistContext
 from .evaluate import evaluate
 from .logger import RunLogger
 from .run_dir import check_data, data_fingerprint
@@ -165,35 +166,48 @@ class Run:
             self.parts.scheduler.step(epoch)
 
     # --- one optimizer step -----------------------------------------------------------------------------------
-    def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-        """Forward/backward over ``batches`` (gradient accumulation), finiteness checks agreed across ranks,
-        clipping, optimizer, EMA and schedule updates."""
-        p, cfg, st = self.parts, self.cfg, self.state
-        loss_sum = 0.0
+    def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], log: bool = True) -> dict[str, float]:
+        """Forward/backward over ``batches`` (gradient accumulation), then one check that every micro-batch's loss and
+        the gradient norm are finite (and the loss at most trainer.max_loss), agreed across ranks, before clipping,
+        the optimizer, EMA and schedule updates.
+
+        The check is kept on the device until then: one collective and one device-to-host read per optimizer step,
+        whatever the accumulation (the loss scaler's own overflow check aside), instead of one per micro-batch.
+        ``log``: also read the loss scale (fp16) for the log line."""
+        p, cfg, st, device = self.parts, self.cfg, self.state, self.ctx.device
+        max_loss = cfg.trainer.max_loss if cfg.trainer.max_loss is not None else math.inf
+        loss_sum = worst = torch.zeros((), device=device)
         for i, (images, targets) in enumerate(batches):
-            images, targets = images.to(self.ctx.device, non_blocking=True), targets.to(self.ctx.device, non_blocking=True)
+            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if p.mixup is not None:
                 images, targets = p.mixup(images, targets)
             sync = i == len(batches) - 1 or not self.ctx.distributed
             with (nullcontext() if sync else self.train_model.no_sync()), self.autocast():
                 loss = p.train_loss(self.train_model(images), targets)
-            loss_value = loss.item()
-            bad = not math.isfinite(loss_value) or (cfg.trainer.max_loss is not None and loss_value > cfg.trainer.max_loss)
-            if all_reduce_max(float(bad), self.ctx) > 0:
-                raise Diverged(st.step, f"loss {loss_value:.4g}" + ("" if math.isfinite(loss_value) else " is not finite"))
-            loss_sum += loss_value
-            loss = loss / len(batches)
-            self.scaler.scale(loss).backward()
+            value = loss.detach().float()
+            loss_sum = loss_sum + value
+            # the largest loss; NaN wins, so a non-finite micro-batch cannot hide behind a finite one
+            worst = torch.where(value.isnan() | (value > worst), value, worst)
+            self.scaler.scale(loss / len(batches)).backward()
         self.scaler.unscale_(p.optimizer)
         clip = cfg.recipe.clip_grad if cfg.recipe.clip_grad is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
         # fp16: an overflow is the scaler's business (it skips the step and lowers the scale, as DeiT's NativeScaler);
         # otherwise a non-finite norm is divergence. A non-finite loss is divergence either way (DeiT stops on it).
-        if not self.scaler.is_enabled() and all_reduce_max(float(not math.isfinite(grad_norm)), self.ctx) > 0:
-            raise Diverged(st.step, f"gradient norm {grad_norm}")
-        metrics = {"train/loss": loss_sum / len(batches), "train/grad_norm": grad_norm}
-        if self.scaler.is_enabled():
+        loss_bad = ~worst.isfinite() | (worst > max_loss)
+        grad_bad = ~grad_norm.isfinite() & (not self.scaler.is_enabled())
+        flags = torch.stack([loss_bad, grad_bad]).to(torch.float32)
+        if self.ctx.distributed:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        loss_bad_v, grad_bad_v, loss_v, worst_v, norm_v = torch.cat([flags, torch.stack(
+            [loss_sum / len(batches), worst, grad_norm])]).tolist()  # the step's one device-to-host read
+        if loss_bad_v:
+            raise Diverged(st.step, f"loss {worst_v:.4g}" + ("" if math.isfinite(worst_v) else " is not finite"))
+        if grad_bad_v:
+            raise Diverged(st.step, f"gradient norm {norm_v}")
+        metrics = {"train/loss": loss_v, "train/grad_norm": norm_v}
+        if log and self.scaler.is_enabled():
             metrics["train/loss_scale"] = self.scaler.get_scale()  # before update(): the scale this step used
         self.scaler.step(p.optimizer)
         self.scaler.update()
@@ -229,12 +243,13 @@ class Run:
             if self.diagnostics is not None and self.diagnostics.due(st.step):
                 sample = pending[0][0][: cfg.diagnostics.num_samples].to(self.ctx.device)
                 logger.log(self.diagnostics.collect(sample, step=st.step), st.step)
-            metrics = self.train_step(pending)
+            log_now = (st.step + 1) % cfg.trainer.log_every_n_steps == 0 or st.step + 1 == total_steps
+            metrics = self.train_step(pending, log=log_now)
             n_images = sum(len(t) for _, t in pending) * self.ctx.world_size
             st.images_seen += n_images
             images_since_log += n_images
             pending = []
-            if st.step % cfg.trainer.log_every_n_steps == 0 or st.step == total_steps:
+            if log_now:
                 elapsed = time.perf_counter() - tic
                 st.train_seconds += elapsed
                 rate = images_since_log / max(elapsed, 1e-9)

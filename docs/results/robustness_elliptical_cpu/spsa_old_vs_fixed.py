@@ -28,7 +28,7 @@ from quest.data import build_dataset  # noqa: E402
 from quest.engine.builders import build_model, resolve_img_size  # noqa: E402
 from quest.engine.checkpoint import load_checkpoint  # noqa: E402
 from quest.evaluation import spsa as fixed  # noqa: E402
-from quest.evaluation.metrics import evenly_spaced  # noqa: E402
+from quest.evaluation.context import evenly_spaced  # noqa: E402
 from quest.evaluation.target import EvalTarget  # noqa: E402
 from quest.evaluation.transforms import Normalized, pixel_transform  # noqa: E402
 
