@@ -32,8 +32,21 @@ class ModelConfig:
 
 
 @dataclass
+class CanvasConfig:
+    """data=digits_canvas: each digit pasted on a canvas with clutter, with its true box (quest/data/digits_canvas.py)."""
+
+    size: int = 32  # canvas side in pixels
+    scale_min: int = 12  # the digit's side is uniform in [scale_min, scale_max] pixels
+    scale_max: int = 22
+    clutter: int = 3  # fragments of other digits, away from the digit's box
+    noise: float = 0.05  # Gaussian noise std as a fraction of 255
+    copies: int = 2  # draws of every training digit (the validation split draws each once)
+    seed: int = 0  # every sample's draws come from (seed, split, index)
+
+
+@dataclass
 class DataConfig:
-    name: str = MISSING  # digits | imagenet | imagefolder | cifar10 | cifar100 | fake
+    name: str = MISSING  # digits | digits_canvas | imagenet | imagefolder | cifar10 | cifar100 | fake
     root: Optional[str] = None
     batch_size: int = 64  # per process
     eval_batch_size: Optional[int] = None  # None: 2 x batch_size
@@ -53,6 +66,7 @@ class DataConfig:
     fake_train_size: int = 256
     fake_val_size: int = 64
     pin_memory: bool = True
+    canvas: CanvasConfig = field(default_factory=CanvasConfig)
 
 
 @dataclass

@@ -7,11 +7,13 @@ from .datasets import (
     dataset_targets,
     known_num_classes,
 )
+from .digits_canvas import DigitsCanvasDataset
 from .folder import CorruptImageError, SafeImageFolder, check_image_folder, collate_skipping_bad
 from .sampling import ResumableSampler, ShardSampler, build_train_sampler
 from .transforms import build_transforms
 
 __all__ = [
+    "DigitsCanvasDataset",
     "DATASETS",
     "build_dataset",
     "class_balanced_subset",

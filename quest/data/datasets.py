@@ -9,13 +9,14 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tvd
 
 from .digits import DigitsDataset
+from .digits_canvas import DigitsCanvasDataset
 from .folder import SafeImageFolder, check_image_folder
 
 __all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "known_num_classes", "check_split_classes",
            "DATASETS"]
 
-DATASETS = ("digits", "imagenet", "imagefolder", "cifar10", "cifar100", "fake")
-_FIXED_NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
+DATASETS = ("digits", "digits_canvas", "imagenet", "imagefolder", "cifar10", "cifar100", "fake")
+_FIXED_NUM_CLASSES = {"digits": 10, "digits_canvas": 10, "cifar10": 10, "cifar100": 100}
 
 
 def _need_root(data: Any) -> Path:
@@ -59,6 +60,11 @@ def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
     name = data.name
     if name == "digits":
         return DigitsDataset(split, data.val_fraction, data.split_seed, transform)
+    if name == "digits_canvas":
+        c = data.canvas
+        return DigitsCanvasDataset(split, size=c.size, scale_min=c.scale_min, scale_max=c.scale_max, clutter=c.clutter,
+                                   noise=c.noise, copies=c.copies if split == "train" else 1, seed=c.seed,
+                                   val_fraction=data.val_fraction, split_seed=data.split_seed, transform=transform)
     if name in ("imagenet", "imagefolder"):
         root, _ = _folder_classes(data, split)
         ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)

@@ -70,6 +70,13 @@ def _data(c: Checks) -> None:
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
     c.one_of("data.bad_images", ("error", "skip"))
+    if c.value("data.name") == "digits_canvas":
+        c.positive_int("data.canvas.size", "data.canvas.scale_min", "data.canvas.scale_max", "data.canvas.copies")
+        c.check("data.canvas.clutter", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+        c.non_negative("data.canvas.noise")
+        size, lo, hi = (c.value(f"data.canvas.{k}") for k in ("size", "scale_min", "scale_max"))
+        if isinstance(lo, int) and isinstance(hi, int) and isinstance(size, int) and not 8 <= lo <= hi <= size:
+            c.fail("data.canvas.scale_max", f"must satisfy 8 <= scale_min ({lo}) <= scale_max <= size ({size})")
 
 
 def _trainer(c: Checks) -> None:

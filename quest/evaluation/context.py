@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ class EvalRun:
     settings: Any  # the eval config node (roots, batch size, every evaluation's section)
     autocast: Callable[[], ContextManager]
     results: dict[str, dict] = field(default_factory=dict)  # earlier evaluations of this run, by name
+    out_dir: Path | None = None  # where the report goes (evaluations that also write files: figures, maps)
 
     @property
     def device(self) -> torch.device:

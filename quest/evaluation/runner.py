@@ -50,10 +50,13 @@ def _check_names(settings: Any) -> list[str]:
     return names
 
 
-def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext) -> dict[str, dict[str, Any]]:
-    """Every evaluation of ``settings.run`` on ``target``, in order; the results by name (on every process)."""
+def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext,
+                    out_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Every evaluation of ``settings.run`` on ``target``, in order; the results by name (on every process).
+    ``out_dir``: where evaluations that write files of their own (figures) put them."""
     names = _check_names(settings)
-    run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device))
+    run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device),
+                  out_dir=Path(out_dir) if out_dir is not None else None)
     registered = evaluators()
     for name in names:
         tic = time.perf_counter()
@@ -85,7 +88,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         target = load_target(cfg, ctx.device)
-        results = run_evaluations(target, settings, ctx)
+        results = run_evaluations(target, settings, ctx, output_dir)
         report = {
             "suite": settings.name, "evaluations": list(settings.run), "target": _target_report(target),
             "settings": OmegaConf.to_container(settings, resolve=True), "world_size": ctx.world_size,

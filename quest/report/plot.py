@@ -380,15 +380,33 @@ def _parser() -> argparse.ArgumentParser:
         "q_norm_max, head01/max_logit",
     )
     diag.add_argument("--prefix", default="diag/", help="key prefix the run was logged with (default: diag/)")
+    expl = commands.add_parser(
+        "explain",
+        help="one explanation method's maps of several runs on the same images (QUEST paper, Figure 1)",
+        description="Compare the maps eval=explain wrote (RUN_DIR/eval/<suite>/<checkpoint>-<weights>/"
+        "explain_maps.pt); see docs/explain.md.",
+    )
+    expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    expl.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    expl.add_argument("--method", default="agcam", help="attention, rollout or agcam (default: agcam)")
+    expl.add_argument("--suite", help="the eval suite that wrote the maps (default: any, last-model first)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message on stderr for unusable input)."""
     args = _parser().parse_args(argv)
-    keys = [k for part in args.keys for k in part.split(",") if k]
     try:
-        out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
+        if args.command == "explain":
+            from quest.explain.figures import compare_runs
+
+            try:
+                out = compare_runs(args.run_dirs, args.out, args.method, args.suite)
+            except (FileNotFoundError, ValueError) as err:
+                raise PlotInputError(str(err)) from err
+        else:
+            keys = [k for part in args.keys for k in part.split(",") if k]
+            out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
     except PlotInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,195 @@
+"""Explanations and their localization against bounding boxes (the QUEST paper's Table 6 and Figure 1).
+
+For every image of the chosen set: the maps of each method (quest.explain: [CLS] attention, rollout, AG-CAM), the
+localization metrics against the image's boxes under the AG-CAM authors' protocol (docs/explain.md), and for a few
+images the maps themselves (``explain_maps.pt``) and a figure (``explain.png``) in the evaluation's directory.
+Sources: the checkpoint's own data set when it has boxes (``data=digits_canvas``), or ImageNet val with its boxes
+(``eval.roots.val`` + ``eval.explain.boxes``, an XML folder or a LOC_val_solution.csv).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torchvision.transforms as T
+from PIL import Image
+
+from quest.explain import METHODS, check_explainable
+from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
+from quest.explain.localization import LocalizationScores
+from quest.explain.scoring import normalised_maps, score_explanations
+from quest.io import atomic_write
+from quest.validation import Checks
+
+from ..context import EvalRun, evenly_spaced, shard_batches
+from ..registry import register_evaluation
+from ..transforms import describe, eval_transform
+from .classification import val_samples, val_split
+
+__all__ = ["ExplainConfig", "explain"]
+
+SOURCES, TRANSFORMS, CLASSES = ("data", "imagenet_val"), ("eval", "squash"), ("predicted", "label")
+
+
+@dataclass
+class ExplainConfig:
+    methods: List[str] = field(default_factory=lambda: ["attention", "rollout", "agcam"])
+    threshold: float = 0.5  # on the min-max normalised map (the authors' --threshold 0.5)
+    classes: str = "predicted"  # predicted | label (the data set's): the class each map explains
+    skip_wrong: bool = True  # leave misclassified images out of the metrics, as the authors do
+    transform: str = "eval"  # eval (the model's resize + crop) | squash (the authors' Resize((S, S)))
+    source: str = "data"  # data (the data set's own boxes: digits_canvas) | imagenet_val (roots.val + boxes)
+    boxes: Optional[str] = None  # imagenet_val: a folder of ILSVRC2012_val_*.xml or a LOC_val_solution.csv
+    max_samples: Optional[int] = None  # None: every image; else an evenly spaced fixed subset
+    batch_size: Optional[int] = None  # None: eval.batch_size (AG-CAM keeps every layer's attention for backward)
+    figure_images: int = 8  # the first N images of the subset in the figure and in explain_maps.pt
+    figure_indices: Optional[List[int]] = None  # or these data-set indices
+
+
+def _check(c: Checks, key: str) -> None:
+    c.check(f"{key}.methods", lambda v: len(v) > 0 and all(m in METHODS for m in v), f"a list of {list(METHODS)}")
+    c.fraction(f"{key}.threshold", low_open=True, high_open=True)
+    c.one_of(f"{key}.classes", CLASSES)
+    c.one_of(f"{key}.transform", TRANSFORMS)
+    c.one_of(f"{key}.source", SOURCES)
+    c.positive_int(f"{key}.max_samples", f"{key}.batch_size", optional=True)
+    c.check(f"{key}.figure_images", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    if c.value(f"{key}.source") == "imagenet_val" and not c.value(f"{key}.boxes"):
+        c.fail(f"{key}.boxes", "must name the boxes of ImageNet val (an XML folder or LOC_val_solution.csv)")
+
+
+class _ImageNetBoxes(torch.utils.data.Dataset):
+    """ImageNet val images under the chosen transform, and their boxes mapped exactly as the image."""
+
+    def __init__(self, samples: list[tuple[str, int]], source: BoxSource, transform: Callable,
+                 map_boxes: Callable[[np.ndarray, tuple[int, int]], np.ndarray]):
+        self.samples, self.source, self.transform, self.map_boxes = samples, source, transform, map_boxes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        with Image.open(path) as img:
+            return self.transform(img.convert("RGB")), label
+
+    def boxes(self, i: int) -> np.ndarray:
+        path = Path(self.samples[i][0])
+        with Image.open(path) as img:
+            size = img.size
+        return self.map_boxes(self.source(path.stem).boxes, size)
+
+
+def _geometry(run: EvalRun, section: Any) -> tuple[Callable, Callable[[np.ndarray, tuple[int, int]], np.ndarray]]:
+    """The image transform and the same mapping for boxes."""
+    t = run.target
+    if section.transform == "squash":
+        transform = T.Compose([T.Resize((t.img_size, t.img_size), interpolation=T.InterpolationMode.BICUBIC),
+                               T.ToTensor(), T.Normalize(t.mean, t.std)])
+        return transform, lambda b, size: resize_boxes(b, size, t.img_size)
+    return eval_transform(t), lambda b, size: resize_crop_boxes(b, size, t.img_size, t.crop_pct)
+
+
+def _dataset(run: EvalRun, section: Any):
+    transform, map_boxes = _geometry(run, section)
+    if section.source == "imagenet_val":
+        return _ImageNetBoxes(val_samples(run), BoxSource(section.boxes), transform, map_boxes), transform
+    dataset = val_split(run, transform, "explain")
+    if not hasattr(dataset, "boxes"):
+        raise ValueError(f"explain: data={run.target.data.name} has no bounding boxes; use data=digits_canvas, or "
+                         "eval.explain.source=imagenet_val with eval.roots.val and eval.explain.boxes")
+    size = (run.target.data.canvas.size,) * 2
+    boxed = _Mapped(dataset, lambda i: map_boxes(dataset.boxes(i), size))
+    return boxed, transform
+
+
+class _Mapped(torch.utils.data.Dataset):
+    def __init__(self, dataset, boxes: Callable[[int], np.ndarray]):
+        self.dataset, self.boxes = dataset, boxes
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        return self.dataset[i]
+
+
+def _sum_counts(run: EvalRun, *counts: int) -> list[int]:
+    t = torch.tensor(counts, dtype=torch.int64, device=run.device)
+    if run.dist.distributed:
+        dist.all_reduce(t)
+    return [int(v) for v in t.tolist()]
+
+
+def _summed(scores: LocalizationScores, run: EvalRun) -> LocalizationScores:
+    if not run.dist.distributed:
+        return scores
+    keys = ("pixel_acc", "iou", "dice", "precision", "recall", "n")
+    t = torch.tensor([float(getattr(scores, k)) for k in keys], dtype=torch.float64, device=run.device)
+    dist.all_reduce(t)
+    values = t.tolist()
+    return LocalizationScores(*values[:5], int(values[5]))
+
+
+def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> dict[str, str]:
+    """explain_maps.pt and explain.png for the figure images (the first process only)."""
+    from quest.explain.figures import explanation_grid
+
+    if not indices or run.out_dir is None or not run.dist.is_main:
+        return {}
+    images = torch.stack([dataset[i][0] for i in indices]).to(run.device)
+    labels = [int(dataset[i][1]) for i in indices]
+    with torch.no_grad():
+        predicted = model(images).argmax(dim=1)
+    target = predicted if section.classes == "predicted" else torch.tensor(labels, device=run.device)
+    maps = normalised_maps(model, images, list(section.methods), target)
+    mean = torch.tensor(run.target.mean).view(1, -1, 1, 1)
+    std = torch.tensor(run.target.std).view(1, -1, 1, 1)
+    pictures = (images.cpu() * std + mean).clamp(0, 1)
+    boxes = [dataset.boxes(i) for i in indices]
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    maps_path = run.out_dir / "explain_maps.pt"
+    atomic_write(maps_path, lambda f: torch.save({
+        "indices": indices, "labels": labels, "predictions": predicted.tolist(),
+        "images": (pictures * 255).round().to(torch.uint8), "boxes": [torch.from_numpy(b) for b in boxes],
+        "maps": {m: v.half() for m, v in maps.items()}, "attention": run.target.info.get("attention"),
+    }, f))
+    png = explanation_grid(pictures, [(m, maps[m]) for m in section.methods], run.out_dir / "explain.png", boxes,
+                           [f"#{i} {lab}->{pred}" for i, lab, pred in zip(indices, labels, predicted.tolist())],
+                           title=f"{run.target.info.get('attention')} ({run.target.info.get('evaluated', '')})")
+    return {"maps_file": str(maps_path), "figure": str(png)}
+
+
+@register_evaluation("explain", ExplainConfig, check=_check)
+def explain(run: EvalRun, section: Any) -> dict[str, Any]:
+    check_explainable(run.model)
+    dataset, transform = _dataset(run, section)
+    indices = evenly_spaced(len(dataset), section.max_samples)
+    batch = section.batch_size or run.settings.batch_size
+    tally = score_explanations(run.model, shard_batches(run, dataset, indices, batch, "explain"), dataset.boxes,
+                               list(section.methods), section.threshold, section.classes, section.skip_wrong)
+    images, wrong = _sum_counts(run, tally.images, tally.wrong)
+    result: dict[str, Any] = {m: _summed(tally.scores[m], run).means() for m in section.methods}
+    shown = list(section.figure_indices) if section.figure_indices else indices[:section.figure_images]
+    result.update(_figure(run, section, dataset, shown, run.model))
+    result.update({
+        "images": images, "misclassified": wrong, "scored": result[section.methods[0]]["n"],
+        "transform": describe(transform),
+        "protocol": {
+            "classes": f"the {section.classes} class of each image",
+            "misclassified": "left out (the AG-CAM authors' localization.py)" if section.skip_wrong else "scored",
+            "threshold": f"{section.threshold} on the min-max normalised map, upsampled bilinearly to the input size",
+            "boxes": "the bounding boxes of the 8-connected regions above the threshold (OpenCV's external contour "
+                     "boxes), filled inclusive, against the union of every ground-truth box of the image",
+            "geometry": ("squash: Resize((S, S)), box coordinates scaled and truncated (the authors')"
+                         if section.transform == "squash" else
+                         "eval: the model's resize + center crop, boxes mapped and clipped the same way"),
+            "metrics": "per image, eps 1e-5, averaged over the scored images (miou = mean IoU)",
+            "source": section.source if section.source == "data" else f"imagenet_val, boxes {section.boxes}",
+        },
+    })
+    return result

@@ -1,0 +1,81 @@
+"""Figure-1-style grids: images (rows) x maps (columns: methods of one model, or one method of several runs), each
+map overlaid on its image with the ground-truth boxes outlined."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from quest.extras import require
+
+__all__ = ["explanation_grid"]
+
+
+def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Tensor]], out: str | Path,
+                     boxes: Sequence[np.ndarray] | None = None, row_labels: Sequence[str] | None = None,
+                     title: str | None = None) -> Path:
+    """``images``: (K, 3, H, W) in [0, 1]; ``columns``: (title, (K, H, W) maps in [0, 1]) each; writes a PNG."""
+    require("matplotlib", "report", "the explanation figures")
+    from matplotlib import patches
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    k, ncol = images.shape[0], 1 + len(columns)
+    fig = Figure(figsize=(1.6 * ncol, 1.6 * k + (0.4 if title else 0.0)), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = np.asarray(fig.subplots(k, ncol, squeeze=False))
+    pictures = images.permute(0, 2, 3, 1).clamp(0, 1).numpy()
+    for r in range(k):
+        for c in range(ncol):
+            ax = axes[r, c]
+            ax.imshow(pictures[r], interpolation="nearest")
+            if c:
+                ax.imshow(columns[c - 1][1][r].float().numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0,
+                          interpolation="bilinear")
+            for x0, y0, x1, y1 in (boxes[r] if boxes is not None else []):
+                ax.add_patch(patches.Rectangle((x0 - 0.5, y0 - 0.5), x1 - x0 + 1, y1 - y0 + 1, fill=False,
+                                               edgecolor="white", linewidth=1.0))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title("image" if c == 0 else columns[c - 1][0], fontsize=8)
+            if c == 0 and row_labels is not None:
+                ax.set_ylabel(row_labels[r], fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def load_maps(run_dir: str | Path, suite: str | None = None) -> tuple[Path, dict]:
+    """A run's ``eval/<suite>/<checkpoint>-<weights>/explain_maps.pt`` (``last-model`` first), loaded safely."""
+    run_dir = Path(run_dir)
+    found = sorted(run_dir.glob(f"eval/{suite or '*'}/*/explain_maps.pt"),
+                   key=lambda p: (p.parent.name != "last-model", str(p)))
+    if not found:
+        raise FileNotFoundError(f"{run_dir}: no eval/{suite or '<suite>'}/<checkpoint>-<weights>/explain_maps.pt; run "
+                                f"python eval.py checkpoint={run_dir}/checkpoints/last.pt eval=explain first")
+    return found[0], torch.load(found[0], weights_only=True)
+
+
+def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = "agcam",
+                 suite: str | None = None) -> Path:
+    """Images (rows) x runs (columns): one method's maps of each run on the same images."""
+    loaded = [(Path(d), *load_maps(d, suite)) for d in run_dirs]
+    first = loaded[0][2]
+    for run_dir, path, maps in loaded:
+        if maps["indices"] != first["indices"]:
+            raise ValueError(f"{path} shows other images than {loaded[0][1]} (indices {maps['indices']} vs "
+                             f"{first['indices']}): evaluate every run with the same eval.explain settings")
+        if method not in maps["maps"]:
+            raise ValueError(f"{path} has no {method!r} maps (it has {sorted(maps['maps'])})")
+    columns = [(f"{maps.get('attention') or '?'}\n{run_dir.name[:28]}", maps["maps"][method].float())
+               for run_dir, _, maps in loaded]
+    images = first["images"].float() / 255.0
+    rows = [f"#{i} {lab}" for i, lab in zip(first["indices"], first["labels"])]
+    boxes = [b.numpy() for b in first["boxes"]]
+    return explanation_grid(images, columns, out, boxes, rows, title=f"{method} maps")

@@ -1,0 +1,86 @@
+"""Attention probabilities, computed explicitly so that explanations can read them (and their gradients).
+
+The fused SDPA kernel never materialises softmax(logits). :func:`explicit_attention` swaps, for the duration of a
+``with`` block, every quest attention layer's SDPA call (``QKAttention._sdpa``, the one call every formulation's
+``attend`` ends in: standard, QUEST, QKNorm, Elliptical with its m, and out-of-tree formulations) for the same
+computation written out: logits = scale * q' k'^T (+ mask), probs = softmax(logits), out = probs @ v. The logits
+and probabilities are those the layer uses, the same definition the diagnostics use (``effective_qk``); nothing
+of it runs unless an explanation asks.
+"""
+from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from quest.attention import CrossAttentionMixin, QKAttention
+
+__all__ = ["AttentionRecord", "explicit_attention", "check_explainable"]
+
+
+@dataclass
+class AttentionRecord:
+    """What the layers computed in one forward, in forward order: per layer (B, H, N, N) logits and probabilities
+    (the probabilities keep their autograd graph, so a gradient with respect to them can be taken)."""
+
+    logits: list[torch.Tensor] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)
+
+
+def _layers(model: nn.Module) -> list[QKAttention]:
+    return [m for m in model.modules() if isinstance(m, QKAttention)]
+
+
+def check_explainable(model: nn.Module) -> int:
+    """The number of prefix tokens ([CLS] first) of a ViT whose [CLS] token makes the prediction; a clear error for
+    models where the [CLS]-row methods do not apply."""
+    layers = _layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no quest attention layers; build it with quest.models.create_model")
+    if any(isinstance(m, CrossAttentionMixin) for m in layers):
+        raise ValueError("attention maps, rollout and AG-CAM follow one chain of self-attention blocks read through "
+                         "the [CLS] row; CrossViT's two branches and cross-attention have no such chain")
+    if getattr(model, "global_pool", "token") != "token" or getattr(model, "cls_token", None) is None:
+        raise ValueError(f"{type(model).__name__} does not classify from a [CLS] token (global_pool="
+                         f"{getattr(model, 'global_pool', None)!r}); the [CLS]-row explanations do not apply")
+    return int(getattr(model, "num_prefix_tokens", 1))
+
+
+def _explicit_sdpa(record: AttentionRecord):
+    def sdpa(self: QKAttention, q, k, scale, v, attn_mask, is_causal):
+        if isinstance(scale, torch.Tensor):
+            q, scale = q * scale.to(q.dtype), 1.0
+        logits = scale * (q @ k.transpose(-2, -1))
+        if is_causal:
+            n, m = logits.shape[-2:]
+            keep = torch.ones(n, m, dtype=torch.bool, device=logits.device).tril()
+            logits = logits.masked_fill(~keep, float("-inf"))
+        if attn_mask is not None:
+            logits = (logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                      else logits + attn_mask)
+        probs = logits.softmax(dim=-1)
+        record.logits.append(logits)
+        record.probs.append(probs)
+        return self.attn_drop(probs) @ v
+
+    return sdpa
+
+
+@contextmanager
+def explicit_attention(model: nn.Module) -> Iterator[AttentionRecord]:
+    """Inside the block every attention layer of ``model`` computes (and records) its probabilities explicitly."""
+    record = AttentionRecord()
+    layers = _layers(model)
+    patched = []
+    try:
+        for layer in layers:
+            layer._sdpa = types.MethodType(_explicit_sdpa(record), layer)
+            patched.append(layer)
+        yield record
+    finally:
+        for layer in patched:
+            del layer._sdpa  # the class's fused method again
