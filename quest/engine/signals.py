@@ -1,8 +1,10 @@
 """Stop requests by signal: save at the next step boundary, write the summary, then exit or requeue.
 
-- SIGUSR1 (SLURM's pre-timeout signal, ``--signal=USR1@<s>``): requeue. Under Hydra's submitit launcher, submitit has
-  installed its own USR1 handler before our code runs: we chain to it after saving, and it resubmits the job. In a
-  plain sbatch job we run ``scontrol requeue`` ourselves. Either way the requeued job runs the same command in the
+- SIGUSR1 (SLURM's pre-timeout signal of launch/train.sbatch, ``--signal=USR1@<s>``) and, under Hydra's submitit
+  launcher, submitit's own preemption signal (SIGUSR2 unless ``SUBMITIT_PREEMPT_SIGNAL`` says otherwise): requeue.
+  After saving and writing the summary we chain to submitit's handler where it owns the signal (it resubmits the job
+  and ends the process); otherwise we run ``scontrol requeue`` and end the process (exit 0) without returning, so
+  that a job runner does not record the job as finished. Either way the requeued job runs the same command in the
   same run directory and resumes from ``last.pt``.
 - SIGINT (Ctrl-C) and SIGTERM (``kill``, ``scancel``): interrupt. A second one stops at once (KeyboardInterrupt),
   keeping the last checkpoint written. Where another handler owns SIGTERM (submitit bypasses it on purpose, because
@@ -17,6 +19,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 from types import FrameType
 from typing import Any, Callable
 
@@ -24,9 +27,11 @@ from .distributed import DistContext, all_reduce_max
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["StopSignals", "StopRequested", "ignore_stop_signals", "REQUEUED", "INTERRUPTED"]
+__all__ = ["StopSignals", "StopRequested", "ignore_stop_signals", "REQUEUED", "INTERRUPTED", "EXIT_REQUEUED"]
 
 REQUEUED, INTERRUPTED = "requeued", "interrupted"
+#: Exit code of a job that requeued itself (it is back in the queue).
+EXIT_REQUEUED = 0
 _CODES = {REQUEUED: 1.0, INTERRUPTED: 2.0}  # an interrupt wins over a requeue when both arrive
 
 
@@ -55,13 +60,16 @@ class StopSignals:
         self.reason: str | None = None
         self.signal_name: str | None = None
         self._previous: dict[int, Callable[..., Any] | int | None] = {}
+        self._requeue_signum: int | None = None
 
     def install(self) -> "StopSignals":
         try:
-            for signum in (signal.SIGUSR1, signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM):
                 current = signal.getsignal(signum)
                 if signum == signal.SIGTERM and _foreign(current):
                     continue  # e.g. submitit's bypass: the requeue signal follows
+                if signum == signal.SIGUSR2 and not _foreign(current):
+                    continue  # USR2 is ours only where submitit uses it as its preemption signal
                 self._previous[signum] = signal.signal(signum, self._handle)
         except ValueError:  # not the main thread: no signal handling
             log.warning("signal handlers can only be installed from the main thread; stop signals are not handled")
@@ -75,9 +83,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if signum == signal.SIGUSR1:
+        if signum in (signal.SIGUSR1, signal.SIGUSR2):
             self.reason = self.reason or REQUEUED
             self.signal_name = self.signal_name or name
+            self._requeue_signum = self._requeue_signum or signum
             log.warning("%s received: saving at the next step, then requeueing", name)
             return
         if self.reason == INTERRUPTED:
@@ -104,9 +113,14 @@ class StopSignals:
             job_id = f"{job_id}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         return job_id
 
+    def _chained(self) -> Callable[..., Any] | None:
+        """The handler we replaced for the signal that asked for the requeue, when somebody else (submitit) owns it."""
+        previous = self._previous.get(self._requeue_signum or signal.SIGUSR1)
+        return previous if _foreign(previous) else None
+
     def requeue_plan(self) -> str:
         """What :meth:`requeue` will do, for the summary written before it."""
-        if callable(self._previous.get(signal.SIGUSR1)):
+        if self._chained() is not None:
             return "submitit resubmits the job"
         job_id = self._slurm_job()
         return f"scontrol requeue {job_id}" if job_id else "none: not a SLURM job (run the same command to resume)"
@@ -114,15 +128,17 @@ class StopSignals:
     def requeue(self, ctx: DistContext) -> None:
         """Put the job back in the queue (the caller has saved and written the summary). Under submitit its handler
         resubmits the job and ends this process."""
-        previous = self._previous.get(signal.SIGUSR1)
+        previous, signum = self._chained(), self._requeue_signum or signal.SIGUSR1
         self.uninstall()
-        if callable(previous):
+        if previous is not None:
             log.info("requeue: checkpoint saved; handing over to submitit")
-            previous(signal.SIGUSR1, None)
+            previous(signum, None)
             return
         job_id = self._slurm_job()
         if not job_id:
-            log.info("SIGUSR1 outside SLURM: checkpoint saved; run the same command to resume")
-        elif ctx.is_main:
+            log.info("%s outside SLURM: checkpoint saved; run the same command to resume", signal.Signals(signum).name)
+            return
+        if ctx.is_main:
             log.info("requeue: checkpoint saved; requeueing SLURM job %s", job_id)
             subprocess.run(["scontrol", "requeue", job_id], check=False)
+        sys.exit(EXIT_REQUEUED)  # ended here: a job runner must not record this attempt as the job's result
