@@ -188,3 +188,29 @@ def test_a_real_full_file_system_fails_clearly_and_keeps_the_previous_checkpoint
         assert not list(ckpt.glob(".*.tmp"))
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def test_submitits_preemption_signal_saves_then_hands_over(tmp_path, monkeypatch):
+    """Under Hydra's submitit launcher submitit owns USR2 (its preemption signal): quest saves and summarises at the
+    next step, then calls submitit's handler, which resubmits the job."""
+    calls = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))  # submitit's, say
+    try:
+        _signal_after_step(monkeypatch, 2, signal.SIGUSR2)
+        summary = fit(compose_cfg(*FAST), tmp_path)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert (summary["status"], summary["signal"], summary["step"]) == ("requeued", "SIGUSR2", 2)
+    assert summary["requeue"] == "submitit resubmits the job" and calls == [signal.SIGUSR2]
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["state"]["step"] == 2
+
+
+def test_usr2_is_left_alone_without_submitit(tmp_path):
+    from quest.engine.signals import StopSignals
+
+    before = signal.getsignal(signal.SIGUSR2)
+    stops = StopSignals().install()
+    try:
+        assert signal.getsignal(signal.SIGUSR2) is before  # not ours to take
+    finally:
+        stops.uninstall()
