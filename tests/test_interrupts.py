@@ -47,8 +47,8 @@ def _signal_after_step(monkeypatch, at_step: int, *signums: int) -> None:
     """Deliver real signals to this process right after optimizer step ``at_step``."""
     step = Run.train_step
 
-    def stepping_then_signalled(self, batches):
-        metrics = step(self, batches)
+    def stepping_then_signalled(self, batches, log=True):
+        metrics = step(self, batches, log=log)
         if self.state.step == at_step:
             for signum in signums:
                 os.kill(os.getpid(), signum)
