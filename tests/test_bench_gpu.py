@@ -1,0 +1,31 @@
+"""bench/gpu.py, the prepared GPU check, runs its code paths on the CPU with tiny shapes (--cpu-smoke), so that the
+first time a GPU is lent it runs as one command (docs/benchmarks.md)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from quest.attention import list_attentions
+
+from .helpers import ROOT
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_smoke_covers_every_formulation_and_both_runs(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--cpu-smoke", "--out", str(tmp_path)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = report["throughput"]
+    assert {(r["attention"], r["dtype"]) for r in rows} == {(a, d) for a in list_attentions()
+                                                            for d in ("bfloat16", "float16")}
+    assert any(r["compiled"] for r in rows)  # the compiled path ran
+    assert all(r["img_per_s"] > 0 and r["flops_per_step"] > 0 and r["sdpa_backend"] != "unknown" for r in rows)
+    assert report["digits_default_run"]["returncode"] == 0 and report["torchrun_one_process"]["returncode"] == 0
+    assert report["torchrun_one_process"]["summary"]["status"] == "stopped"
+    assert "| attention | dtype | compiled | img/s | MFU |" in (tmp_path / "gpu_check.md").read_text()
