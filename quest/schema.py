@@ -46,7 +46,7 @@ class CanvasConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING  # digits | digits_canvas | imagenet | imagefolder | cifar10 | cifar100 | fake
+    name: str = MISSING  # digits | digits_canvas | imagenet | imagefolder | cifar10 | cifar100 | fake | imagenet_wds | wds
     root: Optional[str] = None
     batch_size: int = 64  # per process
     eval_batch_size: Optional[int] = None  # None: 2 x batch_size
@@ -67,6 +67,10 @@ class DataConfig:
     fake_val_size: int = 64
     pin_memory: bool = True
     canvas: CanvasConfig = field(default_factory=CanvasConfig)
+    # tar shards (imagenet_wds | wds; quest/data/shards.py): train_split / val_split name a split of
+    # ${root}/_info.json or a shard pattern such as imagenet1k-train-{0000..1023}.tar
+    num_samples: Optional[int] = None  # no _info.json: the training samples, checked; the shards are counted at start
+    shuffle_window: int = 8192  # shards: training samples are permuted within windows of this many (held in memory)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from .datasets import (
 from .digits_canvas import DigitsCanvasDataset
 from .folder import CorruptImageError, SafeImageFolder, check_image_folder, collate_skipping_bad
 from .sampling import ResumableSampler, ShardSampler, build_train_sampler
+from .shards import SHARD_DATASETS, ShardError, WdsDataset, shard_loaders
 from .transforms import build_transforms
 
 __all__ = [
@@ -28,4 +29,8 @@ __all__ = [
     "ShardSampler",
     "build_train_sampler",
     "build_transforms",
+    "SHARD_DATASETS",
+    "ShardError",
+    "WdsDataset",
+    "shard_loaders",
 ]

@@ -1,4 +1,5 @@
-"""Data sets by config name: digits (default, built in), imagenet / imagefolder, cifar10 / cifar100, fake."""
+"""Data sets by config name: digits (default, built in), imagenet / imagefolder, cifar10 / cifar100, fake,
+imagenet_wds / wds (tar shards)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,11 +12,12 @@ from torchvision import datasets as tvd
 from .digits import DigitsDataset
 from .digits_canvas import DigitsCanvasDataset
 from .folder import SafeImageFolder, check_image_folder
+from .shards import SHARD_DATASETS, build_shards, shard_num_classes
 
 __all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "known_num_classes", "check_split_classes",
            "DATASETS"]
 
-DATASETS = ("digits", "digits_canvas", "imagenet", "imagefolder", "cifar10", "cifar100", "fake")
+DATASETS = ("digits", "digits_canvas", "imagenet", "imagefolder", "cifar10", "cifar100", "fake", *SHARD_DATASETS)
 _FIXED_NUM_CLASSES = {"digits": 10, "digits_canvas": 10, "cifar10": 10, "cifar100": 100}
 
 
@@ -37,6 +39,8 @@ def known_num_classes(data: Any) -> int | None:
         return _FIXED_NUM_CLASSES[data.name]
     if data.name in ("imagenet", "imagefolder"):
         return len(_folder_classes(data, "train")[1])
+    if data.name in SHARD_DATASETS:  # what _info.json states, if it does
+        return shard_num_classes(_need_root(data))
     return None
 
 
@@ -84,6 +88,8 @@ def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
                 f"data={name}: no {name} under {root} ({exc}); place the torchvision archive there "
                 "(cifar-10-batches-py / cifar-100-python) or pass data.download=true"
             ) from exc
+    if name in SHARD_DATASETS:  # an IterableDataset that splits itself by rank and worker (quest/data/shards.py)
+        return build_shards(data, split, transform)
     if name == "fake":
         size = data.fake_train_size if split == "train" else data.fake_val_size
         image_size = (3, data.img_size, data.img_size)

@@ -18,11 +18,13 @@ from torch.utils.data import DataLoader
 
 from quest.data import (
     ShardSampler,
+    WdsDataset,
     build_dataset,
     build_train_sampler,
     build_transforms,
     class_balanced_subset,
     collate_skipping_bad,
+    shard_loaders,
 )
 from quest.models import create_model, uniform_drop_path
 
@@ -154,6 +156,10 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, Dat
                   pin_memory=data.pin_memory and ctx.device.type == "cuda",
                   persistent_workers=data.num_workers > 0,
                   worker_init_fn=ignore_stop_signals if data.num_workers > 0 else None)
+    if isinstance(train_ds, WdsDataset):  # tar shards: no sampler, the data set splits itself by rank and worker
+        return shard_loaders(train_ds, val_ds, rank=ctx.rank, world_size=ctx.world_size, batch_size=data.batch_size,
+                             eval_batch_size=data.eval_batch_size or 2 * data.batch_size, seed=cfg.trainer.seed,
+                             **common)
     sampler = build_train_sampler(train_ds, cfg.trainer.seed, ctx.world_size, ctx.rank, cfg.recipe.repeated_aug)
     # Own generators: creating an iterator must not draw from the global RNG, or resuming mid-epoch would shift it.
     train = DataLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,

@@ -15,7 +15,7 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
-from quest.data import DATASETS, check_split_classes, known_num_classes
+from quest.data import DATASETS, SHARD_DATASETS, check_split_classes, known_num_classes
 from quest.schema import TrainConfig
 from quest.validation import Checks, ConfigError, check_known_keys
 
@@ -70,6 +70,14 @@ def _data(c: Checks) -> None:
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
     c.one_of("data.bad_images", ("error", "skip"))
+    c.positive_int("data.num_samples", optional=True)
+    c.positive_int("data.shuffle_window")
+    if c.value("data.name") in SHARD_DATASETS:  # streamed in order: no random access (quest/data/shards.py)
+        if c.value("data.subset_fraction") != 1:
+            c.fail("data.subset_fraction", "must be 1 with tar shards (a class-balanced subset needs random access)")
+        if c.value("recipe.repeated_aug"):
+            c.fail("recipe.repeated_aug", "must be 0 with tar shards (repeated augmentation is not implemented for "
+                   "them; docs/distributed.md, \"Sharded input\")")
     if c.value("data.name") == "digits_canvas":
         c.positive_int("data.canvas.size", "data.canvas.scale_min", "data.canvas.scale_max", "data.canvas.copies")
         c.check("data.canvas.clutter", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
@@ -121,8 +129,10 @@ def validate_train_config(cfg: Any) -> None:
     checks.raise_if_any("config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:
+        where = (f" ({cfg.data.root}/_info.json)" if cfg.data.name in SHARD_DATASETS else
+                 f" (class folders of {cfg.data.root}/{cfg.data.train_split})" if cfg.data.root else "")
         checks.fail("data.num_classes", f"must be {expected}: the {cfg.data.name} data set has {expected} classes"
-                    + (f" (class folders of {cfg.data.root}/{cfg.data.train_split})" if cfg.data.root else ""))
+                    + where)
         checks.raise_if_any("config")
     check_split_classes(cfg.data)
 
