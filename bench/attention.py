@@ -8,6 +8,8 @@ What it measures
   b. A single attention layer (dim 192, 3 heads) at 1,024 and 4,096 tokens: QUEST written out with an explicit
      N x N logit matrix, softmax and ``@ v`` against the fused layer ``get_attention("quest")`` (same weights).
   c. With a GPU only: part a in bf16 autocast on the GPU, and which SDPA backends each formulation can use.
+  d. torch.compile (trainer.compile=true): part a with every model compiled, against compiled timm, interleaved;
+     per formulation the graph breaks (torch._dynamo.explain) and whether later steps recompile.
 
 How
   Time: after warm-up steps, the variants run round-robin (the starting variant rotates every round), one timed
@@ -181,6 +183,33 @@ def train_step(model: nn.Module, x: torch.Tensor, amp: torch.dtype | None = None
     return step
 
 
+def compile_check(batch: int) -> dict[str, Step]:
+    """Compiled training steps of every formulation and of stock timm; prints graph breaks and recompiles."""
+    import torch._dynamo as dynamo
+
+    x = torch.randn(batch, 3, 224, 224)
+    models: dict[str, nn.Module] = {BASELINE: timm.create_model(MODEL)}
+    models.update({name: create_model(MODEL, attention=name) for name in list_attentions()})
+    rows = [["variant", "graph breaks", "graphs after 3 steps", "break reasons"]]
+    steps: dict[str, Step] = {}
+    for name, model in models.items():
+        model.train()
+        explained = dynamo.explain(model)(x)
+        dynamo.reset()
+        compiled = torch.compile(model)
+        step = train_step(compiled, x)
+        before = dynamo.utils.counters["stats"]["unique_graphs"]
+        for _ in range(3):
+            step()
+        graphs = dynamo.utils.counters["stats"]["unique_graphs"] - before
+        reasons = "; ".join(sorted({str(b.reason)[:60] for b in explained.break_reasons})) or "-"
+        rows.append([name, str(explained.graph_break_count), str(graphs), reasons])
+        steps[f"{name} (compiled)"] = step
+    print("\n## d0. torch.compile: graph breaks and recompiles (forward + backward of a ViT-Ti step)\n")
+    print_markdown(rows)
+    return steps
+
+
 # --- a / c: formulations inside ViT-Ti -----------------------------------------------------------------------------
 def vit_steps(device: torch.device, batch: int, amp: torch.dtype | None) -> dict[str, Step]:
     x = torch.randn(batch, 3, 224, 224, device=device)
@@ -264,7 +293,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads (0: torch's default); 1 is steadier on a shared machine")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds, 1 warm-up step, 1,024 tokens")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c"], help="parts to leave out")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="parts to leave out")
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.layer_repeats, args.long_repeats, args.warmup, args.tokens = 3, 3, 2, 1, [1024]
@@ -279,6 +308,9 @@ def main() -> None:
                vit_steps(cpu, args.batch, None), BASELINE, args.repeats, args.warmup, cpu)
         report(f"a2. one attention layer of {MODEL} (dim 192, 3 heads, 197 tokens), batch {args.batch}, fp32, CPU: "
                "forward + backward", layer_steps(args.batch), BASELINE, args.layer_repeats, args.warmup, cpu)
+    if "d" not in args.skip:
+        report(f"d. {MODEL}, batch {args.batch}, fp32, CPU, torch.compile: forward + backward per step",
+               compile_check(args.batch), f"{BASELINE} (compiled)", args.repeats, args.warmup, cpu)
     if "b" not in args.skip:
         for n in args.tokens:
             report(f"b. one QUEST layer (dim 192, 3 heads), {n} tokens, batch {args.long_batch}, fp32, CPU: "

@@ -48,6 +48,31 @@ def time_steps(step, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
+def count_reads(step, steps: int) -> float:
+    """Device-to-host reads (Tensor.item / tolist / bool / float / int) made from quest's own modules per step:
+    what stalls a GPU's queue (torch's own, e.g. inside the optimizer on CPU step counters, are not counted)."""
+    names = ("item", "tolist", "__bool__", "__float__", "__int__")
+    originals = {n: getattr(torch.Tensor, n) for n in names}
+    count = [0]
+
+    def wrap(original):
+        def wrapper(self, *a, **k):
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("quest."):
+                count[0] += 1
+            return original(self, *a, **k)
+        return wrapper
+
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, wrap(originals[n]))
+        for _ in range(steps):
+            step()
+    finally:
+        for n, original in originals.items():
+            setattr(torch.Tensor, n, original)
+    return count[0] / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -84,8 +109,10 @@ def main() -> None:
             t_fw.append(time_steps(framework, args.steps))
         m, f = statistics.median(t_min), statistics.median(t_fw)
         ratios = sorted(b / a for a, b in zip(t_min, t_fw))
+        reads = count_reads(framework, steps=4)
         print(f"{name}: minimal {m * 1e3:.1f} ms/step, framework {f * 1e3:.1f} ms/step, "
-              f"ratio of medians {f / m:.3f} (per-round ratios {ratios[0]:.3f}..{ratios[-1]:.3f})")
+              f"ratio of medians {f / m:.3f} (per-round ratios {ratios[0]:.3f}..{ratios[-1]:.3f}); "
+              f"device-to-host reads from quest's code per step: {reads}")
 
 
 if __name__ == "__main__":

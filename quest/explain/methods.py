@@ -37,28 +37,30 @@ def _on_grid(maps: torch.Tensor, model: nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def cls_attention(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """(B, layers, heads, grid_h, grid_w): the [CLS] row of every layer's attention, over the patch tokens."""
+def _probabilities(model: nn.Module, images: torch.Tensor) -> tuple[int, list[torch.Tensor]]:
+    """(prefix tokens, every layer's (B, H, N, N) attention probabilities) of one eval-mode forward."""
     prefix = check_explainable(model)
     model.eval()
     with explicit_attention(model) as record:
         model(images)
-    rows = torch.stack([p[:, :, 0, prefix:] for p in record.probs], dim=1)  # (B, L, H, P)
+    return prefix, record.probs
+
+
+def cls_attention(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """(B, layers, heads, grid_h, grid_w): the [CLS] row of every layer's attention, over the patch tokens."""
+    prefix, probs = _probabilities(model, images)
+    rows = torch.stack([p[:, :, 0, prefix:] for p in probs], dim=1)  # (B, L, H, P)
     h, w = _grid(model)
     return rows.reshape(*rows.shape[:3], h, w)
 
 
-@torch.no_grad()
 def attention_rollout(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """(B, grid_h, grid_w): the rolled-out attention of the [CLS] token over the patches."""
-    prefix = check_explainable(model)
-    model.eval()
-    with explicit_attention(model) as record:
-        model(images)
-    n = record.probs[0].shape[-1]
-    eye = torch.eye(n, dtype=record.probs[0].dtype, device=images.device)
+    prefix, layers = _probabilities(model, images)
+    n = layers[0].shape[-1]
+    eye = torch.eye(n, dtype=layers[0].dtype, device=images.device)
     result = eye.expand(images.shape[0], n, n)
-    for probs in record.probs:
+    for probs in layers:
         a = (probs.mean(dim=1) + eye) / 2
         a = a / a.sum(dim=-1, keepdim=True)
         result = a @ result
