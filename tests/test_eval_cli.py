@@ -200,3 +200,18 @@ def test_missing_root_names_the_path_and_the_layout(tmp_path, suite, key, layout
     with pytest.raises(FileNotFoundError) as info:
         run_evaluation(eval_cfg(*base, f"eval.roots.{key}={missing}"), tmp_path)
     assert str(missing) in str(info.value) and layout in str(info.value)
+
+
+def test_a_sharded_data_set_is_refused_with_the_way_out():
+    from torch.utils.data import IterableDataset
+
+    from quest.engine.distributed import DistContext
+    from quest.evaluation.context import EvalRun, make_loader
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(())
+
+    run = EvalRun(None, DistContext(), eval_cfg("eval=clean").eval, None)
+    with pytest.raises(ValueError, match="sharded \\(WebDataset\\).*data=imagenet"):
+        make_loader(run, Stream())

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from quest.data import ShardSampler, collate_skipping_bad
 from quest.engine.counts import Counts, error_fraction, percent
@@ -63,6 +63,10 @@ class EvalRun:
 def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
     """This process's share of ``dataset`` (every W-th sample from its rank), in order, unreadable images skipped
     by the collate function (batches are (images, targets, skipped))."""
+    if isinstance(dataset, IterableDataset):
+        raise ValueError("the evaluation suites read their data set by index, and a sharded (WebDataset) data set is "
+                         "read as a stream: evaluate the same images from an image folder (data=imagenet "
+                         "data.root=... or eval.roots.val=...); the training run's own validation covers the shards")
     return DataLoader(dataset, batch_size=batch_size or run.settings.batch_size,
                       sampler=ShardSampler(len(dataset), run.dist.rank, run.dist.world_size),
                       num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad,
