@@ -48,14 +48,19 @@ def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
 
 
 def deit_transform():
-    from timm.data import create_transform
+    """quest's own training transform of configs/recipe/deit.yaml (quest.data.build_transforms)."""
+    from hydra import compose, initialize_config_dir
 
-    return create_transform(224, is_training=True, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5,
-                            color_jitter=0.3, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
-                            re_prob=0.25, re_mode="pixel", re_count=1)
+    from quest.data import build_transforms
+    from quest.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["recipe=deit", "model=vit_base", "data=imagenet", "data.root=/x"])
+    return build_transforms(cfg.recipe, cfg.data, 224)[0]
 
 
-def deit_prefetcher_transform():
+def deit_prefetcher_transform():  # quest.data.transforms is imported by deit_transform (RandAugment's posterize)
     """What stays on a worker with timm's PrefetchLoader: the same transform up to a uint8 array; normalisation and
     random erasing move to the GPU."""
     from timm.data import create_transform
