@@ -10,6 +10,8 @@ share: a DataLoader worker runs exactly this per sample), rounds alternate the s
                 RandAugment rand-m9-mstd0.5-inc1, normalise, random erasing 0.25)
   deit_draft    the same with PIL's JPEG draft mode (decode at a reduced scale when the crop allows it)
   deit_prefetch the same up to a uint8 array (timm's PrefetchLoader normalises and erases on the GPU)
+  shards        reading + decoding the same images from WebDataset tar shards (quest.data.shards, data=imagenet_wds)
+                instead of one file each: the I/O pattern a shared file system prefers, at the same decode cost
   mixup         timm Mixup/CutMix on a batch of 128 already-transformed images (per image; on the GPU in training)
 
 Medians over rounds of images/s per worker, and the workers one GPU needs at a given consumption rate.
@@ -83,6 +85,32 @@ def open_draft(path: Path) -> Image.Image:
     return img.convert("RGB")
 
 
+def _shard_reader(tmp: Path, paths: list[Path]):
+    """The JPEGs as an ImageFolder, converted to tar shards (python -m quest.data.make_shards convert)."""
+    import shutil
+
+    from quest.data.make_shards import convert_image_folder
+    from quest.data.shards import WdsDataset, resolve_shards
+
+    folder = tmp / "folder" / "train" / "n00000000"
+    folder.mkdir(parents=True)
+    for p in paths:
+        shutil.copy(p, folder / p.name)
+    convert_image_folder(tmp / "folder", tmp / "shards", [("train", "train")], shard_size=16)
+    return WdsDataset(resolve_shards(tmp / "shards", "train"), train=False, num_classes=1)
+
+
+def _next_sample(dataset, it: list) -> None:
+    """One decoded sample of the shard stream, restarting it at its end."""
+    if it[0] is None:
+        it[0] = iter(dataset)
+    try:
+        next(it[0])
+    except StopIteration:
+        it[0] = iter(dataset)
+        next(it[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
@@ -108,6 +136,8 @@ def main() -> None:
             "deit_draft": lambda i: deit(open_draft(paths[i])),
             "deit_prefetch": lambda i: deit_pf(Image.open(paths[i]).convert("RGB")),
         }
+        shards = _shard_reader(Path(tmp), paths)
+        stages["shards"] = lambda i, it=[None]: _next_sample(shards, it)
         mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=1000)
         batch = torch.randn(128, 3, 224, 224)
         targets = torch.randint(0, 1000, (128,))
