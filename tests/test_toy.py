@@ -1,7 +1,9 @@
-"""The toy study: the data generator's statistics, the model, batched == one-by-one training, outcomes, the CLI."""
+"""The toy study: the data generator's statistics, the model, the engine == runs trained one by one with
+torch.optim.AdamW, outcomes under both rule sets, the stopping rule, the CLI (grid and sensitivity study)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import subprocess
 import sys
@@ -22,7 +24,9 @@ from quest.toy import (
     success_rates,
     train_chunk,
 )
-from quest.toy.config import OutcomeRules
+from quest.toy.batched import _program
+from quest.toy.config import OutcomeRules, PaperOutcomeRules, StopRule
+from quest.toy.study import PAPER_OUTCOMES, classify_paper, stop_size, wilson_interval
 
 from .helpers import ROOT
 
@@ -111,45 +115,152 @@ def test_qknorm_scale_uses_the_toy_sequence_length():
     assert model.attn.qk_scale.item() == pytest.approx(math.log2(21**2 - 21))
 
 
-# --- batched training ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("attention", ["standard", "quest", "qknorm_hs", "qknorm_ds"])
-def test_batched_runs_equal_runs_trained_one_by_one(attention):
-    cfg = ToyDataConfig(train_size=96, test_size=64)
-    data = make_toy_data(cfg, seed=5)
-    kwargs = dict(seq_len=cfg.seq_len, dim=cfg.dim, num_classes=cfg.num_classes)
-    runs = [RunSpec(1e-2, 0.0, 0), RunSpec(5e-3, 0.1, 1), RunSpec(2.5e-3, 0.05, 0)]
-    res = train_chunk(attention, runs, data.train, data.test, data_seed=5, epochs=3, batch_size=32,
-                      model_kwargs=kwargs)
-    for i, run in enumerate(runs):
-        torch.manual_seed(run.init_seed)
-        model = ToyTransformer(attention, **kwargs)
-        opt = torch.optim.AdamW(model.parameters(), lr=run.lr, weight_decay=run.weight_decay)
-        for epoch in range(3):
-            for idx in batch_order(5, epoch, 96, 32):
-                opt.zero_grad()
-                F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
-                opt.step()
+# --- the engine ----------------------------------------------------------------------------------------------------
+ALL = PAPER_SIX + ["elliptical", "elliptical_quest"]
+KW = dict(seq_len=20, dim=20, num_classes=10)
+
+
+def _perturbed(attention: str, seed: int) -> ToyTransformer:
+    torch.manual_seed(seed)
+    model = ToyTransformer(attention, **KW).double()
+    with torch.no_grad():  # every parameter off its initial value (LayerNorm gains != 1, biases != 0, ...)
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("attention", ALL)
+def test_engine_logits_equal_each_model_s_forward(attention):
+    """The engine's own batched forward (keys from the shared centred input, values never formed) computes exactly
+    ToyTransformer's function, run by run, for every formulation (its transform_qk under vmap)."""
+    models = [_perturbed(attention, s) for s in range(3)]
+    prog = _program(attention, KW, False, (0.9, 0.999), 1e-8)
+    w = prog.layout.stack(models)
+    x = make_toy_data(ToyDataConfig(train_size=16, test_size=1), seed=0).train.x.double()
+    with torch.no_grad():
+        got = prog.logits(w, x)
+        for i, m in enumerate(models):
+            torch.testing.assert_close(got[i], m(x), atol=1e-12, rtol=1e-12)
+            keys, _ = m.keys(x)
+            torch.testing.assert_close(prog.key_norms(w, x)[i], keys.norm(dim=-1), atol=1e-12, rtol=1e-12)
+
+
+def _one_by_one(attention, run, data, epochs, dtype, frozen=(), param_init=None):
+    """The reference: one ToyTransformer trained alone with torch.optim.AdamW."""
+    torch.manual_seed(run.init_seed)
+    model = ToyTransformer(attention, **KW)
+    for name, value in (param_init or {}).items():
+        with torch.no_grad():
+            model.get_parameter(name).fill_(value)
+    model = model.to(dtype)
+    params = [p for n, p in model.named_parameters() if n not in frozen]
+    opt = torch.optim.AdamW(params, lr=run.lr, weight_decay=run.weight_decay)
+    n = len(data.train.y)
+    for epoch in range(epochs):
+        for idx in batch_order(5, epoch, n, 32):
+            opt.zero_grad()
+            F.cross_entropy(model(data.train.x[idx].to(dtype)), data.train.y[idx]).backward()
+            opt.step()
+    return model
+
+
+RUNS = [RunSpec(1e-2, 0.0, 0), RunSpec(5e-3, 0.1, 1), RunSpec(2.5e-3, 0.05, 0)]
+
+
+@pytest.mark.parametrize("attention", ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"])
+def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
+    """float64, so that nothing hides in the tolerance: every parameter of every run to 1e-9 after 9 steps
+    (tiles of 2 runs: 2 + 1, so the tiling is exercised too), and the reported accuracies and loss exactly."""
+    data = make_toy_data(ToyDataConfig(train_size=96, test_size=64), seed=5)
+    res = train_chunk(attention, RUNS, data.train, data.test, data_seed=5, epochs=3, batch_size=32, model_kwargs=KW,
+                      runs_per_call=2, dtype=torch.float64)
+    for i, run in enumerate(RUNS):
+        model = _one_by_one(attention, run, data, 3, torch.float64)
         for name, p in model.named_parameters():
-            got, want = res.weights[name][i], p.detach()
-            if name in ("attn.qkv.bias", "attn.k_norm.bias"):
-                # a bias added to every key shifts a softmax row by a constant: its exact gradient is 0, so Adam
-                # turns float noise into +-lr steps in both versions; it cannot change the output (checked below)
-                got, want = (torch.cat([got[:20], got[40:]]), torch.cat([want[:20], want[40:]])) \
-                    if name == "attn.qkv.bias" else (got[:0], want[:0])
-            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4, msg=name)
-        batched = ToyTransformer(attention, **kwargs)
-        batched.load_state_dict({k: v[i] for k, v in res.weights.items()})
+            torch.testing.assert_close(res.weights[name][i], p.detach(), atol=1e-9, rtol=1e-9, msg=name)
         with torch.no_grad():
-            torch.testing.assert_close(batched(data.test.x), model(data.test.x), atol=1e-4, rtol=1e-4)
-        with torch.no_grad():
-            train_acc = (model(data.train.x).argmax(-1) == data.train.y).float().mean()
-            test_acc = (model(data.test.x).argmax(-1) == data.test.y).float().mean()
-            loss = F.cross_entropy(model(data.train.x), data.train.y)
-        assert res.train_acc[i] == pytest.approx(train_acc.item())
-        assert res.test_acc[i] == pytest.approx(test_acc.item())
-        assert res.final_loss[i] == pytest.approx(loss.item(), rel=1e-4)
+            for split, got in ((data.train, res.train_acc[i]), (data.test, res.test_acc[i])):
+                want = (model(split.x.double()).argmax(-1) == split.y).double().mean().item()
+                assert got.item() == pytest.approx(want, abs=1e-6)  # the same samples right (1 sample: 0.01)
+            loss = F.cross_entropy(model(data.train.x.double()), data.train.y)
+        assert res.final_loss[i].item() == pytest.approx(loss.item(), rel=1e-9)
     assert res.key_norms.shape == (3, 4, 3)
     assert not torch.equal(res.weights["head.weight"][0], res.weights["head.weight"][1])
+
+
+@pytest.mark.parametrize("attention", ["standard", "quest"])
+def test_engine_in_float32_matches_one_by_one_training(attention):
+    """The study's precision: the trained functions agree (a few parameters with an exactly-zero gradient, e.g. the
+    key bias, take Adam steps of float noise in both versions, so the comparison is of outputs)."""
+    data = make_toy_data(ToyDataConfig(train_size=96, test_size=64), seed=5)
+    res = train_chunk(attention, RUNS, data.train, data.test, data_seed=5, epochs=3, batch_size=32, model_kwargs=KW)
+    for i, run in enumerate(RUNS):
+        model = _one_by_one(attention, run, data, 3, torch.float32)
+        trained = ToyTransformer(attention, **KW)
+        trained.load_state_dict({k: v[i] for k, v in res.weights.items()})
+        with torch.no_grad():
+            torch.testing.assert_close(trained(data.test.x), model(data.test.x), atol=1e-3, rtol=1e-3)
+
+
+def test_frozen_and_initialised_parameters():
+    """QKNorm with g fixed at 1/sqrt(d): g never moves, and the rest trains as torch.optim.AdamW without g."""
+    data = make_toy_data(ToyDataConfig(train_size=64, test_size=32), seed=5)
+    init = {"attn.qk_scale": 20**-0.5}
+    res = train_chunk("qknorm", RUNS[:2], data.train, data.test, data_seed=5, epochs=2, batch_size=32,
+                      model_kwargs=KW, dtype=torch.float64, param_init=init, frozen=["attn.qk_scale"])
+    assert torch.equal(res.weights["attn.qk_scale"], torch.full((2, 1), 20**-0.5).double())  # set in float32
+    for i, run in enumerate(RUNS[:2]):
+        model = _one_by_one("qknorm", run, data, 2, torch.float64, frozen=["attn.qk_scale"], param_init=init)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(res.weights[name][i], p.detach(), atol=1e-9, rtol=1e-9, msg=name)
+    with pytest.raises(ValueError, match="cannot freeze"):
+        train_chunk("standard", RUNS[:1], data.train, data.test, 5, 1, 32, KW, frozen=["attn.qk_scale"])
+    with pytest.raises(ValueError, match="no parameter 'attn.qk_scale'"):
+        train_chunk("standard", RUNS[:1], data.train, data.test, 5, 1, 32, KW, param_init=init)
+
+
+def test_tiles_and_extra_test_sets():
+    """Training in tiles of 1, 2 or all runs gives the same runs; every named test set is evaluated."""
+    data = make_toy_data(ToyDataConfig(train_size=64, test_size=32), seed=5)
+    biased = make_toy_data(ToyDataConfig(train_size=64, test_size=32, test_biased_fraction=0.5), seed=5)
+    assert torch.equal(biased.train.x, data.train.x)  # the training set does not depend on the test set's make-up
+    results = [train_chunk("quest", RUNS, data.train, {"test": data.test, "biased": biased.test}, 5, 2, 32, KW,
+                           runs_per_call=n, dtype=torch.float64, probe_size=0) for n in (1, 2, 3)]
+    for res in results[1:]:
+        for name, w in res.weights.items():
+            torch.testing.assert_close(w, results[0].weights[name], atol=1e-12, rtol=1e-12)
+    res = results[0]
+    assert set(res.test_accs) == {"test", "biased"} and torch.equal(res.test_acc, res.test_accs["test"])
+    assert res.key_norms.shape == (3, 0, 3)
+    model = ToyTransformer("quest", **KW).double()
+    model.load_state_dict({k: v[1] for k, v in res.weights.items()})
+    with torch.no_grad():
+        acc = (model(biased.test.x.double()).argmax(-1) == biased.test.y).double().mean()
+    assert res.test_accs["biased"][1].item() == pytest.approx(acc.item(), abs=1e-6)
+
+
+def test_device_placement_on_cpu():
+    """device= reaches every tensor the engine makes (here the CPU, given as a torch.device); results come back on the
+    CPU; a CUDA device without CUDA is refused before anything trains."""
+    data = make_toy_data(ToyDataConfig(train_size=32, test_size=16), seed=1)
+    res = train_chunk("quest", RUNS[:2], data.train, data.test, 1, 1, 32, KW, device=torch.device("cpu"))
+    assert all(t.device.type == "cpu" for t in (res.train_acc, res.test_acc, res.key_norms, *res.weights.values()))
+    from quest.toy.study import _check
+
+    cfg = {"attentions": ["quest"], "grid": {"lrs": [1e-3], "weight_decays": [0.0], "data_seeds": [0],
+                                             "init_seeds": [0]}, "study": {"name": "grid"}, "device": "cuda:0"}
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            _check(cfg)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_engine_on_cuda_matches_cpu():
+    data = make_toy_data(ToyDataConfig(train_size=64, test_size=32), seed=5)
+    cpu = train_chunk("quest", RUNS, data.train, data.test, 5, 2, 32, KW, dtype=torch.float64)
+    gpu = train_chunk("quest", RUNS, data.train, data.test, 5, 2, 32, KW, dtype=torch.float64, device="cuda")
+    for name, w in cpu.weights.items():
+        torch.testing.assert_close(gpu.weights[name], w, atol=1e-9, rtol=1e-9)
 
 
 def test_batch_order_covers_the_set_once_per_epoch_and_depends_on_epoch():
@@ -172,6 +283,17 @@ def test_outcome_classifier(train_acc, test_acc, expected):
     assert classify(train_acc, test_acc, OutcomeRules()) == expected
 
 
+@pytest.mark.parametrize("train_acc, test_acc, expected", [
+    (0.95, 0.93, "correct"), (0.90, 0.95, "unclassified"),  # "> 90%": 90% itself is not correct
+    (0.5, 0.2, "biased"), (0.8, 0.4, "biased"), (0.7, 0.3, "biased"),
+    (0.85, 0.3, "unclassified"), (0.7, 0.12, "unclassified"),  # train above 80% / test at chance: no range
+    (0.12, 0.09, "degenerate"), (0.15, 0.15, "degenerate"), (0.25, 0.1, "unclassified"),
+])
+def test_paper_outcome_ranges(train_acc, test_acc, expected):
+    assert classify_paper(train_acc, test_acc, PaperOutcomeRules()) == expected
+    assert expected in PAPER_OUTCOMES
+
+
 def test_success_rates_per_cell_and_overall():
     rows = [{"attention": "quest", "lr": 1e-3, "weight_decay": 0.0, "outcome": o}
             for o in ("correct", "correct", "biased", "degenerate")]
@@ -183,9 +305,36 @@ def test_success_rates_per_cell_and_overall():
     assert set(OUTCOMES) <= set(rates[("all", "all")])
 
 
+def test_wilson_interval_matches_known_values():
+    # Wilson score intervals (z = 1.96), e.g. Brown, Cai & DasGupta (2001): 5 / 10 -> (0.2366, 0.7634)
+    assert wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    assert wilson_interval(0, 20) == pytest.approx((0.0, 0.16113), abs=1e-5)
+    assert wilson_interval(48, 48) == pytest.approx((0.92590, 1.0), abs=1e-5)
+
+
+def test_stop_size_rule():
+    def table(rates):  # rates: {size: {attention: correct of 96}}
+        return [{"axis": "train_size", "attention": a, "train_size": n, "correct": k, "runs": 96}
+                for n, per in rates.items() for a, k in per.items()]
+
+    rule = StopRule(min_points=5.0, z=2.0)
+    # 10 -> 40 of 96 is far beyond noise; 40 -> 45 -> 44 is within it
+    got = stop_size(table({768: {"a": 10, "b": 5}, 2048: {"a": 40, "b": 30}, 4096: {"a": 45, "b": 33},
+                           8192: {"a": 44, "b": 36}}), ["a", "b"], [768, 2048, 4096, 8192], rule)
+    assert got["size"] == 2048 and got["converged"]
+    assert [s["stable"] for s in got["steps"]] == [False, True, True]
+    # one formulation still rising at every step: the largest size, not converged
+    got = stop_size(table({768: {"a": 0}, 2048: {"a": 30}, 4096: {"a": 60}, 8192: {"a": 90}}), ["a"],
+                    [768, 2048, 4096, 8192], rule)
+    assert got["size"] == 8192 and not got["converged"]
+    # 2 standard errors of 48/96 vs 63/96 (pooled p = 0.578): 0.1426 -> a 15.6-point change is not stable
+    got = stop_size(table({1: {"a": 48}, 2: {"a": 63}}), ["a"], [1, 2], rule)
+    assert got["steps"][0]["checks"][0]["allowed"] == pytest.approx(0.1426, abs=1e-4) and not got["converged"]
+
+
 # --- the command line ----------------------------------------------------------------------------------------------
 TINY = ["grid=quick", "grid.lrs=[0.01]", "grid.weight_decays=[0.0,0.1]", "grid.data_seeds=[0]", "grid.init_seeds=[0,1]",
-        "data.train_size=64", "data.test_size=64", "train.epochs=2", "probe_size=32"]
+        "data.train_size=64", "data.test_size=64", "train.epochs=2", "probe_size=32", "workers=1", "compile=false"]
 
 
 def _toy(*args: str) -> subprocess.CompletedProcess:
@@ -200,8 +349,11 @@ def test_cli_writes_outputs_and_resumes(tmp_path):
     rows = list(csv.DictReader((out / "runs.csv").open()))
     assert len(rows) == 2 * 2 * 2
     assert set(rows[0]) == {"attention", "lr", "weight_decay", "data_seed", "init_seed", "train_acc", "test_acc",
-                            "final_train_loss", "outcome"}
-    assert {r["outcome"] for r in rows} <= set(OUTCOMES)
+                            "final_train_loss", "outcome", "paper_outcome"}
+    assert {r["outcome"] for r in rows} <= set(OUTCOMES) and {r["paper_outcome"] for r in rows} <= set(PAPER_OUTCOMES)
+    for r in rows:  # outcomes are those of the classifiers on the stored accuracies
+        assert r["outcome"] == classify(float(r["train_acc"]), float(r["test_acc"]), OutcomeRules())
+        assert r["paper_outcome"] == classify_paper(float(r["train_acc"]), float(r["test_acc"]), PaperOutcomeRules())
     rates = list(csv.DictReader((out / "success_rates.csv").open()))
     assert {(r["attention"], r["lr"]) for r in rates} == {(a, lr) for a in ("standard", "quest") for lr in ("all", "0.01")}
     for png in ("success_heatmaps.png", "key_norms.png"):
@@ -218,9 +370,59 @@ def test_cli_writes_outputs_and_resumes(tmp_path):
     assert other.returncode != 0 and "different toy config" in other.stdout + other.stderr
 
 
-def test_cli_rejects_an_unknown_attention(tmp_path):
+def test_cli_rejects_an_unknown_attention_and_a_missing_gpu(tmp_path):
     proc = _toy(*TINY, "attentions=[standard,nope]", f"out_dir={tmp_path}")
     assert proc.returncode != 0 and "['nope'] not usable" in proc.stdout + proc.stderr
+    if not torch.cuda.is_available():
+        proc = _toy(*TINY, "attentions=[quest]", "device=cuda", f"out_dir={tmp_path}")
+        assert proc.returncode != 0 and "no CUDA device" in proc.stdout + proc.stderr
+
+
+SENS = ["study=sensitivity", "study.train_sizes=[32,64]", "grid.lrs=[0.01]", "grid.data_seeds=[0,1]",
+        "grid.init_seeds=[0]", "attentions=[standard,quest]", "study.scale_variants=[qknorm,qknorm_fixed_rsqrt_d]",
+        "train.epochs=2", "data.test_size=64", "compile=false"]
+
+
+def test_sensitivity_command_outputs(tmp_path):
+    """study=sensitivity on a tiny grid, in two worker processes: the CSV holds every axis, formulation and size with
+    counts and Wilson intervals recomputed from runs.csv; the figure and the stopping rule's verdict are written;
+    the same command with one worker (in process, one thread as each worker has) reproduces the runs exactly."""
+    out = tmp_path / "sens"
+    proc = _toy(*SENS, "workers=2", f"out_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    names = ["standard", "quest", "qknorm", "qknorm_fixed_rsqrt_d"]
+    assert sorted({(r["attention"], r["train_size"]) for r in runs}) == sorted(
+        (a, n) for a in names for n in ("32", "64"))
+    assert len(runs) == 4 * 2 * 2 * 2 and {"test_acc_b0", "test_acc_b0.5"} <= set(runs[0])
+    for r in runs:
+        assert r["test_acc"] == r["test_acc_b0"]  # the default test set is the one without biased samples
+    table = list(csv.DictReader((out / "sensitivity.csv").open()))
+    axes = {(r["axis"], r["attention"]) for r in table}
+    assert {("train_size", a) for a in names} <= axes
+    assert {("qknorm_scale", a) for a in ("qknorm", "qknorm_fixed_rsqrt_d")} <= axes
+    assert {("test_biased_fraction", a) for a in ("standard", "quest")} <= axes
+    assert {("outcome_rules", a) for a in ("standard", "quest")} <= axes
+    for row in table:
+        members = [r for r in runs if r["attention"] == row["attention"] and r["train_size"] == row["train_size"]]
+        test_key = "test_acc_b" + f"{float(row['test_biased_fraction']):g}"
+        if row["rules"] == "paper":
+            outcomes = [classify_paper(float(r["train_acc"]), float(r[test_key]), PaperOutcomeRules()) for r in members]
+        else:
+            outcomes = [classify(float(r["train_acc"]), float(r[test_key]), OutcomeRules()) for r in members]
+        k, n = outcomes.count("correct"), len(members)
+        assert int(row["runs"]) == n and int(row["correct"]) == k
+        assert float(row["success_rate"]) == pytest.approx(k / n, abs=1e-6)
+        assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx(wilson_interval(k, n), abs=1e-6)
+        other = outcomes.count("other") + outcomes.count("unclassified")
+        assert int(row["other"]) == other
+    assert (out / "sensitivity.png").stat().st_size > 20_000
+    verdict = json.loads((out / "sensitivity.json").read_text())["stop"]
+    assert verdict["size"] in (32, 64) and verdict["rule"] == {"min_points": 5.0, "z": 2.0}
+    assert [c["attention"] for c in verdict["steps"][0]["checks"]] == ["standard", "quest"]
+    single = _toy(*SENS, "workers=1", "threads=1", f"out_dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert (tmp_path / "one" / "runs.csv").read_text() == (out / "runs.csv").read_text()
 
 
 @pytest.mark.slow

@@ -3,12 +3,12 @@
 data: the task; model: the one-layer, one-head Transformer; batched: many runs trained as one vmapped computation;
 study: the grid, outcomes, CSVs and resume; plots: heatmaps and key-norm trajectories. Results: docs/results.md.
 """
-from .batched import BatchedAdamW, RunSpec, batch_order, train_chunk
+from .batched import ParamLayout, RunSpec, batch_order, train_chunk
 from .data import ToyData, ToyDataConfig, ToySplit, make_toy_data
 from .model import ToyTransformer
 from .study import OUTCOMES, classify, run_study, success_rates, summary_table
 
 __all__ = [
-    "BatchedAdamW", "RunSpec", "batch_order", "train_chunk", "ToyData", "ToyDataConfig", "ToySplit",
+    "ParamLayout", "RunSpec", "batch_order", "train_chunk", "ToyData", "ToyDataConfig", "ToySplit",
     "make_toy_data", "ToyTransformer", "OUTCOMES", "classify", "run_study", "success_rates", "summary_table",
 ]

@@ -1,20 +1,26 @@
-"""Run the toy study's grid, classify every run, write runs.csv / success_rates.csv and the figures.
+"""Run the toy study: the grid (``study=grid``, the paper's) or the sensitivity study (``study=sensitivity``).
 
-Work is done in chunks of one (formulation, data realisation): every (lr, weight decay, initialisation) of the grid
-trains at once (quest.toy.batched). Each finished chunk is written atomically to ``<out>/chunks/``; a rerun with the
-same config skips finished chunks, so an interrupted study resumes where it stopped.
+Work is done in chunks of one (formulation, training-set size, data realisation): every (lr, weight decay,
+initialisation) of the grid trains at once (quest.toy.batched). Each finished chunk is written atomically to
+``<out>/chunks/``; a rerun with the same config skips finished chunks, so an interrupted study resumes where it
+stopped. Chunks train in ``workers`` processes side by side (one per CPU core by default). Outcomes are derived
+from the stored accuracies when results are aggregated, under this project's rules and under the paper's ranges.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
 import json
 import logging
+import math
+import multiprocessing
+import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -22,19 +28,21 @@ from quest.attention import list_attentions
 from quest.io import atomic_write, markdown_table, write_csv_atomic, write_json_atomic
 
 from .batched import RunSpec, train_chunk
-from .config import OutcomeRules
+from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
 
-__all__ = ["OUTCOMES", "classify", "run_study", "success_rates", "summary_table"]
+__all__ = ["OUTCOMES", "PAPER_OUTCOMES", "classify", "classify_paper", "run_study", "success_rates", "summary_table",
+           "wilson_interval", "stop_size", "sensitivity_table"]
 
 log = logging.getLogger(__name__)
 OUTCOMES = ("correct", "biased", "degenerate", "other")
+PAPER_OUTCOMES = ("correct", "biased", "degenerate", "unclassified")
 RUN_FIELDS = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_acc", "test_acc", "final_train_loss",
-              "outcome"]
+              "outcome", "paper_outcome"]
 
 
 def classify(train_acc: float, test_acc: float, rules: OutcomeRules) -> str:
-    """The paper's outcome of a run from its train and test accuracy (fractions); see :class:`OutcomeRules`."""
+    """This project's outcome of a run from its train and test accuracy (fractions); see :class:`OutcomeRules`."""
     if train_acc >= rules.correct_min and test_acc >= rules.correct_min:
         return "correct"
     if train_acc <= rules.degenerate_train_max and test_acc <= rules.degenerate_test_max:
@@ -44,100 +52,389 @@ def classify(train_acc: float, test_acc: float, rules: OutcomeRules) -> str:
     return "other"
 
 
+def classify_paper(train_acc: float, test_acc: float, rules: PaperOutcomeRules) -> str:
+    """The paper's outcome of a run, by its own ranges (:class:`PaperOutcomeRules`); "unclassified" where none fits."""
+    if train_acc > rules.correct_above and test_acc > rules.correct_above:
+        return "correct"
+    (tr_lo, tr_hi), (te_lo, te_hi) = rules.biased_train, rules.biased_test
+    if tr_lo <= train_acc <= tr_hi and te_lo <= test_acc <= te_hi:
+        return "biased"
+    if train_acc <= rules.chance_max and test_acc <= rules.chance_max:
+        return "degenerate"
+    return "unclassified"
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k / n."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def success_rates(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per formulation: outcome counts and the share of correct runs, overall and per (lr, weight decay) cell."""
-    groups: dict[tuple, Counter] = {}
+    """Per formulation: outcome counts and the share of correct runs, overall and per (lr, weight decay) cell; with
+    ``paper_outcome`` in the rows also the counts under the paper's ranges."""
+    groups: dict[tuple, list] = {}
     for r in rows:
         for key in ((r["attention"], "all", "all"), (r["attention"], r["lr"], r["weight_decay"])):
-            groups.setdefault(key, Counter())[r["outcome"]] += 1
+            groups.setdefault(key, []).append(r)
     out = []
-    for (attention, lr, wd), counts in groups.items():
-        n = sum(counts.values())
-        out.append({"attention": attention, "lr": lr, "weight_decay": wd, "runs": n,
-                    **{o: counts[o] for o in OUTCOMES}, "success_rate": counts["correct"] / n})
+    for (attention, lr, wd), members in groups.items():
+        counts = Counter(r["outcome"] for r in members)
+        n = len(members)
+        row = {"attention": attention, "lr": lr, "weight_decay": wd, "runs": n, **{o: counts[o] for o in OUTCOMES},
+               "success_rate": counts["correct"] / n}
+        if "paper_outcome" in members[0]:
+            paper = Counter(r["paper_outcome"] for r in members)
+            row.update({f"paper_{o}": paper[o] for o in PAPER_OUTCOMES})
+            row["unclassified_by_both"] = sum(r["outcome"] == "other" and r["paper_outcome"] == "unclassified"
+                                              for r in members)
+        out.append(row)
     return out
 
 
-def _fingerprint(cfg: Any) -> str:
-    keys = {k: cfg[k] for k in ("grid", "data", "model", "train")}
+# --- chunks ----------------------------------------------------------------------------------------------------
+def _variant(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """attention / variant name -> {attention, param_init, frozen, label}."""
+    variants = cfg.get("variants") or {}
+    if name in variants:
+        v = dict(variants[name])
+        return {"attention": v["attention"], "param_init": dict(v.get("param_init") or {}),
+                "frozen": list(v.get("frozen") or []), "label": v.get("label") or name}
+    return {"attention": name, "param_init": {}, "frozen": [], "label": name}
+
+
+ENGINE_VERSION = 2  # part of every chunk's fingerprint: chunks of the engine before (vmap, version 1) are refused
+
+
+def _fingerprint(cfg: Mapping[str, Any], data: Mapping[str, Any], spec: Mapping[str, Any], tests: Sequence[float]) -> str:
+    keys = {k: cfg[k] for k in ("grid", "model", "train")} | {
+        "data": data, "variant": {k: spec[k] for k in ("attention", "param_init", "frozen")}, "tests": list(tests),
+        "probe_size": cfg["probe_size"], "engine": ENGINE_VERSION}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _run_chunk(cfg: Any, data_cfg: ToyDataConfig, attention: str, data_seed: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    name: str  # attention or variant name: the "attention" column of the outputs
+    spec: dict
+    data: dict  # ToyDataConfig fields (train_size of this chunk)
+    tests: tuple  # biased fractions of the extra test sets (sensitivity), () for the grid
+    data_seed: int
+    path: str
+    fingerprint: str
+
+
+def _test_key(fraction: float) -> str:
+    return f"test_acc_b{fraction:g}"
+
+
+def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
+    """Train one chunk and write it to ``task.path``; the chunk's rows carry accuracies, not outcomes."""
     g = cfg["grid"]
     specs = [RunSpec(float(lr), float(wd), int(s))
              for lr, wd, s in itertools.product(g["lrs"], g["weight_decays"], g["init_seeds"])]
-    data = make_toy_data(data_cfg, data_seed)
+    data_cfg = ToyDataConfig(**task.data)
+    data = make_toy_data(data_cfg, task.data_seed)
+    tests = {"test": data.test}
+    for fraction in task.tests:  # the same training set (drawn first), test sets with another biased share
+        other = make_toy_data(dataclasses.replace(data_cfg, test_biased_fraction=float(fraction)), task.data_seed)
+        assert torch.equal(other.train.x, data.train.x)
+        tests[_test_key(fraction)] = other.test
     start = time.perf_counter()
     res = train_chunk(
-        attention, specs, data.train, data.test, data_seed,
+        task.spec["attention"], specs, data.train, tests, task.data_seed,
         epochs=cfg["train"]["epochs"], batch_size=cfg["train"]["batch_size"],
         model_kwargs={"seq_len": data_cfg.seq_len, "dim": data_cfg.dim, "num_classes": data_cfg.num_classes,
                       **cfg["model"]},
         probe_size=cfg["probe_size"], compile=cfg["compile"], betas=tuple(cfg["train"]["betas"]),
-        eps=cfg["train"]["eps"],
+        eps=cfg["train"]["eps"], device=cfg.get("device") or "cpu", runs_per_call=cfg.get("runs_per_call"),
+        param_init=task.spec["param_init"], frozen=task.spec["frozen"],
     )
-    # accuracies only: the outcome is derived from them when results are aggregated (run_study)
     rows = []
-    for spec, tr, te, loss in zip(specs, res.train_acc.tolist(), res.test_acc.tolist(), res.final_loss.tolist()):
-        rows.append({"attention": attention, "lr": spec.lr, "weight_decay": spec.weight_decay,
-                     "data_seed": data_seed, "init_seed": spec.init_seed, "train_acc": round(tr, 6),
-                     "test_acc": round(te, 6), "final_train_loss": round(loss, 6)})
-    return {"rows": rows, "key_norms": res.key_norms, "seconds": time.perf_counter() - start}
+    for i, spec in enumerate(specs):
+        row = {"attention": task.name, "lr": spec.lr, "weight_decay": spec.weight_decay, "data_seed": task.data_seed,
+               "init_seed": spec.init_seed, "train_size": data_cfg.train_size,
+               "train_acc": round(res.train_acc[i].item(), 6), "test_acc": round(res.test_acc[i].item(), 6)}
+        for fraction in task.tests:
+            row[_test_key(fraction)] = round(res.test_accs[_test_key(fraction)][i].item(), 6)
+        row["final_train_loss"] = round(res.final_loss[i].item(), 6)
+        rows.append(row)
+    chunk = {"fingerprint": task.fingerprint, "rows": rows, "key_norms": res.key_norms,
+             "seconds": time.perf_counter() - start, "phases": res.seconds}
+    atomic_write(Path(task.path), lambda f: torch.save(chunk, f))
+    return chunk
 
 
-def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """Train the grid of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
-    out, chunks = Path(out_dir), Path(out_dir) / "chunks"
-    chunks.mkdir(parents=True, exist_ok=True)
-    data_cfg = ToyDataConfig(**cfg["data"])
-    unknown = [a for a in cfg["attentions"] if a not in list_attentions()]
+_WORKER_CFG: dict = {}
+
+
+def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
+    _WORKER_CFG.update(cfg)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def _worker_run(task: _Task) -> tuple[str, float]:
+    chunk = _train_task(_WORKER_CFG, task)
+    return task.path, chunk["seconds"]
+
+
+def _default_workers(cfg: Mapping[str, Any]) -> int:
+    if torch.device(cfg.get("device") or "cpu").type != "cpu":
+        return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
+    """Train the chunks of ``tasks`` that are not on disk yet, in ``workers`` processes (1: in this process)."""
+    todo = []
+    for t in tasks:
+        path = Path(t.path)
+        if path.exists():
+            fingerprint = torch.load(path, weights_only=True)["fingerprint"]
+            if fingerprint != t.fingerprint:
+                raise RuntimeError(
+                    f"{path} holds results of a different toy config (fingerprint {fingerprint}, this config "
+                    f"{t.fingerprint}); use another output directory (out_dir=...) or delete {path.parent}")
+            log.info("%s, n=%d, data %d: done before (%s), skipped", t.name, t.data["train_size"], t.data_seed,
+                     path.name)
+        else:
+            todo.append(t)
+    if not todo:
+        return
+    workers = min(int(cfg.get("workers") or _default_workers(cfg)), len(todo))
+    threads = cfg.get("threads") or (1 if workers > 1 else None)
+    start = time.perf_counter()
+
+    def done(i: int, task: _Task, seconds: float) -> None:
+        elapsed = time.perf_counter() - start
+        log.info("%s, n=%d, data %d: trained in %.1f s [%d/%d chunks, %.0f s elapsed, about %.0f s to go]",
+                 task.name, task.data["train_size"], task.data_seed, seconds, i, len(todo), elapsed,
+                 elapsed / i * (len(todo) - i))
+
+    if workers <= 1:
+        if threads:
+            torch.set_num_threads(int(threads))
+        for i, task in enumerate(todo, 1):
+            done(i, task, _train_task(cfg, task)["seconds"])
+        return
+    log.info("training %d chunks in %d worker processes (%s thread(s) each)", len(todo), workers, threads)
+    by_path = {t.path: t for t in todo}
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch / OpenMP state
+    with ctx.Pool(workers, initializer=_worker_init, initargs=(dict(cfg), threads), maxtasksperchild=None) as pool:
+        for i, (path, seconds) in enumerate(pool.imap_unordered(_worker_run, todo), 1):
+            done(i, by_path[path], seconds)
+
+
+def _check(cfg: Mapping[str, Any]) -> None:
+    names = list(cfg["attentions"]) + list((cfg.get("study") or {}).get("scale_variants") or [])
+    known = set(list_attentions())
+    unknown = [a for a in names if _variant(cfg, a)["attention"] not in known]
     if unknown or not cfg["attentions"]:
-        raise ValueError(f"toy study: attentions {unknown or '[]'} not usable; choose from {list_attentions()}")
+        raise ValueError(f"toy study: attentions {unknown or '[]'} not usable; choose from {list_attentions()} or a "
+                         f"name in variants ({sorted(cfg.get('variants') or {})})")
     for key in ("lrs", "weight_decays", "data_seeds", "init_seeds"):
         if not cfg["grid"][key]:
             raise ValueError(f"toy study: grid.{key} is empty; give at least one value")
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
+    study = (cfg.get("study") or {}).get("name", "grid")
+    if study not in ("grid", "sensitivity"):
+        raise ValueError(f"toy study: study.name={study!r}; choose grid or sensitivity")
+    if study == "sensitivity" and not cfg["study"]["train_sizes"]:
+        raise ValueError("toy study: study=sensitivity needs study.train_sizes")
+    device = torch.device(cfg.get("device") or "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"toy study: device={device} but torch sees no CUDA device")
+
+
+def _load_rows(cfg: Mapping[str, Any], tasks: list[_Task]) -> tuple[list[dict], dict[str, list], dict[str, float]]:
+    rules, paper = OutcomeRules(**cfg["outcome"]), PaperOutcomeRules(**cfg["paper_outcome"])
+    rows, key_norms, timings = [], {}, {}
+    for t in tasks:
+        chunk = torch.load(t.path, weights_only=True)
+        chunk_rows = [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules),
+                       "paper_outcome": classify_paper(r["train_acc"], r["test_acc"], paper)} for r in chunk["rows"]]
+        log.info("%s, n=%d, data %d: %d runs (%.1f s): %s", t.name, t.data["train_size"], t.data_seed, len(chunk_rows),
+                 chunk["seconds"], dict(Counter(r["outcome"] for r in chunk_rows)))
+        rows += chunk_rows
+        key_norms.setdefault(t.name, []).append(chunk["key_norms"])
+        timings[t.name] = timings.get(t.name, 0.0) + chunk["seconds"]
+    return rows, key_norms, timings
+
+
+def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
+    _check(cfg)
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
                     "'quest[report]')")
-    fingerprint = _fingerprint(cfg)
-    rules = OutcomeRules(**cfg["outcome"])
-    rows, key_norms, timings = [], {}, {}
-    for attention in cfg["attentions"]:
-        for data_seed in cfg["grid"]["data_seeds"]:
-            path = chunks / f"{attention}-data{data_seed}.pt"
-            if path.exists():
-                chunk = torch.load(path, weights_only=True)
-                if chunk["fingerprint"] != fingerprint:
-                    raise RuntimeError(
-                        f"{path} holds results of a different toy config (fingerprint {chunk['fingerprint']}, this "
-                        f"config {fingerprint}); use another output directory (out_dir=...) or delete {chunks}")
-                log.info("%s, data %d: done before (%s), skipped", attention, data_seed, path.name)
-            else:
-                chunk = {"fingerprint": fingerprint, **_run_chunk(cfg, data_cfg, attention, data_seed)}
-                atomic_write(path, lambda f, c=chunk: torch.save(c, f))
-            chunk_rows = [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules)} for r in chunk["rows"]]
-            log.info("%s, data %d: %d runs in %.1f s: %s", attention, data_seed, len(chunk_rows), chunk["seconds"],
-                     dict(Counter(r["outcome"] for r in chunk_rows)))
-            rows += chunk_rows
-            key_norms.setdefault(attention, []).append(chunk["key_norms"])
-            timings[attention] = timings.get(attention, 0.0) + chunk["seconds"]
+    if (cfg.get("study") or {}).get("name", "grid") == "sensitivity":
+        return _run_sensitivity(cfg, Path(out_dir))
+    return _run_grid(cfg, Path(out_dir))
+
+
+def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: Sequence[int],
+                tests: Sequence[float], per_size_dir: bool) -> list[_Task]:
+    tasks = []
+    for name in names:
+        spec = _variant(cfg, name)
+        for size in sizes:
+            data = {**cfg["data"], "train_size": int(size)}
+            ToyDataConfig(**data)  # checked before anything trains
+            fingerprint = _fingerprint(cfg, data, spec, tests)
+            for seed in cfg["grid"]["data_seeds"]:
+                sub = out / "chunks" / (f"n{size}" if per_size_dir else "")
+                tasks.append(_Task(name, spec, data, tuple(tests), int(seed), str(sub / f"{name}-data{seed}.pt"),
+                                   fingerprint))
+    return tasks
+
+
+def _run_grid(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    tasks = _grid_tasks(cfg, out, cfg["attentions"], [cfg["data"]["train_size"]], (), per_size_dir=False)
+    wall = time.perf_counter()
+    _execute(cfg, tasks)
+    rows, key_norms, timings = _load_rows(cfg, tasks)
+    for r in rows:
+        r.pop("train_size")
     rates = success_rates(rows)
     write_csv_atomic(out / "runs.csv", rows, RUN_FIELDS)
     write_csv_atomic(out / "success_rates.csv", rates, list(rates[0]))
     norms = {a: torch.cat(v) for a, v in key_norms.items()}  # (runs, epochs + 1, 3) in runs.csv order
     atomic_write(out / "key_norms.pt", lambda f: torch.save(norms, f))
-    timing = {"train_seconds": timings, "total_train_seconds": sum(timings.values()), "fingerprint": fingerprint,
-              "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome")}}
+    timing = {"train_seconds": timings, "total_train_seconds": sum(timings.values()),
+              "wall_seconds_this_call": time.perf_counter() - wall, "workers": cfg.get("workers"),
+              "fingerprints": sorted({t.fingerprint for t in tasks}),
+              "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome", "paper_outcome")}}
     write_json_atomic(out / "study.json", timing)
     if _can_plot():
         from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
 
-        plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png")
-        plot_key_norms(rows, norms, out / "key_norms.png")
+        labels = {a: _variant(cfg, a)["label"] for a in cfg["attentions"]}
+        plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png", labels=labels,
+                      subtitle=f"{cfg['data']['train_size']:,} training samples, {cfg['train']['epochs']} epochs")
+        if cfg["probe_size"]:
+            plot_key_norms(rows, norms, out / "key_norms.png", labels=labels)
     return {"rows": rows, "success_rates": rates, "key_norms": norms, "timing": timing}
+
+
+# --- the sensitivity study ---------------------------------------------------------------------------------------
+def _group(rows: list[dict], test_key: str, rules: OutcomeRules, paper: PaperOutcomeRules) -> dict[str, Any]:
+    n = len(rows)
+    mine = Counter(classify(r["train_acc"], r[test_key], rules) for r in rows)
+    theirs = Counter(classify_paper(r["train_acc"], r[test_key], paper) for r in rows)
+    neither = sum(classify(r["train_acc"], r[test_key], rules) == "other"
+                  and classify_paper(r["train_acc"], r[test_key], paper) == "unclassified" for r in rows)
+    return {"runs": n, "mine": mine, "paper": theirs, "neither": neither}
+
+
+def _row(axis: str, value: Any, name: str, size: int, fraction: float, rule_set: str, g: dict) -> dict[str, Any]:
+    counts = g["mine"] if rule_set == "project" else g["paper"]
+    names = OUTCOMES if rule_set == "project" else PAPER_OUTCOMES
+    k, n = counts["correct"], g["runs"]
+    lo, hi = wilson_interval(k, n)
+    return {"axis": axis, "value": value, "attention": name, "train_size": size, "test_biased_fraction": fraction,
+            "rules": rule_set, "runs": n, **{o: counts[o] for o in names if o != "unclassified"},
+            "other": counts["other"] if rule_set == "project" else counts["unclassified"],
+            "success_rate": round(k / n, 6), "ci_low": round(lo, 6), "ci_high": round(hi, 6),
+            "unclassified_by_both": g["neither"]}
+
+
+SENSITIVITY_FIELDS = ["axis", "value", "attention", "train_size", "test_biased_fraction", "rules", "runs", "correct",
+                      "biased", "degenerate", "other", "success_rate", "ci_low", "ci_high", "unclassified_by_both"]
+
+
+def sensitivity_table(rows: list[dict], cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The sensitivity CSV: success rate (with its 95% Wilson interval) and outcome counts per choice and formulation.
+
+    axis ``train_size``: every formulation and variant, the default test set, this project's rules; ``qknorm_scale``:
+    the scale variants; ``test_biased_fraction``: the formulations on each test set; ``outcome_rules``: the
+    formulations under this project's partition and the paper's ranges ("other" = not classified by that set;
+    ``unclassified_by_both`` = classified by neither)."""
+    st = cfg["study"]
+    rules, paper = OutcomeRules(**cfg["outcome"]), PaperOutcomeRules(**cfg["paper_outcome"])
+    default_fraction = float(cfg["data"]["test_biased_fraction"])
+    by = {}
+    for r in rows:
+        by.setdefault((r["attention"], r["train_size"]), []).append(r)
+    names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
+    out = []
+    for name in names:
+        for size in st["train_sizes"]:
+            out.append(_row("train_size", size, name, size, default_fraction, "project",
+                            _group(by[(name, size)], "test_acc", rules, paper)))
+    for name in st["scale_variants"]:
+        for size in st["train_sizes"]:
+            out.append(_row("qknorm_scale", _variant(cfg, name)["label"], name, size, default_fraction, "project",
+                            _group(by[(name, size)], "test_acc", rules, paper)))
+    for name in cfg["attentions"]:
+        for size in st["train_sizes"]:
+            for fraction in st["test_biased_fractions"]:
+                out.append(_row("test_biased_fraction", fraction, name, size, float(fraction), "project",
+                                _group(by[(name, size)], _test_key(fraction), rules, paper)))
+            g = _group(by[(name, size)], "test_acc", rules, paper)
+            for rule_set in ("project", "paper"):
+                out.append(_row("outcome_rules", rule_set, name, size, default_fraction, rule_set, g))
+    return out
+
+
+def stop_size(table: list[dict], attentions: Sequence[str], sizes: Sequence[int], rule: StopRule) -> dict[str, Any]:
+    """The smallest training-set size beyond which no formulation's success rate changes (:class:`StopRule`)."""
+    rate = {(r["attention"], r["train_size"]): r for r in table if r["axis"] == "train_size"}
+    sizes = sorted(int(s) for s in sizes)
+    steps = []
+    for n, nxt in zip(sizes, sizes[1:]):
+        checks = []
+        for a in attentions:
+            r0, r1 = rate[(a, n)], rate[(a, nxt)]
+            k0, k1, n0, n1 = r0["correct"], r1["correct"], r0["runs"], r1["runs"]
+            p0, p1, pooled = k0 / n0, k1 / n1, (k0 + k1) / (n0 + n1)
+            se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
+            allowed = max(rule.min_points / 100, rule.z * se)
+            checks.append({"attention": a, "from": round(p0, 4), "to": round(p1, 4), "change": round(p1 - p0, 4),
+                           "allowed": round(allowed, 4), "stable": abs(p1 - p0) <= allowed + 1e-12})
+        steps.append({"size": n, "next": nxt, "stable": all(c["stable"] for c in checks), "checks": checks})
+    chosen = next((s["size"] for s in steps if s["stable"]), sizes[-1])
+    return {"rule": dataclasses.asdict(rule), "size": chosen,
+            "converged": any(s["stable"] for s in steps), "steps": steps}
+
+
+def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    st = cfg["study"]
+    names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
+    fractions = [float(f) for f in st["test_biased_fractions"]]
+    tasks = _grid_tasks(cfg, out, names, st["train_sizes"], fractions, per_size_dir=True)
+    wall = time.perf_counter()
+    _execute(cfg, tasks)
+    rows, _, timings = _load_rows(cfg, tasks)
+    table = sensitivity_table(rows, cfg)
+    stop = stop_size(table, cfg["attentions"], st["train_sizes"], StopRule(**st["stop"]))
+    fields = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_size", "train_acc", "test_acc",
+              *[_test_key(f) for f in fractions], "final_train_loss", "outcome", "paper_outcome"]
+    write_csv_atomic(out / "runs.csv", rows, fields)
+    write_csv_atomic(out / "sensitivity.csv", table, SENSITIVITY_FIELDS)
+    summary = {"stop": stop, "train_seconds": timings, "total_train_seconds": sum(timings.values()),
+               "wall_seconds_this_call": time.perf_counter() - wall, "workers": cfg.get("workers"),
+               "config": {k: cfg[k] for k in ("grid", "data", "model", "train", "outcome", "paper_outcome", "study",
+                                              "variants", "attentions")}}
+    write_json_atomic(out / "sensitivity.json", summary)
+    log.info("stopping rule: training-set size %d (%s)", stop["size"],
+             "rates stable from there" if stop["converged"] else "the largest measured; rates still changing")
+    if _can_plot():
+        from .plots import plot_sensitivity
+
+        plot_sensitivity(table, cfg, stop["size"], out / "sensitivity.png",
+                         labels={n: _variant(cfg, n)["label"] for n in names})
+    # for the command line's summary: overall success per formulation and size
+    rates = [{"attention": f"{r['attention']} (n={r['train_size']})", "lr": "all", "runs": r["runs"],
+              "success_rate": r["success_rate"], "biased": r["biased"], "degenerate": r["degenerate"],
+              "other": r["other"]} for r in table if r["axis"] == "train_size"]
+    return {"rows": rows, "table": table, "stop": stop, "success_rates": rates, "timing": summary}
 
 
 def _can_plot() -> bool:
