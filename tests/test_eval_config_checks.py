@@ -71,9 +71,21 @@ def test_free_form_attention_options_are_not_key_checked():
     check_eval_config(eval_cfg(*BASE, "+attention.options.learnable_scale=true"), runner.EVALUATIONS)
 
 
+# what a suite cannot run without and only the user can give (the command line of its config's header)
+USER_GIVEN = {"imagenet_explain": ["eval.explain.boxes=/datasets/imagenet/LOC_val_solution.csv"]}
+
+
 @pytest.mark.parametrize("suite", sorted(p.stem for p in (CONFIGS / "eval").glob("*.yaml")))
 def test_every_suite_passes_the_checks(suite):
-    check_eval_config(eval_cfg(*BASE, f"eval={suite}"), runner.EVALUATIONS)
+    check_eval_config(eval_cfg(*BASE, f"eval={suite}", *USER_GIVEN.get(suite, [])), runner.EVALUATIONS)
+
+
+@pytest.mark.parametrize("suite", sorted(USER_GIVEN))
+def test_a_suite_without_its_user_given_values_names_them(suite):
+    with pytest.raises(ConfigError) as err:
+        check_eval_config(eval_cfg(*BASE, f"eval={suite}"), runner.EVALUATIONS)
+    for value in USER_GIVEN[suite]:
+        assert value.split("=")[0] in str(err.value)
 
 
 BAD_VALUES = [  # (override, key, the value as the message shows it, what is allowed)
