@@ -67,6 +67,9 @@ def test_a_signal_saves_at_the_next_step_and_the_resumed_run_is_bit_identical(
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
     _signal_after_step(monkeypatch, at_step, signum)
+    # what was installed before: Python's default_int_handler, or SIG_IGN when pytest itself was started in the
+    # background by a non-interactive shell (as `cmd &` does)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     summary = fit(compose_cfg(*LONG), tmp_path)
     name = signal.Signals(signum).name
     assert (summary["status"], summary["signal"], summary["saved"], summary["step"]) == (status, name, True, at_step)
@@ -77,7 +80,7 @@ def test_a_signal_saves_at_the_next_step_and_the_resumed_run_is_bit_identical(
         assert "not a SLURM job" in saved["requeue"] and exit_code(saved) == 0
     else:
         assert exit_code(saved) == EXIT_INTERRUPTED[name] == 128 + signum
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # handlers restored
     monkeypatch.undo()
     resumed = fit(compose_cfg(*LONG), tmp_path)
     assert resumed["status"] == "completed" and resumed["resumed"]
