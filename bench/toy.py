@@ -11,10 +11,13 @@ One optimizer step of R runs (default 150, one chunk of the full grid: batch 32,
 
 Rounds are interleaved in one process; it prints medians of wall time and process CPU time per step of all R runs,
 and run-steps per second. ``--chunk N`` then trains one whole chunk (N training samples, 50 epochs, key norms after
-every epoch, final evaluation) through ``train_chunk`` and reports its run-steps per second end to end.
+every epoch, final evaluation) through ``train_chunk`` and reports its run-steps per second end to end and where its
+time went (training steps, key-norm probes, evaluation). ``--profile`` runs ``torch.profiler`` over the engine's
+steps and splits one step into the compiled graph's matrix products (extern ATen calls), its fused element-wise C++
+kernels (the rest of the graph's time) and what runs outside the graph (Python, dispatch, guards).
 
     python bench/toy.py [--runs 150] [--steps 24] [--rounds 5] [--attention quest] [--threads 2] [--loop]
-                        [--per-call 16 150] [--chunk 4096] [--device cpu]
+                        [--per-call 16 150] [--chunk 4096] [--profile] [--device cpu]
 """
 from __future__ import annotations
 
@@ -125,6 +128,34 @@ def engine(attention: str, specs: list[RunSpec], kwargs: dict, per_call: int, de
     return step
 
 
+MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_weight_int8pack_mm")
+
+
+def profile_engine(step, batches: list, runs: int) -> None:
+    """Where one step's time goes: matmuls inside the compiled graph, the graph's fused kernels, and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        w0 = time.perf_counter()
+        for x, y in batches:
+            step(x, y)
+        wall = (time.perf_counter() - w0) / len(batches)
+    events = prof.key_averages()
+    per_step = lambda keep: sum(e.self_cpu_time_total for e in events if keep(e.key)) / len(batches) / 1e6
+    mm = per_step(lambda k: k in MATMULS)
+    fused = per_step(lambda k: "CompiledFxGraph" in k)
+    guards = per_step(lambda k: any(s in k for s in ("Cache Lookup", "Compiled Region", "AOTDispatcher", "Pregraph")))
+    rest = max(wall - mm - fused - guards, 0.0)
+    share = lambda t: f"{1e3 * t:.2f} ms ({100 * t / wall:.0f}%)"
+    print(f"profile of one step of {runs} runs (under the profiler: {1e3 * wall:.2f} ms):")
+    print("| part | time per step |\n|---|---|")
+    print(f"| matrix products (extern ATen bmm / baddbmm, inside the graph) | {share(mm)} |")
+    print(f"| fused element-wise kernels and reductions (the graph's own C++) | {share(fused)} |")
+    print(f"| dynamo guards and wrappers | {share(guards)} |")
+    print(f"| Python outside the graph (loop, batch slicing, bias corrections) | {share(rest)} |")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=150)
@@ -136,6 +167,7 @@ def main() -> None:
     ap.add_argument("--loop", action="store_true", help="also time a Python loop over torch.optim.AdamW models")
     ap.add_argument("--no-previous", action="store_true", help="skip the previous engine")
     ap.add_argument("--chunk", type=int, default=0, help="then train one chunk of this many samples end to end")
+    ap.add_argument("--profile", action="store_true", help="profile the engine's steps (first --per-call)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.threads:
@@ -178,17 +210,22 @@ def main() -> None:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         print(f"| {name} | {1e3 * w:.1f} | {1e3 * c:.1f} | {args.runs / w:,.0f} | "
               f"{statistics.median(wall[ref]) / w:.2f}x |")
+    if args.profile:
+        name = f"engine, {min(args.per_call[0], args.runs)} runs per call"
+        profile_engine(cases[name], batches, args.runs)
     if args.chunk:
         full = make_toy_data(ToyDataConfig(train_size=args.chunk, test_size=1024), 0)
         epochs = 50
         start = time.perf_counter()
-        train_chunk(args.attention, specs, full.train, full.test, 0, epochs=epochs, batch_size=32,
-                    model_kwargs=kwargs, compile=True, device=args.device, runs_per_call=args.per_call[0])
+        result = train_chunk(args.attention, specs, full.train, full.test, 0, epochs=epochs, batch_size=32,
+                             model_kwargs=kwargs, compile=True, device=args.device, runs_per_call=args.per_call[0])
         took = time.perf_counter() - start
         run_steps = args.runs * epochs * math.ceil(args.chunk / 32)
         print(f"one chunk end to end ({args.runs} runs, {args.chunk} samples, {epochs} epochs, "
               f"{args.per_call[0]} runs per call, compilation included): {took:.1f} s, {run_steps / took:,.0f} "
               f"run-steps / s; load average {os.getloadavg()[0]:.2f}")
+        parts = ", ".join(f"{k} {v:.1f} s ({100 * v / took:.0f}%)" for k, v in result.seconds.items())
+        print(f"  of which {parts}; setup {took - sum(result.seconds.values()):.1f} s")
 
 
 if __name__ == "__main__":
