@@ -175,7 +175,7 @@ class _Program:
             torch._foreach_mul_(update, [step_size.view(sh) for sh in shapes])
             torch._foreach_sub_(ws, update)
 
-        self.step = torch.compile(step, dynamic=False, **_COMPILE_OPTIONS) if compile else torch.no_grad()(eager_step)
+        self.step = torch.compile(step, dynamic=False) if compile else torch.no_grad()(eager_step)
 
     # --- the model, batched over runs -----------------------------------------------------------------------------
     def _tokens(self, w: dict, x: torch.Tensor):
@@ -241,7 +241,6 @@ class _Program:
 # The programs of the last formulation, reused by its next chunks: a fresh closure would make torch.compile trace
 # again for every chunk, and after 8 traces of one function dynamo gives up and runs it eagerly.
 _PROGRAMS: dict[tuple, _Program] = {}
-_COMPILE_OPTIONS: dict = {}
 
 
 def _program(attention: str, model_kwargs: Mapping, compile: bool, betas: tuple[float, float], eps: float,
