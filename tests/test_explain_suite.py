@@ -3,6 +3,7 @@ figures; ImageNet val with its boxes in both on-disk layouts, scored against met
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -53,17 +54,22 @@ def canvas_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_explain_suite_writes_metrics_maps_and_a_figure(canvas_run, tmp_path):
+def test_explain_suite_writes_metrics_maps_and_a_figure(canvas_run, tmp_path, caplog):
     from quest.report import build_report, load_runs
 
     ckpt = canvas_run / "checkpoints" / "last.pt"
     out = canvas_run / "eval" / "explain" / "last-model"
+    caplog.set_level(logging.INFO, logger="quest.eval")
     report = run_evaluation(eval_cfg(f"checkpoint={ckpt}", "eval=explain", "eval.explain.max_samples=40",
                                      "eval.explain.figure_images=3"), out)
     e = report["results"]["explain"]
     assert e["images"] == 40 and e["scored"] == 40 - e["misclassified"]
+    # the console's done line carries each method's mIoU (a fraction, not a percentage)
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("explain done in ")]
+    assert len(done) == 1 and done[0].endswith(": " + ", ".join(f"{m} miou {e[m]['miou']:.3f}"
+                                                                for m in ("attention", "rollout", "agcam")))
     for method in ("attention", "rollout", "agcam"):
-        if e["scored"]:
+        if e["scored"]:  # (a fresh model may get every image wrong)
             assert all(0 <= e[method][k] <= 1 for k in ("pixel_acc", "miou", "dice", "precision", "recall"))
     saved = torch.load(out / "explain_maps.pt", weights_only=True)
     from quest.evaluation.context import evenly_spaced

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from quest.io import json_text, markdown_table, write_csv_atomic, write_text_atomic
 
-__all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers"]
+__all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers",
+           "format_headline"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -79,19 +80,32 @@ _HEADLINE = ("top1", "top5", "nll", "n", "excluded_empty", "mce", "relative_mce"
              "relative_mean_error", "clean_error")
 
 
-# the numbers of the console's "<evaluation> done" line: top level first, then top-1 of each nested result (an
-# attack budget, an ImageNet-v2 variant, a clean subset)
+# the numbers of the console's "<evaluation> done" line: top level first, then the headline of each nested result
+# (top-1 of an attack budget, an ImageNet-v2 variant or a clean subset; mIoU of an explanation method)
 _DONE_LINE = ("top1", "top5", "nll", "mce", "relative_mce", "mean_error", "relative_mean_error", "extra_mean_error")
+_NESTED_DONE_LINE = ("top1", "miou")
 
 
 def headline_numbers(result: dict[str, Any]) -> dict[str, float]:
     """The headline numbers of one evaluation's result, e.g. {'top1': ..} for clean, {'clean top1': ..,
-    'pgd@0.00392157 top1': ..} for adversarial, {'matched-frequency top1': ..} for ImageNet-v2."""
+    'pgd@0.00392157 top1': ..} for adversarial, {'matched-frequency top1': ..} for ImageNet-v2, {'agcam miou': ..}
+    for explain."""
     out = {k: float(result[k]) for k in _DONE_LINE if isinstance(result.get(k), (int, float))}
     for key, value in result.items():
-        if isinstance(value, dict) and isinstance(value.get("top1"), (int, float)) and key != "protocol":
-            out[f"{key} top1"] = float(value["top1"])
+        if not isinstance(value, dict) or key == "protocol":
+            continue
+        for name in _NESTED_DONE_LINE:
+            if isinstance(value.get(name), (int, float)):
+                out[f"{key} {name}"] = float(value[name])
+                break
     return out
+
+
+def format_headline(name: str, value: float) -> str:
+    """One number of the done line: accuracies and errors are percent, NLL in nats and mIoU a fraction."""
+    if name.endswith(("nll", "miou")):
+        return f"{name} {value:.3f}"
+    return f"{name} {value:.2f}%"
 
 
 def _section(name: str, result: dict[str, Any]) -> list[str]:

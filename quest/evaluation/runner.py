@@ -18,7 +18,7 @@ from quest.engine.distributed import DistContext, init_distributed
 from .checks import check_eval_config
 from .context import EvalRun
 from .registry import EVALUATIONS, evaluators
-from .report import headline_numbers, log_wandb, write_reports
+from .report import format_headline, headline_numbers, log_wandb, write_reports
 from .target import EvalTarget, load_target
 
 log = logging.getLogger("quest.eval")
@@ -64,9 +64,7 @@ def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext,
         result = registered[name].run(run, settings[name])
         result["seconds"] = round(time.perf_counter() - tic, 2)
         run.results[name] = result
-        # accuracies and errors are percent, NLL nats
-        numbers = ", ".join(f"{k} {v:.3f}" if k.endswith("nll") else f"{k} {v:.2f}%"
-                            for k, v in headline_numbers(result).items())
+        numbers = ", ".join(format_headline(k, v) for k, v in headline_numbers(result).items())
         log.info("%s done in %.1f s: %s", name, result["seconds"], numbers or "no numbers")
     return run.results
 
