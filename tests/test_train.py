@@ -298,3 +298,34 @@ def test_a_training_step_reads_the_device_once_and_reduces_once(tmp_path, monkey
     fit(compose_cfg(*FAST, "trainer.accum_steps=2", "trainer.epochs=2"), tmp_path)
     assert len(reads) == 4 and reads == [1] * 4  # one read per step, two micro-batches each
     assert reduces == [0] * 4  # one process: no collective at all
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_a_training_step_clips_as_torch_does_and_reports_the_norm_before_clipping(tmp_path, clip):
+    """recipe.clip_grad: the step equals a hand-written step on an identical copy (plain backward, torch's
+    clip_grad_norm_, the same optimizer); without clipping, the gradients are left as they are."""
+    import copy
+
+    from quest.engine.distributed import DistContext
+    from quest.engine.trainer import Run
+
+    run = Run(compose_cfg(*FAST, "recipe.ema=false", f"recipe.clip_grad={clip or 'null'}"),
+              tmp_path, {}, DistContext())
+    model = copy.deepcopy(run.model).train()
+    by_name = dict(model.named_parameters())
+    names = {id(q): n for n, q in run.model.named_parameters()}
+    opt = type(run.parts.optimizer)([{**{k: v for k, v in g.items() if k != "params"},
+                                      "params": [by_name[names[id(q)]] for q in g["params"]]}
+                                     for g in run.parts.optimizer.param_groups])
+    images, targets = torch.randn(16, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 10
+    metrics = run.train_step([(images, targets)])
+
+    run.parts.train_loss(model(images), targets).backward()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad) for q in model.parameters()]))
+    if clip is not None:
+        assert norm > 4 * clip  # so clipping changes this step
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    assert metrics["train/grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+    for name, q in run.model.named_parameters():
+        torch.testing.assert_close(q, by_name[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -190,8 +190,10 @@ class Run:
             worst = torch.where(value.isnan() | (value > worst), value, worst)
             self.scaler.scale(loss / len(batches)).backward()
         self.scaler.unscale_(p.optimizer)
-        clip = cfg.recipe.clip_grad if cfg.recipe.clip_grad is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if cfg.recipe.clip_grad is not None:  # without clipping, no pass over the gradients beyond the norm's
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), cfg.recipe.clip_grad, grad_norm)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
         # fp16: an overflow is the scaler's business (it skips the step and lowers the scale, as DeiT's NativeScaler);
         # otherwise a non-finite norm is divergence. A non-finite loss is divergence either way (DeiT stops on it).
