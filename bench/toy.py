@@ -35,7 +35,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quest.toy import RunSpec, ToyDataConfig, ToyTransformer, make_toy_data, train_chunk  # noqa: E402
-from quest.toy.batched import _program, _tiles  # noqa: E402
+from quest.toy.batched import _Program, _program, _tiles  # noqa: E402
 
 GRID_LRS = [5e-4, 1e-3, 2.5e-3, 5e-3, 7.5e-3, 1e-2]
 GRID_WDS = [0.0, 0.01, 0.02, 0.05, 0.1]
@@ -103,8 +103,12 @@ def loop_case(attention: str, specs: list[RunSpec], kwargs: dict, device: str):
     return step
 
 
-def engine(attention: str, specs: list[RunSpec], kwargs: dict, per_call: int, device: str):
-    prog = _program(attention, kwargs, True, (0.9, 0.999), 1e-8)
+def engine(attention: str, specs: list[RunSpec], kwargs: dict, per_call: int, device: str,
+           options: dict | None = None):
+    """The engine's compiled step; ``options``: inductor options instead of quest's (compile_options)."""
+    device_type = torch.device(device).type
+    prog = (_program(attention, kwargs, True, (0.9, 0.999), 1e-8, device_type=device_type) if options is None else
+            _Program(attention, kwargs, True, (0.9, 0.999), 1e-8, device_type=device_type, options=options))
     models = []
     for s in specs:
         torch.manual_seed(s.init_seed)
@@ -168,6 +172,8 @@ def main() -> None:
     ap.add_argument("--no-previous", action="store_true", help="skip the previous engine")
     ap.add_argument("--chunk", type=int, default=0, help="then train one chunk of this many samples end to end")
     ap.add_argument("--profile", action="store_true", help="profile the engine's steps (first --per-call)")
+    ap.add_argument("--python-wrapper", action="store_true",
+                    help="also time the step compiled with inductor's default Python wrapper (quest: C++ on a CPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.threads:
@@ -183,6 +189,9 @@ def main() -> None:
         cases["previous engine (vmap + torch.compile)"] = previous_engine(args.attention, specs, kwargs, args.device)
     for n in args.per_call:
         cases[f"engine, {min(n, args.runs)} runs per call"] = engine(args.attention, specs, kwargs, n, args.device)
+        if args.python_wrapper:
+            cases[f"engine, {min(n, args.runs)} runs per call, inductor's Python wrapper"] = engine(
+                args.attention, specs, kwargs, n, args.device, options={})
     batches = [(data.x[i:i + 32].to(args.device), data.y[i:i + 32].to(args.device))
                for i in range(0, 32 * args.steps, 32)]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)

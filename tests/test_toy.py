@@ -188,6 +188,18 @@ def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
     assert not torch.equal(res.weights["head.weight"][0], res.weights["head.weight"][1])
 
 
+def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw():
+    """The study's compiled step (torch.compile, on a CPU with inductor's C++ wrapper) trains as the eager one: every
+    parameter of every run against torch.optim.AdamW run by run, float64, after 9 steps."""
+    data = make_toy_data(ToyDataConfig(train_size=96, test_size=64), seed=5)
+    res = train_chunk("quest", RUNS, data.train, data.test, data_seed=5, epochs=3, batch_size=32, model_kwargs=KW,
+                      dtype=torch.float64, compile=True)
+    for i, run in enumerate(RUNS):
+        model = _one_by_one("quest", run, data, 3, torch.float64)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(res.weights[name][i], p.detach(), atol=1e-8, rtol=1e-8, msg=name)
+
+
 @pytest.mark.parametrize("attention", ["standard", "quest"])
 def test_engine_in_float32_matches_one_by_one_training(attention):
     """The study's precision: the trained functions agree (a few parameters with an exactly-zero gradient, e.g. the

@@ -116,7 +116,8 @@ class _Program:
     """The batched functions of one formulation (and model shape): logits, raw key norms, the training step."""
 
     def __init__(self, attention: str, model_kwargs: Mapping, compile: bool, betas: tuple[float, float],
-                 eps: float, frozen: Sequence[str] = ()) -> None:
+                 eps: float, frozen: Sequence[str] = (), device_type: str = "cpu",
+                 options: Mapping[str, bool] | None = None) -> None:
         base = ToyTransformer(attention, **model_kwargs).to("meta")  # the code to run; weights come from the caller
         _check_architecture(base)
         self.layout = ParamLayout(base)
@@ -175,7 +176,8 @@ class _Program:
             torch._foreach_mul_(update, [step_size.view(sh) for sh in shapes])
             torch._foreach_sub_(ws, update)
 
-        self.step = torch.compile(step, dynamic=False) if compile else torch.no_grad()(eager_step)
+        options = compile_options(device_type) if options is None else dict(options)  # inductor's, for the step
+        self.step = torch.compile(step, dynamic=False, options=options) if compile else torch.no_grad()(eager_step)
 
     # --- the model, batched over runs -----------------------------------------------------------------------------
     def _tokens(self, w: dict, x: torch.Tensor):
@@ -244,14 +246,22 @@ _PROGRAMS: dict[tuple, _Program] = {}
 
 
 def _program(attention: str, model_kwargs: Mapping, compile: bool, betas: tuple[float, float], eps: float,
-             frozen: Sequence[str] = ()) -> _Program:
-    key = (attention, tuple(sorted(model_kwargs.items())), compile, tuple(betas), eps, tuple(sorted(frozen)))
+             frozen: Sequence[str] = (), device_type: str = "cpu") -> _Program:
+    key = (attention, tuple(sorted(model_kwargs.items())), compile, tuple(betas), eps, tuple(sorted(frozen)),
+           device_type)
     if key not in _PROGRAMS:
         _PROGRAMS.clear()
         if compile:
             torch._dynamo.reset()  # another formulation: its graphs replace the last one's instead of piling up
-        _PROGRAMS[key] = _Program(attention, model_kwargs, compile, tuple(betas), eps, frozen)
+        _PROGRAMS[key] = _Program(attention, model_kwargs, compile, tuple(betas), eps, frozen, device_type)
     return _PROGRAMS[key]
+
+
+def compile_options(device_type: str) -> dict[str, bool]:
+    """Inductor options of the compiled step. On a CPU its C++ wrapper: the step's kernels are called from C++
+    instead of Python (7 shared libraries instead of 26, a cold compile as long) and a step is about 20% faster
+    (bench/toy_compile.py, docs/benchmarks.md)."""
+    return {"cpp_wrapper": True} if device_type == "cpu" else {}
 
 
 def default_runs_per_call(device: torch.device | str) -> int:
@@ -332,7 +342,7 @@ def train_chunk(
     """
     device = torch.device(device)
     tests = dict(test) if isinstance(test, Mapping) else {"test": test}
-    prog = _program(attention, model_kwargs, compile, betas, eps, frozen)
+    prog = _program(attention, model_kwargs, compile, betas, eps, frozen, device.type)
     models = [init_model(attention, r.init_seed, param_init, **model_kwargs) for r in runs]
     params = {k: v.to(device, dtype) for k, v in prog.layout.stack(models).items()}
     lrs = torch.tensor([r.lr for r in runs], device=device, dtype=dtype)
