@@ -86,6 +86,8 @@ def train_throughput(name: str, attention: str, size: int, batch: int, dtype: to
     backend = sdpa_backend(model, images, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    if compiled:  # a fresh dynamo cache per model: a dozen compiled ViTs share timm's forward, and past dynamo's
+        torch._dynamo.reset()  # recompile limit (8 entries per code object) the later ones would run eagerly
     forward = torch.compile(model) if compiled else model
 
     def step() -> None:
