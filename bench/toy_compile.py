@@ -43,7 +43,7 @@ def child(attention: str, epochs: int, setting: str) -> dict:
     runs = [batched.RunSpec(lr, 0.0, s) for lr in (5e-4, 1e-3, 5e-3) for s in range(8)]  # grid=quick's chunk
     model_kwargs = {"seq_len": cfg.seq_len, "dim": cfg.dim, "num_classes": cfg.num_classes, "mlp_hidden": 20,
                     "embed_init_std": 0.02}
-    if setting in ("python_wrapper", "grad_only"):
+    if setting == "python_wrapper":
         batched.compile_options = lambda device_type: {}
     grad_only = setting == "grad_only"
     if grad_only:  # the eager program, with its loss's gradient compiled
@@ -55,20 +55,10 @@ def child(attention: str, epochs: int, setting: str) -> dict:
 
         grad = torch.compile(torch.func.grad(loss), dynamic=False)
 
-        def step(p, m, v, lr, wd, x, y, bc1, bc2_sqrt):  # torch.optim.AdamW's foreach arithmetic, per-run lr / wd
+        def step(p, m, v, lr, wd, x, y, bc1, bc2_sqrt):  # the eager step's AdamW on compiled gradients
             g = grad(p, x, y)
-            ws, ms, vs, gs = ([d[n] for n in p] for d in (p, m, v, g))
-            shapes = [(-1,) + (1,) * (w.dim() - 1) for w in ws]
-            torch._foreach_mul_(ws, [(1 - lr * wd).view(sh) for sh in shapes])
-            torch._foreach_lerp_(ms, gs, 0.1)
-            torch._foreach_mul_(vs, 0.999)
-            torch._foreach_addcmul_(vs, gs, gs, value=0.001)
-            denom = torch._foreach_sqrt(vs)
-            torch._foreach_div_(denom, bc2_sqrt)
-            torch._foreach_add_(denom, 1e-8)
-            update = torch._foreach_div(ms, denom)
-            torch._foreach_mul_(update, [(lr / bc1).view(sh) for sh in shapes])
-            torch._foreach_sub_(ws, update)
+            batched.foreach_adamw_(*([d[n] for n in p] for d in (p, m, v, g)), lr, wd, bc1, bc2_sqrt,
+                                   (0.9, 0.999), 1e-8)
 
         prog.step = step
     marks: list[float] = []
