@@ -5,7 +5,9 @@ For every formulation: ViT-B/16 at 224 px training throughput (img/s) and MFU (t
 with torch.utils.flop_counter, against the peak of the device named by torch.cuda.get_device_name), in bf16 and fp16
 (autocast; fp16 with a GradScaler), eager and compiled; the SDPA backend each formulation's (q', k', v) reaches
 (flash / efficient / cuDNN / math, read from the profiled kernels); peak memory. Then the default digits run on the
-GPU (time, accuracy) and a torchrun job with one process on NCCL completing a short run.
+GPU (time, accuracy), a torchrun job with one process on NCCL completing a short run, and the toy study on the GPU:
+one chunk of its full grid at 4,096 samples (150 runs, 6,400 steps, all in one call) with the full grid's time
+estimated from it (30 such chunks), and `python -m quest.toy grid=quick device=cuda` end to end.
 
     python bench/gpu.py --out docs/results/gpu             # on a GPU, about 6-8 minutes
     python bench/gpu.py --cpu-smoke --out /tmp/gpu-smoke   # the same code paths, tiny shapes, on the CPU (CI)
@@ -131,6 +133,36 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: int) -> di
             "stderr_tail": out.stderr[-1500:] if out.returncode else ""}
 
 
+def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str]) -> dict[str, Any]:
+    """One full-grid chunk of the toy study (QUEST, 150 runs: every lr x weight decay x 5 initialisations) timed
+    end to end, compilation included, and the quick grid as a user runs it."""
+    from quest.toy import RunSpec, ToyDataConfig, make_toy_data, train_chunk
+
+    grid = {"lrs": [5e-4, 1e-3, 2.5e-3, 5e-3, 7.5e-3, 1e-2], "wds": [0.0, 0.01, 0.02, 0.05, 0.1], "inits": range(5)}
+    specs = [RunSpec(lr, wd, s) for lr in grid["lrs"] for wd in grid["wds"] for s in grid["inits"]]
+    cfg = ToyDataConfig(train_size=64 if smoke else 4096, test_size=64 if smoke else 1024)
+    data = make_toy_data(cfg, 0)
+    epochs = 1 if smoke else 50
+    kwargs = {"seq_len": cfg.seq_len, "dim": cfg.dim, "num_classes": cfg.num_classes}
+    tic = time.perf_counter()
+    res = train_chunk("quest", specs, data.train, data.test, 0, epochs, 32, kwargs, compile=not smoke, device=device)
+    seconds = time.perf_counter() - tic
+    run_steps = len(specs) * epochs * -(-cfg.train_size // 32)
+    out: dict[str, Any] = {"chunk_runs": len(specs), "train_size": cfg.train_size, "epochs": epochs,
+                           "chunk_seconds": seconds, "phases": res.seconds, "run_steps_per_s": run_steps / seconds,
+                           "full_grid_estimate_s": 30 * seconds}  # 6 formulations x 5 data realisations
+    with tempfile.TemporaryDirectory() as tmp:
+        quick = ["grid.lrs=[0.01]", "grid.init_seeds=[0]", "data.train_size=64", "train.epochs=1",
+                 "compile=false"] if smoke else []
+        tic = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "quest.toy", "grid=quick", f"device={device.type}",
+                               f"out_dir={tmp}", *quick], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=1200)
+        out["quick_grid"] = {"returncode": proc.returncode, "seconds": time.perf_counter() - tic,
+                             "table": proc.stdout.strip()[-600:], "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: every code path, in seconds")
@@ -169,6 +201,8 @@ def main() -> int:
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port=29511",
              str(ROOT / "train.py"), *short], Path(tmp), env, 1200)
         report["torchrun_one_process"]["backend"] = "nccl" if device.type == "cuda" else "gloo"
+    report["toy"] = toy_on_device(device, smoke, env)
+    print(json.dumps(report["toy"], default=str))
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     lines = [f"# GPU check: {device_name} (torch {torch.__version__}){' — CPU smoke, not a measurement' if smoke else ''}",
              "", f"{name} at {size} px, batch {batch}, median of {steps} training steps (AdamW).", "",
@@ -183,9 +217,16 @@ def main() -> int:
               f"{(d['summary'] or {}).get('val/top1')}",
               f"torchrun, one process ({t['backend']}): exit {t['returncode']}, {t['seconds']:.1f} s, status "
               f"{(t['summary'] or {}).get('status')}"]
+    y = report["toy"]
+    lines += ["", f"Toy study, one full-grid chunk (QUEST, {y['chunk_runs']} runs, {y['train_size']} samples, "
+              f"{y['epochs']} epochs, compilation included): {y['chunk_seconds']:.1f} s, "
+              f"{y['run_steps_per_s']:.0f} run-steps/s; the full grid (30 such chunks) estimated at "
+              f"{y['full_grid_estimate_s'] / 60:.1f} min",
+              f"`python -m quest.toy grid=quick device={device.type}`: exit {y['quick_grid']['returncode']}, "
+              f"{y['quick_grid']['seconds']:.1f} s", "", y["quick_grid"]["table"]]
     (out_dir / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if d["returncode"] == 0 and t["returncode"] == 0 else 1
+    return 0 if d["returncode"] == 0 and t["returncode"] == 0 and y["quick_grid"]["returncode"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Where a cold torch.compile of the toy engine's step goes (issue: the toy study at scale).
 
-One quick-grid chunk (24 runs, 4,096 samples, batch 32) per inductor setting, each in a fresh process with an empty
-compile cache: the first epoch (compilation + 128 steps) against the median later epoch, the number of C++
-libraries inductor built, and torch's own compile-phase times. Slow (about a minute per setting on a CPU core).
+One quick-grid chunk (16 runs, 4,096 samples, batch 32) per inductor setting, each in a fresh process on a machine
+inductor has never compiled on (a fresh TMPDIR: no compile cache, no precompiled header, no ISA probe results):
+the first epoch (compilation + 128 steps) against the median later epoch, the number of C++ libraries inductor
+built for the step (ISA probe builds apart), and torch's own compile-phase times. Slow (about a minute per
+setting on a CPU core).
 
-    python bench/toy_compile.py [--attention quest] [--epochs 3] [--settings quest python_wrapper threads1 no_simd grad_only]
+    python bench/toy_compile.py [--attention quest] [--epochs 3] [--settings quest cpp_wrapper_probed ...]
 """
 from __future__ import annotations
 
@@ -17,14 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-SETTINGS = {  # name: environment for the child. quest's step uses the C++ wrapper on a CPU
-    # (quest.toy.batched.compile_options); python_wrapper: inductor's default instead; grad_only: forward+backward
-    # compiled (Python wrapper), AdamW eager
-    "quest": {},
-    "python_wrapper": {},
-    "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
-    "no_simd": {"TORCHINDUCTOR_VEC_ISA_OK": "0"},
-    "grad_only": {},
+# name: (inductor options of the step, None = quest's (quest.toy.batched.compile_options); environment of the child)
+SETTINGS = {
+    "quest": (None, {}),
+    "cpp_wrapper_probed": ({"cpp_wrapper": True}, {}),  # quest's before: the ISA probes and the precompiled header
+    "python_wrapper": ({}, {}),  # inductor's defaults
+    "threads1": (None, {"TORCHINDUCTOR_COMPILE_THREADS": "1"}),  # no compile worker pool
+    "no_simd": ("no_simd", {}),  # quest's with no vector ISA
+    "grad_only": ({}, {}),  # forward + backward compiled with inductor's defaults, AdamW eager
 }
 PHASES = ("compile_file", "GraphLowering.codegen", "fx_codegen_and_compile")
 
@@ -40,11 +42,14 @@ def child(attention: str, epochs: int, setting: str) -> dict:
     torch.set_num_threads(1)
     cfg = ToyDataConfig(train_size=4096, test_size=512)
     data = make_toy_data(cfg, 0)
-    runs = [batched.RunSpec(lr, 0.0, s) for lr in (5e-4, 1e-3, 5e-3) for s in range(8)]  # grid=quick's chunk
+    runs = [batched.RunSpec(lr, 0.0, s) for lr in (5e-4, 1e-3) for s in range(8)]  # grid=quick's chunk
     model_kwargs = {"seq_len": cfg.seq_len, "dim": cfg.dim, "num_classes": cfg.num_classes, "mlp_hidden": 20,
                     "embed_init_std": 0.02}
-    if setting == "python_wrapper":
-        batched.compile_options = lambda device_type: {}
+    options, _ = SETTINGS[setting]
+    if options == "no_simd":
+        options = {**batched.compile_options("cpu"), "cpp.vec_isa_ok": False}
+    if options is not None:
+        batched.compile_options = lambda device_type: dict(options)
     grad_only = setting == "grad_only"
     if grad_only:  # the eager program, with its loss's gradient compiled
         prog = batched._program(attention, model_kwargs, False, (0.9, 0.999), 1e-8)
@@ -87,15 +92,17 @@ def main() -> None:
         print(json.dumps(child(args.attention, args.epochs, args.child)))
         return
     for name in args.settings:
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, **SETTINGS[name], "TORCHINDUCTOR_CACHE_DIR": cache}
+        with tempfile.TemporaryDirectory() as cache:  # inductor's whole state lives under TMPDIR by default
+            env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+            env.update(SETTINGS[name][1], TMPDIR=cache)
             out = subprocess.run([sys.executable, __file__, "--child", name, "--attention", args.attention,
                                   "--epochs", str(args.epochs)], env=env, capture_output=True, text=True,
                                  cwd=Path(__file__).resolve().parents[1])
             if out.returncode:
                 sys.exit(f"{name}: the child failed:\n{out.stderr[-3000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
-            result["libraries"] = sum(1 for _ in Path(cache).rglob("*.so"))
+            # an ISA probe's library has a .load_ok marker beside it once loaded
+            result["libraries"] = sum(1 for so in Path(cache).rglob("*.so") if not Path(f"{so}.load_ok").exists())
         print(f"{name}: {json.dumps(result)}", flush=True)
 
 

@@ -28,4 +28,8 @@ def test_gpu_check_cpu_smoke_covers_every_formulation_and_both_runs(tmp_path):
     assert all(r["img_per_s"] > 0 and r["flops_per_step"] > 0 and r["sdpa_backend"] != "unknown" for r in rows)
     assert report["digits_default_run"]["returncode"] == 0 and report["torchrun_one_process"]["returncode"] == 0
     assert report["torchrun_one_process"]["summary"]["status"] == "stopped"
-    assert "| attention | dtype | compiled | img/s | MFU |" in (tmp_path / "gpu_check.md").read_text()
+    toy = report["toy"]  # one full-grid chunk of the toy study (150 runs) and the quick grid, on the device
+    assert toy["chunk_runs"] == 150 and toy["run_steps_per_s"] > 0 and toy["quick_grid"]["returncode"] == 0
+    assert "| standard |" in toy["quick_grid"]["table"] and "| quest |" in toy["quick_grid"]["table"]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "| attention | dtype | compiled | img/s | MFU |" in md and "Toy study, one full-grid chunk" in md

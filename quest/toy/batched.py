@@ -28,7 +28,11 @@ Why it is written this way (profile and measurements: docs/benchmarks.md, "Toy s
 """
 from __future__ import annotations
 
+import functools
 import math
+import platform
+import re
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -267,11 +271,41 @@ def _program(attention: str, model_kwargs: Mapping, compile: bool, betas: tuple[
 
 
 def compile_options(device_type: str) -> dict[str, bool]:
-    """Inductor options of the compiled step. On a CPU its C++ wrapper: the step's kernels are called from C++
-    instead of Python (7 shared libraries instead of 26, a cold compile as long), a step 1.09x faster at the quick
-    grid's 24 runs and 1.04x at tiles of 50 (bench/toy.py --python-wrapper, bench/toy_compile.py,
-    docs/benchmarks.md)."""
-    return {"cpp_wrapper": True} if device_type == "cpu" else {}
+    """Inductor options of the compiled step (measurements: docs/benchmarks.md, "Toy study"). On a CPU:
+
+    - its C++ wrapper: the step's kernels are called from C++ instead of Python (one shared library instead of 20),
+      a step 1.09x faster at 24 runs and 1.04x at tiles of 50 (bench/toy.py --python-wrapper);
+    - no precompiled header, and the vector ISA read from the CPU's flags instead of found by test builds when the
+      compiler is g++ 11 or newer (which has the flags of every x86 ISA inductor picks, AVX2 to AMX). Both are costs
+      of the first compile on a machine, about 10 s of a cold start (bench/toy_compile.py, bench/toy_quick.py); the
+      header would then save 1.7 s of each new graph's 11 s build.
+    """
+    if device_type != "cpu":
+        return {}
+    options = {"cpp_wrapper": True, "cpp_cache_precompile_headers": False}
+    if _gcc_has_every_x86_isa():
+        options["cpp.vec_isa_ok"] = True
+    return options
+
+
+@functools.cache
+def _gcc_has_every_x86_isa() -> bool:
+    """True on x86 with inductor's C++ compiler being g++ 11 or newer; False (inductor probes) for anything else."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+        banner = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([compiler, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except Exception:  # noqa: BLE001 - no compiler found, or another torch: let inductor probe as it does
+        return False
+    first = banner.splitlines()[0].lower() if banner else ""
+    is_gcc = ("g++" in first or "gcc" in first) and "clang" not in banner.lower()
+    major = re.match(r"\d+", version.strip())
+    return bool(is_gcc and major and int(major.group()) >= 11)
 
 
 def default_runs_per_call(device: torch.device | str) -> int:

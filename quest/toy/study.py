@@ -3,8 +3,9 @@
 Work is done in chunks of one (formulation, training-set size, data realisation): every (lr, weight decay,
 initialisation) of the grid trains at once (quest.toy.batched). Each finished chunk is written atomically to
 ``<out>/chunks/``; a rerun with the same config skips finished chunks, so an interrupted study resumes where it
-stopped. Chunks train in ``workers`` processes side by side (one per CPU core by default). Outcomes are derived
-from the stored accuracies when results are aggregated, under this project's rules and under the paper's ranges.
+stopped. Chunks train in ``workers`` processes side by side (one per CPU core by default): this process and
+``workers - 1`` spawned ones (quest.toy.workers). Outcomes are derived from the stored accuracies when results are
+aggregated, under this project's rules and under the paper's ranges.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from quest.io import atomic_write, markdown_table, write_csv_atomic, write_json_
 from .batched import RunSpec, train_chunk
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
+from .workers import share_tasks
 
 __all__ = ["OUTCOMES", "PAPER_OUTCOMES", "classify", "classify_paper", "run_study", "success_rates", "summary_table",
            "wilson_interval", "stop_size", "sensitivity_table"]
@@ -178,9 +180,8 @@ def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
         torch.set_num_threads(int(threads))
 
 
-def _worker_run(task: _Task) -> tuple[str, float]:
-    chunk = _train_task(_WORKER_CFG, task)
-    return task.path, chunk["seconds"]
+def _worker_seconds(task: _Task) -> float:
+    return _train_task(_WORKER_CFG, task)["seconds"]
 
 
 def _default_workers(cfg: Mapping[str, Any]) -> int:
@@ -193,7 +194,8 @@ def _default_workers(cfg: Mapping[str, Any]) -> int:
 
 
 def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
-    """Train the chunks of ``tasks`` that are not on disk yet, in ``workers`` processes (1: in this process)."""
+    """Train the chunks of ``tasks`` that are not on disk yet in ``workers`` processes: this one and a pool of
+    ``workers - 1`` (quest.toy.workers)."""
     todo = []
     for t in tasks:
         path = Path(t.path)
@@ -225,12 +227,21 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
         for i, task in enumerate(todo, 1):
             done(i, task, _train_task(cfg, task)["seconds"])
         return
-    log.info("training %d chunks in %d worker processes (%s thread(s) each)", len(todo), workers, threads)
-    by_path = {t.path: t for t in todo}
+    log.info("training %d chunks in this process and %d worker process(es) (%s thread(s) each)", len(todo),
+             workers - 1, threads)
+    finished = itertools.count(1)
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch / OpenMP state
-    with ctx.Pool(workers, initializer=_worker_init, initargs=(dict(cfg), threads), maxtasksperchild=None) as pool:
-        for i, (path, seconds) in enumerate(pool.imap_unordered(_worker_run, todo), 1):
-            done(i, by_path[path], seconds)
+    saved_threads = torch.get_num_threads()
+    with ctx.Pool(workers - 1, initializer=_worker_init, initargs=(dict(cfg), threads)) as pool:
+        torch.set_num_threads(int(threads))  # this process trains as a worker does, then gets its threads back
+        try:
+            share_tasks(todo, lambda t: _train_task(cfg, t)["seconds"], pool, _worker_seconds, workers - 1,
+                        lambda t, seconds: done(next(finished), t, seconds))
+        finally:
+            torch.set_num_threads(saved_threads)
+        # The workers exit on their own, running their exit handlers; the with block's terminate() is for errors.
+        pool.close()
+        pool.join()
 
 
 def _check(cfg: Mapping[str, Any]) -> None:
