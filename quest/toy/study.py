@@ -239,9 +239,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
                         lambda t, seconds: done(next(finished), t, seconds))
         finally:
             torch.set_num_threads(saved_threads)
-        # The workers exit on their own, running their exit handlers; the with block's terminate() is for errors.
-        pool.close()
-        pool.join()
+        # leaving the with block terminates the idle workers: a graceful close() and join() costs 2-3 s more
 
 
 def _check(cfg: Mapping[str, Any]) -> None:
