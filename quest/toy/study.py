@@ -18,6 +18,7 @@ import logging
 import math
 import multiprocessing
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -178,6 +179,13 @@ def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
     _WORKER_CFG.update(cfg)
     if threads:
         torch.set_num_threads(int(threads))
+    try:  # torch.compile makes a (disabled) tqdm bar, whose default lock is a multiprocessing semaphore: a worker
+        # terminated at the end never releases it, and the resource tracker warns of a leak when the study exits
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+    except ImportError:
+        pass
 
 
 def _worker_seconds(task: _Task) -> float:
