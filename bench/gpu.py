@@ -136,10 +136,10 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: int) -> di
 def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str]) -> dict[str, Any]:
     """One full-grid chunk of the toy study (QUEST, 150 runs: every lr x weight decay x 5 initialisations) timed
     end to end, compilation included, and the quick grid as a user runs it."""
-    from quest.toy import RunSpec, ToyDataConfig, make_toy_data, train_chunk
+    from bench.toy import grid_specs  # the full grid's chunk: every lr x weight decay cell x 5 initialisations
+    from quest.toy import ToyDataConfig, make_toy_data, train_chunk
 
-    grid = {"lrs": [5e-4, 1e-3, 2.5e-3, 5e-3, 7.5e-3, 1e-2], "wds": [0.0, 0.01, 0.02, 0.05, 0.1], "inits": range(5)}
-    specs = [RunSpec(lr, wd, s) for lr in grid["lrs"] for wd in grid["wds"] for s in grid["inits"]]
+    specs = grid_specs(150)
     cfg = ToyDataConfig(train_size=64 if smoke else 4096, test_size=64 if smoke else 1024)
     data = make_toy_data(cfg, 0)
     epochs = 1 if smoke else 50
