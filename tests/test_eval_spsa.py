@@ -2,6 +2,8 @@
 estimate against the true gradient of a linear model whose gradient differs per channel."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,8 @@ def _margin_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return logits.gather(1, labels[:, None]).squeeze(1) - others.max(dim=1).values
 
 
-def cleverhans_spsa(model, x, y, eps, nb_iter, lr, delta, samples, clip, seed, indices, at_doubled_input):
+def cleverhans_spsa(model, x, y, eps, nb_iter, lr, delta, samples, clip, seed, indices, at_doubled_input,
+                    random_start=True):
     """cleverhans 4.0.0 torch ``spsa`` (the authors' ImageAttack/spsa.py), one sample at a time, with its
     torch.rand_like calls drawn from the sample's generator. ``at_doubled_input``: the gradient call passes the clean
     x as cleverhans does (so the model sees x + x + delta v); otherwise the perturbation (the algorithm)."""
@@ -30,7 +33,10 @@ def cleverhans_spsa(model, x, y, eps, nb_iter, lr, delta, samples, clip, seed, i
     out = []
     for xs, ys, index in zip(x, y, indices):
         xs, ys, g = xs[None], ys[None], _generator(seed, index)
-        perturbation = (torch.rand(xs.shape, generator=g) * 2 - 1) * eps
+        # cleverhans draws in the default dtype (float32); the values are then used in the input's dtype
+        perturbation = ((torch.rand(xs.shape, generator=g) * 2 - 1) * eps).to(xs.dtype)
+        if not random_start:
+            perturbation = torch.zeros_like(xs)
         perturbation.add_((torch.clamp(xs + perturbation.clamp(-eps, eps), lo, hi) - xs) - perturbation)
         optimizer = torch.optim.Adam([perturbation], lr=lr)
 
@@ -39,7 +45,7 @@ def cleverhans_spsa(model, x, y, eps, nb_iter, lr, delta, samples, clip, seed, i
 
         for _ in range(nb_iter):
             at = xs if at_doubled_input else perturbation
-            delta_x = delta * torch.sign(torch.rand((samples, *xs.shape[1:]), generator=g) - 0.5)
+            delta_x = delta * torch.sign(torch.rand((samples, *xs.shape[1:]), generator=g) - 0.5).to(xs.dtype)
             delta_x = torch.cat([delta_x, -delta_x])
             with torch.no_grad():
                 loss_vals = loss_fn(at + delta_x).view(-1, 1, 1, 1)
@@ -62,20 +68,50 @@ def small():
     return model, x, y
 
 
+SPSA_ARGS = dict(eps=0.05, lr=0.01, delta=0.01, nb_sample=16, nb_iter=6, max_batch_size=10, seed=2,
+                 indices=[3, 10, 11, 40, 7])
+
+
+def _spsa_against_reference(small, estimate_at, clip, reference_changes=None):
+    """quest's SPSA and the reference, both in float64: quest evaluates the model on batches of ``max_batch_size``
+    and the reference on all 2 x nb_sample directions at once, so in float32 the CPU's kernel choice for each batch
+    shape moves the last bits, and six Adam steps (which divide by sqrt of the squared gradient) carry them to
+    1e-6. In float64 the same algorithm with the same draws agrees to ~1e-15 per step; 1e-10 leaves room for
+    that and is still 10^6 below what a changed draw or step moves (0.01)."""
+    model, x, y = small
+    model, x = copy.deepcopy(model).double(), x.double()
+    a = SPSA_ARGS
+    ours = S.spsa(model, x, y, a["eps"], a["lr"], a["delta"], a["nb_sample"], a["nb_iter"], a["max_batch_size"],
+                  a["seed"], a["indices"], clip=clip, random_start=True, estimate_at=estimate_at)
+    ref_args = {**a, **(reference_changes or {})}
+    ref = cleverhans_spsa(model, x, y, ref_args["eps"], ref_args["nb_iter"], ref_args["lr"], ref_args["delta"],
+                          ref_args["nb_sample"], clip, ref_args["seed"], ref_args["indices"],
+                          at_doubled_input=estimate_at == "cleverhans_torch",
+                          random_start=ref_args.get("random_start", True))
+    return ours, ref, x
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize("estimate_at", ["iterate", "cleverhans_torch"])
 @pytest.mark.parametrize("clip", [None, (0.0, 1.0)])
 def test_same_seed_gives_cleverhans_perturbation(small, estimate_at, clip):
-    model, x, y = small
-    indices = [3, 10, 11, 40, 7]
-    ours = S.spsa(model, x, y, eps=0.05, lr=0.01, delta=0.01, nb_sample=16, nb_iter=6, max_batch_size=10, seed=2,
-                  indices=indices, clip=clip, random_start=True, estimate_at=estimate_at)
-    ref = cleverhans_spsa(model, x, y, 0.05, 6, 0.01, 0.01, 16, clip, 2, indices,
-                          at_doubled_input=estimate_at == "cleverhans_torch")
-    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
+    ours, ref, x = _spsa_against_reference(small, estimate_at, clip)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, ref, atol=1e-10, rtol=0)
     assert (ours - x).abs().max() <= 0.05 + 1e-6
     assert (ours - x).abs().max() > 0.04  # moved: Adam steps of 0.01 from a start spread over the ball
     if clip is not None:
         assert ours.min() >= 0 and ours.max() <= 1
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("change", [{"seed": 3}, {"indices": [3, 10, 11, 40, 8]}, {"random_start": False},
+                                    {"nb_iter": 5}, {"lr": 0.011}, {"delta": 0.02}, {"nb_sample": 15}])
+@pytest.mark.parametrize("estimate_at", ["iterate", "cleverhans_torch"])
+def test_reference_comparison_fails_on_a_real_change(small, estimate_at, change):
+    """The comparison above can fail: a reference that differs in one draw or one step is far outside 1e-10."""
+    ours, ref, _ = _spsa_against_reference(small, estimate_at, (0.0, 1.0), reference_changes=change)
+    assert (ours - ref).abs().max().item() > 1e-5
 
 
 def test_unbounded_without_clip_and_independent_of_batching(small):

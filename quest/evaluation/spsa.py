@@ -65,7 +65,9 @@ def spsa_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, delta: flo
     for start in range(0, len(directions), chunk):
         v = directions[start:start + chunk]
         inputs = torch.cat([x + delta * v, x - delta * v])
-        losses = margin(model(inputs).float(), y.expand(len(inputs)))
+        logits = model(inputs)
+        # half-precision logits are scored in float32; float64 stays float64 (the reference tests compare in it)
+        losses = margin(logits.to(torch.promote_types(logits.dtype, torch.float32)), y.expand(len(inputs)))
         df = (losses[: len(v)] - losses[len(v):]).view(-1, *([1] * (v.dim() - 1)))
         grad += (df * v).sum(dim=0)
     return (grad / (2 * delta * len(directions)))[None]
