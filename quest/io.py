@@ -13,20 +13,51 @@ import json
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_write", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text",
+__all__ = ["atomic_write", "new_file_mode", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text",
            "markdown_table"]
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask. Linux shows it in /proc (read-only, thread-safe); elsewhere it can only be read by
+    setting it, so that is done under a lock and undone at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def new_file_mode(path: str | Path) -> int:
+    """The mode a replaced file keeps, or what ``open(path, "w")`` would give a new one (0o666 less the umask):
+    mkstemp's 0o600 would hide a run's results from the teammates its umask lets read them."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write`` on a binary file that becomes ``path`` only once complete and on disk."""
+    """Call ``write`` on a binary file that becomes ``path`` only once complete and on disk, with the mode of the
+    file it replaces or, for a new one, the mode the umask gives (:func:`new_file_mode`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
