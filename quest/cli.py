@@ -60,10 +60,25 @@ def _train_app(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
-    summary = fit(cfg, hc.runtime.output_dir, choices)
+    # what Hydra writes with output_subdir=.hydra, written by fit only once the command passed every check
+    record = {".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+              ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+              ".hydra/overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
+    try:
+        summary = fit(cfg, hc.runtime.output_dir, choices, provenance=record)
+    except Exception:
+        _remove_if_empty(Path(hc.runtime.output_dir))  # a refused new run leaves no empty directory behind
+        raise
     code = exit_code(summary, multirun=hc.mode == RunMode.MULTIRUN)
     if code:
         sys.exit(code)
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # only an empty directory: Hydra made it for a run that was refused before it wrote anything
+    except OSError:
+        pass
 
 
 def train() -> None:

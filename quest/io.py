@@ -16,10 +16,10 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
-__all__ = ["atomic_write", "new_file_mode", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text",
-           "markdown_table"]
+__all__ = ["DamagedFile", "atomic_write", "new_file_mode", "open_records", "read_json", "readable",
+           "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -67,6 +67,59 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class DamagedFile(ValueError):
+    """A file quest wrote earlier that cannot be read back as what it should hold (cut short, overwritten, another
+    format). The message names the file and what was expected; ``path`` and ``problem`` say it to code."""
+
+    def __init__(self, path: Path, problem: str, remedy: str = ""):
+        super().__init__(f"{path} is damaged: {problem}" + (f". {remedy}" if remedy else ""))
+        self.path, self.problem = Path(path), problem
+
+
+def readable(path: Path, what: str) -> None:
+    """Raise PermissionError naming ``path`` and the permission it lacks (a raw ``[Errno 13]`` names neither the
+    permission nor the way out), when the process cannot read it."""
+    if path.exists() and not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        need = "read and search (r-x)" if path.is_dir() else "read (r)"
+        raise PermissionError(f"{what} {path} is not readable by this user (uid {os.getuid()}): it needs {need} "
+                              f"permission (mode {os.stat(path).st_mode & 0o777:o}); fix it with chmod or run as its owner")
+
+
+def read_json(path: str | Path, expected: type = dict) -> Any:
+    """A JSON file quest wrote: its content, ``None`` when there is no such file, :class:`DamagedFile` when it is not
+    valid JSON of the ``expected`` type (cut short, garbage, ``[]`` where an object belongs), and PermissionError
+    naming the file when it cannot be read."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        readable(path, "file")
+        raise
+    try:
+        value = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedFile(path, f"not valid JSON ({exc}; {len(raw)} bytes)") from None
+    if not isinstance(value, expected):
+        raise DamagedFile(path, f"holds a JSON {type(value).__name__}, expected a JSON "
+                                f"{'object' if expected is dict else expected.__name__}")
+    return value
+
+
+def open_records(path: str | Path) -> TextIO:
+    """A line-per-record text file (JSON lines) opened for appending, line-buffered, after a last line that a killed
+    writer left half-written has been cut off: every record appended starts on a line of its own."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+    return open(path, "a", buffering=1)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -17,14 +17,15 @@ import torch
 from omegaconf import OmegaConf
 from timm.utils import random_seed
 
-from quest.validation import ConfigError
+from quest.io import write_text_atomic
 
 from .builders import model_meta
-from .checkpoint import Checkpointer, check_compatible, load_checkpoint
+from .checkpoint import Checkpointer
 from .distributed import DistContext, barrier, init_distributed
 from .evaluate import evaluate
 from .logger import RunLogger
-from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
+from .run_dir import Difference, RunDirectory
+from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopRequested, StopSignals
 from .trainer import Diverged, Run, hms
 from .validate import validate_train_config
@@ -33,83 +34,64 @@ log = logging.getLogger("quest.train")
 
 __all__ = ["fit", "exit_code", "summary_line", "EXIT_DIVERGED", "EXIT_INTERRUPTED"]
 
+#: train.log's lines, as Hydra's default job logging writes them
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 #: Exit code of ``train.py`` for a run that diverged (non-finite loss or grad norm, or loss above trainer.max_loss).
 EXIT_DIVERGED = 3
 #: Exit codes of a run stopped by a signal after saving (the shell's 128 + signal number).
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
-def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
+def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
+        provenance: dict[str, str] | None = None) -> dict[str, Any]:
     """Train, resume, or report an already finished run; return the summary (written to summary.json).
 
-    Before anything is built: every key and value of ``cfg`` is checked, the run directory is locked, and a run
-    already in it is either continued (same config up to the resume-safe keys), reported (finished), refused
-    (another config), or archived (``trainer.resume=never trainer.overwrite=true``)."""
+    Every check that can refuse (the config's keys and values, the lock, the run directory's files, resume
+    compatibility, the data) runs before anything is written into the run directory (quest.engine.run_state), so a
+    refused command changes nothing. ``provenance``: files (relative path -> text) written into the run directory
+    once the checks have passed, such as Hydra's record of the command (``.hydra/``)."""
     validate_train_config(cfg)
     run_dir = Path(run_dir)
     ctx = init_distributed(cfg.trainer.device)
     directory = RunDirectory(run_dir, ctx.is_main)
+    if ctx.is_main:
+        directory.writable()
     directory.lock()
     try:
-        return _fit(cfg, directory, choices, ctx)
+        return _fit(cfg, directory, choices, ctx, provenance or {})
     finally:
         directory.unlock()
 
 
-def _plan(cfg: Any, directory: RunDirectory,
-          config: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, list[Difference]]:
-    """Which checkpoint to continue from (None: a fresh start), its content and the resume-safe keys that changed;
-    archives a run being replaced, refuses a resume with another config."""
-    tr, run_dir = cfg.trainer, directory.path
-    if tr.resume == "never":
-        if directory.has_run():
-            if not tr.overwrite:
-                raise ConfigError(
-                    f"{run_dir} already holds a run and trainer.resume=never would start another one in it; add "
-                    "trainer.overwrite=true to replace it (the old run is moved to .replaced/), or choose another "
-                    "directory (hydra.run.dir=...)")
-            directory.archive()
-        return None, None, []
-    path = run_dir / "checkpoints" / "last.pt" if tr.resume == "auto" else Path(tr.resume).expanduser()
-    if tr.resume != "auto" and directory.has_run() and path.resolve() != (run_dir / "checkpoints" / "last.pt").resolve():
-        raise ConfigError(f"trainer.resume={tr.resume}: {run_dir} already holds a run of its own; resume a "
-                          "checkpoint into a new directory (hydra.run.dir=...) so that two runs' metrics never mix")
-    if not path.is_file():
-        record = directory.record()
-        if record is not None:  # an attempt that never reached its first checkpoint: same config only
-            check_resume(record["config"], config, run_dir)
-        return None, None, []
-    ckpt = load_checkpoint(path, map_location="cpu")
-    check_compatible(ckpt, model_meta(cfg), path)
-    changes = check_resume(ckpt["config"], config, path if tr.resume != "auto" else run_dir)
-    return path, ckpt, changes
-
-
-def _finished(cfg: Any, directory: RunDirectory, ckpt: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored summary when the run in the directory has nothing left to do with this config, else None."""
-    summary = directory.summary()
-    if summary is None or summary.get("status") not in FINAL_STATUSES:
+def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], continuing: bool) -> logging.Handler | None:
+    """Every check has passed: claim the lock, clear a killed write's temporaries, make the plan's repairs, write
+    the command's record and start train.log. Returns the log handler to remove at the end."""
+    if not directory.is_main:
         return None
-    if summary["status"] == "diverged":
-        return summary
-    state = (ckpt or {}).get("state") or {"epoch": summary.get("epoch", 0), "step": summary.get("step", 0)}
-    tr = cfg.trainer
-    more = state["epoch"] < tr.epochs and (tr.max_steps is None or state["step"] < tr.max_steps)
-    return None if more else summary
+    directory.claim()
+    handler = logging.FileHandler(directory.path / "train.log")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
+    carry_out(directory, plan, continuing)
+    for name, text in provenance.items():
+        write_text_atomic(directory.path / name, text)
+    return handler
 
 
-def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext) -> dict[str, Any]:
+def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext,
+         provenance: dict[str, str]) -> dict[str, Any]:
     run_dir, tr = directory.path, cfg.trainer
     if tr.torch_threads:
         torch.set_num_threads(tr.torch_threads)
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
     config = OmegaConf.to_container(cfg, resolve=True)
-    if ctx.is_main:
-        Checkpointer(run_dir / "checkpoints", ctx, False).clean_temporaries()
-    path, ckpt, changes = _plan(cfg, directory, config)
-    finished = _finished(cfg, directory, ckpt)
+    plan = survey(cfg, directory, config, model_meta(cfg))
+    finished = finished_summary(cfg, plan)
     if finished is not None:
+        if plan.aside or plan.metrics_text is not None:
+            carry_out(directory, plan, continuing=False)  # repairs only: nothing of the finished run is replaced
         log.info("%s already holds this finished run; nothing to do: %s", run_dir, summary_line(finished))
         log.info("to train it longer: trainer.epochs=<more> hydra.run.dir=%s; to train it again: "
                  "trainer.resume=never trainer.overwrite=true (archives this one); any other config gets its own "
@@ -119,30 +101,33 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     random_seed(tr.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
     run = Run(cfg, run_dir, choices, ctx)
     random_seed(tr.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
-    # metrics.jsonl keeps what the checkpoint had seen; a fresh start drops what an attempt killed before its first
-    # checkpoint logged (None: nothing to drop, or a checkpoint of a quest that did not record it)
-    truncate = ckpt.get("metrics_bytes") if ckpt is not None else (0 if directory.has_run() else None)
-    if ckpt is not None:
-        run.restore(ckpt, path, extended=any(d.key == "trainer.epochs" for d in changes))
-        del ckpt  # the model, optimizer and EMA hold their own copies now
+    if plan.ckpt is not None:  # checks the data and the derived values before it loads anything
+        run.restore(plan.ckpt, plan.checkpoint, extended=any(d.key == "trainer.epochs" for d in plan.changes))
+        plan.ckpt = None  # the model, optimizer and EMA hold their own copies now
     elif tr.init_from:
         run.init_weights(tr.init_from)
-    directory.write_record(config, "resume" if path else "start", run.state.step, changes)
-    run.logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id,
-                           truncate_to=truncate)
-    run.state.wandb_id = run.logger.wandb_id
-    log.info("%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, cfg.attention.name,
-             sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
+    handler = _accept(directory, plan, provenance, continuing=True)
     try:
-        status, val, ending = _train(run)
-        summary = {**_summary(run, status, val, start, path is not None, changes), **ending}
-        if status == REQUEUED:
-            summary["requeue"] = run.signals.requeue_plan()
-        run.logger.summary(summary)
-    finally:  # also when a checkpoint write fails: close metrics.jsonl and the wandb run
-        run.logger.close()
-    barrier(ctx)
-    log.info("%s", summary_line(summary))
+        directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)
+        run.on_checkpoint = directory.note_checkpoint
+        run.logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
+        run.state.wandb_id = run.logger.wandb_id
+        log.info("%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, cfg.attention.name,
+                 sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
+        try:
+            status, val, ending = _train(run)
+            summary = {**_summary(run, status, val, start, plan.checkpoint is not None, plan.changes), **ending}
+            if status == REQUEUED:
+                summary["requeue"] = run.signals.requeue_plan()
+            run.logger.summary(summary)
+        finally:  # also when a checkpoint write fails: close metrics.jsonl and the wandb run
+            run.logger.close()
+        barrier(ctx)
+        log.info("%s", summary_line(summary))
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
     if status == REQUEUED:
         run.signals.requeue(ctx)
     return summary

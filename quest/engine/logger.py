@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from quest.io import json_text, write_json_atomic
+from quest.io import json_text, open_records, write_json_atomic
 
 __all__ = ["RunLogger"]
 
@@ -15,26 +14,17 @@ log = logging.getLogger("quest.train")
 
 class RunLogger:
     """Appends one JSON object per log call to ``metrics.jsonl``; mirrors to wandb when configured.
-    Only the main process constructs one with ``enabled=True``.
-
-    ``truncate_to`` (a resumed run: the size ``metrics.jsonl`` had when the checkpoint was written) drops the lines
-    an interrupted attempt logged after its last checkpoint, which the resumed run logs again."""
+    Only the main process constructs one with ``enabled=True``. What a resumed run's metrics.jsonl must hold is
+    settled before (quest.engine.run_state); the file is opened after any half-written last line is cut off."""
 
     def __init__(self, run_dir: Path, cfg: Any | None = None, logger_cfg: Any | None = None,
-                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None,
-                 truncate_to: int | None = None):
+                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb_run = None
         if not enabled:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / "metrics.jsonl"
-        if truncate_to is not None and path.exists() and path.stat().st_size > truncate_to:
-            log.info("metrics.jsonl: dropping %d bytes logged after the last checkpoint",
-                     path.stat().st_size - truncate_to)
-            os.truncate(path, truncate_to)
-        self._metrics = open(path, "a", buffering=1)
+        self._metrics = open_records(self.run_dir / "metrics.jsonl")
         if logger_cfg is not None and logger_cfg.wandb:
             self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
 
@@ -54,11 +44,19 @@ class RunLogger:
         )
 
     def metrics_bytes(self) -> int | None:
-        """The size of metrics.jsonl so far (stored in checkpoints; see ``truncate_to``)."""
+        """The size of metrics.jsonl so far (stored in checkpoints)."""
         if not self.enabled:
             return None
         self._metrics.flush()
         return self._metrics.tell()
+
+    def metrics_text(self) -> str | None:
+        """metrics.jsonl so far: a checkpoint stores it, so that a missing or damaged file is rebuilt on resume."""
+        size = self.metrics_bytes()
+        if size is None:
+            return None
+        with open(self._metrics.name, "rb") as f:
+            return f.read(size).decode()
 
     @property
     def wandb_id(self) -> str | None:

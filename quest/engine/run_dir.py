@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from quest.io import write_json_atomic
+from quest.io import DamagedFile, read_json, write_json_atomic
 from quest.schema import OPERATIONAL_KEYS, RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.validation import ConfigError
 
@@ -144,21 +144,25 @@ class RunDirectory:
     def __init__(self, path: Path, is_main: bool = True):
         self.path, self.is_main = Path(path), is_main
         self._lock_fd: int | None = None
+        self._lock_before, self._claimed = b"", False
 
     def has_run(self) -> bool:
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
 
-    def summary(self) -> dict[str, Any] | None:
+    def record(self) -> dict[str, Any] | None:
+        """run.json, or None when it is missing or damaged (a damaged one is kept aside before it is rewritten)."""
         try:
-            return json.loads((self.path / "summary.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            return read_json(self.path / "run.json")
+        except DamagedFile:
             return None
 
-    def record(self) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.path / "run.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
+    def writable(self) -> None:
+        """ConfigError naming the directory when this process cannot write into it, before any work."""
+        probe = self.path if self.path.exists() else next(p for p in self.path.parents if p.exists())
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"the run directory {self.path} cannot be written by this user (uid {os.getuid()}; "
+                              f"{probe} has mode {os.stat(probe).st_mode & 0o777:o}): pick another directory with "
+                              "hydra.run.dir=..., or make it writable (chmod u+w)")
 
     def lock(self) -> None:
         """Hold an exclusive lock for the run's lifetime: a second process in the same directory is refused rather
@@ -176,12 +180,25 @@ class RunDirectory:
                                "to end, or give this run its own directory (hydra.run.dir=...)") from None
         except OSError as exc:  # a file system without flock (some network mounts): go on unprotected
             log.warning("cannot lock %s (%s); make sure no other run uses this directory", self.path, exc)
+        # name the holder for a second process; a command refused before claim() puts the old content back
+        self._lock_before = os.pread(fd, 4096, 0)
+        self._write_lock(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+        self._lock_fd, self._claimed = fd, False
+
+    @staticmethod
+    def _write_lock(fd: int, content: bytes) -> None:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
-        self._lock_fd = fd
+        os.pwrite(fd, content, 0)
+
+    def claim(self) -> None:
+        """Every check has passed: the lock file keeps naming this process after it ends (a refused command
+        changes nothing, the lock file's content included)."""
+        self._claimed = True
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
+            if not self._claimed:
+                self._write_lock(self._lock_fd, self._lock_before)
             os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -191,19 +208,36 @@ class RunDirectory:
         present = [self.path / name for name in _RUN_FILES if (self.path / name).exists()]
         if not present or not self.is_main:
             return None
-        dest = self.path / ".replaced" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        dest.mkdir(parents=True)
+        dest = self.replaced_dir()
         for p in present:
             shutil.move(str(p), dest / p.name)
         log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
         return dest
 
+    def replaced_dir(self) -> Path:
+        """A new ``.replaced/<UTC time>/``: where files that a start replaces are kept."""
+        dest = self.path / ".replaced" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        dest.mkdir(parents=True)
+        return dest
+
+    def note_checkpoint(self, step: int) -> None:
+        """run.json records the step of the latest checkpoint, so that a run whose checkpoints went missing is told
+        from an attempt that stopped before its first one."""
+        record = self.record() if self.is_main else None
+        if record is not None:
+            record["checkpoint_step"] = step
+            write_json_atomic(self.path / "run.json", record)
+
     def write_record(self, config: dict[str, Any], event: str, step: int, changed: list[Difference]) -> None:
         """run.json: the current config and one history entry per start / resume, with the keys it changed."""
         if not self.is_main:
             return
-        record = self.record() or {"format": "quest-run-v1", "created": _now(), "history": []}
+        record = self.record()
         entry: dict[str, Any] = {"event": event, "time": _now(), "step": step}
+        if record is None:
+            record = {"format": "quest-run-v1", "created": _now(), "history": []}
+            if event == "resume":  # run.json was missing or damaged: the history before this start is unknown
+                entry["note"] = "run.json rebuilt from the checkpoint; earlier history unknown"
         if changed:
             entry["changed"] = {d.key: [None if d.stored is _ABSENT else d.stored, None if d.new is _ABSENT else d.new]
                                 for d in changed}

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -85,6 +85,7 @@ class Run:
         self.logger: RunLogger | None = None
         self.data = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
         self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
+        self.on_checkpoint: Callable[[int], None] | None = None  # told the step of every checkpoint written
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -116,10 +117,14 @@ class Run:
             "choices": dict(self.choices),
             "derived": self.derived,
             "data": self.data,
-            # metrics.jsonl up to here belongs to this state; a resume drops what an interrupted attempt logged later
+            # metrics.jsonl up to here belongs to this state: a resume cuts off what an interrupted attempt logged
+            # later, and rebuilds the file from this copy when it is missing or damaged
             "metrics_bytes": self.logger.metrics_bytes() if self.logger is not None else None,
+            "metrics_text": self.logger.metrics_text() if self.logger is not None else None,
         })
         self.saved_step = self.state.step
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.state.step)
 
     def restore(self, ckpt: dict[str, Any], path: Path, extended: bool) -> None:
         """Continue from ``ckpt``; ``extended``: the run was given more epochs, so the schedule built for the new

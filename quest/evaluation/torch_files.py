@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from quest.engine.checkpoint import FORMAT
+from quest.engine.checkpoint import FORMAT, ZIP_MAGIC, damaged_member
 
 __all__ = ["TorchFile", "inspect_torch_file", "state_dict_of", "checkpoint_problem", "weights_problem",
            "damaged_member"]
 
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default (zip) format since torch 1.6
 # torch's legacy format starts with its magic number pickled with protocol 2
 LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."
 PICKLE_PROTO = 0x80  # the first opcode of a pickle of protocol >= 2
@@ -101,19 +100,6 @@ def _loaded(obj: Any) -> TorchFile:
         keys = ", ".join(map(repr, list(obj)[:8])) + (", ..." if len(obj) > 8 else "")
         return TorchFile("other", f"a dict with keys [{keys}] and no 'format': {FORMAT!r}", obj)
     return TorchFile("other", f"a {type(obj).__module__}.{type(obj).__qualname__}, not a dict", obj)
-
-
-def damaged_member(path: str | Path) -> str | None:
-    """The first member of a zip-format torch file whose CRC does not match its bytes, else None. torch.load reads
-    zip members without checking their CRCs, so a damaged tensor payload loads silently as wrong numbers."""
-    with open(path, "rb") as f:
-        if f.read(4) != ZIP_MAGIC:
-            return None  # the legacy format has no checksums
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip()
-    except zipfile.BadZipFile:
-        return "the zip directory"
 
 
 def inspect_torch_file(path: str | Path) -> TorchFile:
