@@ -320,3 +320,32 @@ def test_imagenet_val_source_attacks_the_wnid_tree(tmp_path):
     result = adversarial_paper(make_run(oracle_target(), cfg), cfg.adversarial_paper)
     assert result["clean"]["correct"] == 3 and result["clean"]["n"] == 4 and result["clean"]["top1"] == 75.0
     assert result["fgsm@0"]["correct"] == 3 and result["data"].startswith("imagenet val")
+
+
+@pytest.mark.numerics
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fp16 scoring is used on CUDA only)")
+def test_adversarial_paper_scores_under_fp16_autocast_on_cuda():
+    """On CUDA, adversarial_paper at its defaults scores as the authors' engine.py (``torch.cuda.amp.autocast()``
+    around the forward), written out here; nothing differs from the authors' protocol but the subset."""
+    from quest.engine.distributed import DistContext
+
+    cuda = torch.device("cuda", 0)
+    model = linear_digits_model().to(cuda)
+    cfg = settings(adversarial_paper__max_samples=60, adversarial_paper__attacks=["fgsm"],
+                   adversarial_paper__fgsm__eps=[0.0])
+    result = adversarial_paper(make_run(digits_target(model), cfg, DistContext(device=cuda)), cfg.adversarial_paper)
+    x, y = _digits_val()
+    chosen = torch.tensor(evenly_spaced(len(y), 60))
+    z, y = ((x[chosen] - 0.5) / 0.5).to(cuda), y[chosen].to(cuda)
+    with torch.no_grad():
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            half = model(z)
+        full = model(z)
+    assert half.dtype == torch.float16
+    nll16 = F.cross_entropy(half.double(), y).item()
+    assert abs(nll16 - F.cross_entropy(full.double(), y).item()) > 1e-6  # the precisions are told apart
+    for numbers in (result["clean"], result["fgsm@0"]):
+        assert numbers["correct"] == int((half.argmax(1) == y).sum())
+        assert numbers["nll"] == pytest.approx(nll16, rel=1e-6, abs=0)
+    assert result["fgsm@0"]["scoring"] == "fp16" and result["protocol"]["score_precision"] == "fp16"
+    assert result["protocol"]["differs_from_authors"] == []
