@@ -97,6 +97,9 @@ class RecipeConfig:
     # regularisation
     drop_path: float = 0.0
     drop_path_schedule: str = "linear"  # linear (timm: 0 at the first block, drop_path at the last) | uniform (DeiT-III)
+    # the class token's initialisation: None keeps the timm model's own (timm 1.0: normal, std 1e-6); a value draws it
+    # from trunc_normal_(std=value) (DeiT's models.py via timm 0.3.2 and DeiT-III's models_v2.py: std 0.02)
+    cls_token_std: Optional[float] = None
     drop_rate: float = 0.0
     smoothing: float = 0.0
     mixup: float = 0.0

@@ -10,6 +10,7 @@ from torchvision import transforms as T
 
 from quest.data.digits import DigitsDataset
 from quest.evaluation import attacks as A
+from quest.evaluation.adversarial_protocol import score_precision_used, scoring_text
 from quest.evaluation.attack_space import AttackSpace
 from quest.evaluation.context import evenly_spaced
 from quest.evaluation.estimator import attack_time_estimator, elliptical_layers
@@ -185,8 +186,56 @@ def test_paper_section_is_the_authors_protocol():
     assert list(section.fgsm.eps) == list(section.pgd.eps) == list(section.autoattack.eps) == [1 / 255]
     assert list(section.spsa.eps) == [0.1] and (section.pgd.steps, section.pgd.step_size) == (20, 0.15)
     result = adversarial_paper(make_run(digits_target(linear_digits_model()), cfg), section)
-    assert result["protocol"]["differs_from_authors"] == ["spsa.nb_iter: 1 (authors: 40)"]
+    # on the CPU the authors' fp16 autocast scoring is not used (slow there): said in the differences and labels
+    assert result["protocol"]["differs_from_authors"] == [
+        "spsa.nb_iter: 1 (authors: 40)",
+        "score_precision: fp16 asked, fp32 used on cpu (authors: fp16 autocast on CUDA)"]
     assert result["spsa@0.1"]["space"] == "normalized" and "2x" in result["protocol"]["spsa"]
+    assert result["spsa@0.1"]["scoring"] == result["clean"]["scoring"] == "fp32 (fp16 asked, cpu)"
+    assert result["protocol"]["score_precision"] == "fp32" and "slow" in result["protocol"]["scoring"]
+
+
+def test_score_precision_is_fp16_autocast_on_cuda_only():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert score_precision_used("fp16", cuda) == "fp16"  # the authors' engine.py: torch.cuda.amp.autocast()
+    assert score_precision_used("fp16", cpu) == "fp32"
+    assert score_precision_used("fp32", cuda) == "fp32"
+    assert scoring_text("fp16", "fp16", cuda).startswith("fp16 autocast")
+    with pytest.raises(ValueError, match="score_precision must be one of"):
+        score_precision_used("bf16", cpu)
+    cfg = settings()
+    assert (cfg.adversarial.score_precision, cfg.adversarial_paper.score_precision) == ("fp32", "fp16")
+
+
+@pytest.mark.numerics
+def test_fp16_scoring_is_the_authors_autocast_forward(monkeypatch):
+    """fp16 scoring, forced on the CPU here (the suite uses it on CUDA only): the clean and the attacked images
+    scored as the authors' engine.py does (``with autocast(): output = model(images)``, written out below), the
+    attack itself in fp32. At eps 0 the attacked images are the clean ones."""
+    import quest.evaluation.suites.adversarial as suite
+
+    monkeypatch.setattr(suite, "score_precision_used", lambda asked, device: asked)
+    model = linear_digits_model()
+    cfg = settings(adversarial_paper__max_samples=60, adversarial_paper__attacks=["fgsm"],
+                   adversarial_paper__fgsm__eps=[0.0])
+    result = adversarial_paper(make_run(digits_target(model), cfg), cfg.adversarial_paper)
+    x, y = _digits_val()
+    chosen = torch.tensor(evenly_spaced(len(y), 60))
+    z, y = (x[chosen] - 0.5) / 0.5, y[chosen]
+    with torch.no_grad():
+        with torch.autocast(device_type="cpu", dtype=torch.float16):
+            half = model(z)
+        full = model(z)
+    assert half.dtype == torch.float16
+    nll16 = F.cross_entropy(half.double(), y).item()
+    nll32 = F.cross_entropy(full.double(), y).item()
+    assert abs(nll16 - nll32) > 1e-5  # the two precisions are told apart by the NLL
+    for numbers in (result["clean"], result["fgsm@0"]):
+        assert numbers["correct"] == int((half.argmax(1) == y).sum()) and numbers["n"] == 60
+        assert numbers["nll"] == pytest.approx(nll16, rel=1e-6, abs=0)
+    assert result["fgsm@0"]["clean_nll"] == pytest.approx(nll16, rel=1e-6, abs=0)
+    assert result["fgsm@0"]["scoring"] == "fp16" and result["protocol"]["score_precision"] == "fp16"
+    assert not any("score_precision" in d for d in result["protocol"]["differs_from_authors"])
 
 
 def _elliptical_digits_model():
@@ -236,6 +285,16 @@ def test_suite_attacks_and_scores_with_the_attack_time_estimator():
         expected = int((median((x[chosen] - 0.5) / 0.5).argmax(1) == y[chosen]).sum())
     assert result["clean"]["correct"] == expected and result["elliptical_estimator"] == "median"
     assert result["protocol"]["elliptical_estimator"]["as_trained"] == ["mean"]
+    # the clean column twice: at the attack-time estimator, and as trained (the paper tables' clean accuracy)
+    with torch.no_grad():
+        trained = int((model((x[chosen] - 0.5) / 0.5).argmax(1) == y[chosen]).sum())
+    assert result["clean_as_trained"]["correct"] == trained and result["clean_as_trained"]["n"] == 30
+    assert result["clean"]["elliptical_estimator"] == "median (attack time)"
+    assert result["clean_as_trained"]["elliptical_estimator"] == "mean (as trained)"
+    with torch.no_grad():  # the two differ on this model, so the test tells them apart
+        outputs = model((x[chosen] - 0.5) / 0.5), median((x[chosen] - 0.5) / 0.5)
+    assert not torch.allclose(*outputs)
+    assert result["clean_as_trained"]["nll"] != result["clean"]["nll"]
     assert {layer.options["estimator"] for layer in elliptical_layers(model)} == {"mean"}  # restored
 
 
@@ -261,3 +320,32 @@ def test_imagenet_val_source_attacks_the_wnid_tree(tmp_path):
     result = adversarial_paper(make_run(oracle_target(), cfg), cfg.adversarial_paper)
     assert result["clean"]["correct"] == 3 and result["clean"]["n"] == 4 and result["clean"]["top1"] == 75.0
     assert result["fgsm@0"]["correct"] == 3 and result["data"].startswith("imagenet val")
+
+
+@pytest.mark.numerics
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fp16 scoring is used on CUDA only)")
+def test_adversarial_paper_scores_under_fp16_autocast_on_cuda():
+    """On CUDA, adversarial_paper at its defaults scores as the authors' engine.py (``torch.cuda.amp.autocast()``
+    around the forward), written out here; nothing differs from the authors' protocol but the subset."""
+    from quest.engine.distributed import DistContext
+
+    cuda = torch.device("cuda", 0)
+    model = linear_digits_model().to(cuda)
+    cfg = settings(adversarial_paper__max_samples=60, adversarial_paper__attacks=["fgsm"],
+                   adversarial_paper__fgsm__eps=[0.0])
+    result = adversarial_paper(make_run(digits_target(model), cfg, DistContext(device=cuda)), cfg.adversarial_paper)
+    x, y = _digits_val()
+    chosen = torch.tensor(evenly_spaced(len(y), 60))
+    z, y = ((x[chosen] - 0.5) / 0.5).to(cuda), y[chosen].to(cuda)
+    with torch.no_grad():
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            half = model(z)
+        full = model(z)
+    assert half.dtype == torch.float16
+    nll16 = F.cross_entropy(half.double(), y).item()
+    assert abs(nll16 - F.cross_entropy(full.double(), y).item()) > 1e-6  # the precisions are told apart
+    for numbers in (result["clean"], result["fgsm@0"]):
+        assert numbers["correct"] == int((half.argmax(1) == y).sum())
+        assert numbers["nll"] == pytest.approx(nll16, rel=1e-6, abs=0)
+    assert result["fgsm@0"]["scoring"] == "fp16" and result["protocol"]["score_precision"] == "fp16"
+    assert result["protocol"]["differs_from_authors"] == []

@@ -46,12 +46,14 @@ def _ref_logits(name: str, attn, q, k, v, v_prev):
     return reference_logits(name, attn, q, k)
 
 
-def _explicit_forward(model, images, name):
-    """The ViT forward with every attention written out: (class logits, per-layer logits, per-layer probs)."""
+def _explicit_forward(model, images, name, detach=False):
+    """The ViT forward with every attention written out: (class logits, per-layer logits, per-layer probs).
+    ``detach``: as the AG-CAM authors' ViT_for_AGCAM, each attention block's input is detached."""
     x = model.norm_pre(model._pos_embed(model.patch_embed(images)))
     logits_l, probs_l, v_prev = [], [], None
     for blk in model.blocks:
         attn, h = blk.attn, blk.norm1(x)
+        h = h.detach() if detach else h
         B, N, C = h.shape
         q, k, v = attn.qkv(h).reshape(B, N, 3, attn.num_heads, C // attn.num_heads).permute(2, 0, 3, 1, 4)
         z = _ref_logits(name, attn, q, k, v, v_prev)
@@ -85,19 +87,59 @@ def test_cls_attention_and_rollout_match_the_written_out_attention(name):
         torch.testing.assert_close(rollout[b], result[0, 1:].reshape(4, 4), atol=1e-10, rtol=0)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", FORMULATIONS)
-def test_agcam_matches_autograd_on_an_explicit_copy(name):
+def test_agcam_full_graph_matches_autograd_on_an_explicit_copy(name):
     model, images = _model(name), torch.randn(3, 3, 16, 16, dtype=torch.float64)
     out, logits, probs = _explicit_forward(model, images, name)
     target = out.argmax(dim=1)
     grads = torch.autograd.grad(out.gather(1, target[:, None]).sum(), probs)
     cam = sum((g[:, :, 0, 1:].clamp_min(0) * torch.sigmoid(z[:, :, 0, 1:])).sum(dim=1) for g, z in zip(grads, logits))
-    maps, classes = agcam(model, images)
+    maps, classes = agcam(model, images, gradient="full")
     assert torch.equal(classes, target)  # the predicted class, as the authors' evaluation
     torch.testing.assert_close(maps, cam.reshape(3, 4, 4).detach(), atol=1e-10, rtol=0)
     assert all(p.grad is None for p in model.parameters())  # no parameter gradient is left behind
-    other, _ = agcam(model, images, target=[1, 2, 3])  # and for a given class
+    other, _ = agcam(model, images, target=[1, 2, 3], gradient="full")  # and for a given class
     assert not torch.allclose(other, maps)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", FORMULATIONS)
+def test_agcam_detached_is_the_authors_definition(name):
+    """The AG-CAM authors' AGCAM.generate on their ViT_for_AGCAM, written out: one image at a time, x.detach() at
+    the top of every Attention.forward, backward of output[0, prediction[0]], the gradient at the post-softmax
+    attention (their backward hook) and the pre-softmax logits (their forward hook), [CLS] row, ReLU(grad) *
+    sigmoid(logits), patch columns, summed over heads and layers."""
+    model, images = _model(name), torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    expected, predicted = [], []
+    for b in range(3):
+        out, logits, probs = _explicit_forward(model, images[b:b + 1], name, detach=True)
+        prediction = out.argmax(dim=1)
+        model.zero_grad()
+        grads = torch.autograd.grad(out[0, prediction[0]], probs)
+        cam = torch.zeros(16, dtype=torch.float64)
+        for g, z in zip(grads, logits):
+            cam += (torch.relu(g[0, :, 0, 1:]) * torch.sigmoid(z[0, :, 0, 1:].detach())).sum(dim=0)
+        expected.append(cam.reshape(4, 4))
+        predicted.append(int(prediction))
+    maps, classes = agcam(model, images)  # the authors' gradient is the default
+    assert classes.tolist() == predicted
+    torch.testing.assert_close(maps, torch.stack(expected), atol=1e-10, rtol=0)
+    assert all(p.grad is None for p in model.parameters())
+    # the detach changes the maps (4 layers: the later attention layers carry gradient in the full graph)
+    full, _ = agcam(model, images, gradient="full")
+    assert (full - maps).abs().max() > 1e-3 * maps.abs().max()
+    # and a model with frozen weights still has a graph from each layer's attention to the score
+    for p in model.parameters():
+        p.requires_grad_(False)
+    frozen, _ = agcam(model, images)
+    torch.testing.assert_close(frozen, maps, atol=1e-12, rtol=0)
+
+
+def test_agcam_gradient_is_checked():
+    model = _model("quest")
+    with pytest.raises(ValueError, match="AG-CAM gradient must be one of"):
+        agcam(model, torch.randn(1, 3, 16, 16, dtype=torch.float64), gradient="partial")
 
 
 def test_every_registered_formulation_is_covered():

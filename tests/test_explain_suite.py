@@ -74,6 +74,7 @@ def test_explain_suite_writes_metrics_maps_and_a_figure(canvas_run, tmp_path, ca
     from quest.evaluation.context import evenly_spaced
 
     assert saved["indices"] == evenly_spaced(360, 40)[:3] and saved["maps"]["agcam"].shape == (3, 32, 32)
+    assert saved["agcam_gradient"] == "detached" and e["protocol"]["agcam_gradient"].startswith("detached:")
     assert (out / "explain.png").stat().st_size > 5000
     assert json.loads((out / "eval_results.json").read_text())["results"]["explain"]["protocol"]["threshold"]
     metrics = load_runs([canvas_run.parent])[0].metrics
@@ -145,7 +146,7 @@ def test_imagenet_boxes_in_both_layouts_score_as_computed_by_hand(tmp_path, monk
     val, xml, csv_path = _imagenet_fixture(tmp_path)
     s, square = 16, (2, 3, 9, 11)
 
-    def known_maps(model, images, methods, target=None):  # a map whose metrics are known: 1 on the square
+    def known_maps(model, images, methods, target=None, agcam_gradient="detached"):  # known metrics: 1 on the square
         m = torch.zeros(images.shape[0], s, s)
         m[:, square[1]:square[3], square[0]:square[2]] = 1.0
         return {name: m for name in methods}
@@ -162,3 +163,43 @@ def test_imagenet_boxes_in_both_layouts_score_as_computed_by_hand(tmp_path, monk
     assert got["n"] == 2
     for key in ("pixel_acc", "miou", "dice"):
         assert got[key] == pytest.approx(expected[key], rel=1e-9), key
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_imagenet_squash_is_the_authors_resize(tmp_path, monkeypatch, interpolation):
+    """imagenet_explain feeds the model the image squashed to S x S as the AG-CAM authors' localization.py:
+    torchvision's Resize((S, S)) with its default interpolation (bilinear, PIL's resampling for a PIL image), then
+    ToTensor and Normalize; bicubic as the option. The reference: PIL's resize written out here."""
+    import quest.explain.scoring as scoring
+
+    val, xml, _ = _imagenet_fixture(tmp_path)
+    rng = np.random.default_rng(0)
+    paths = sorted(val.rglob("*.JPEG"))
+    for path in paths:  # texture, so that the resampling filter matters; PNG bytes under the JPEG name: lossless
+        with Image.open(path) as img:
+            size = img.size
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path, format="PNG")
+    seen = []
+
+    def capture(model, images, methods, target=None, agcam_gradient="detached"):
+        seen.append(images.cpu())
+        return {name: torch.zeros(images.shape[0], *images.shape[-2:]) for name in methods}
+
+    monkeypatch.setattr(scoring, "normalised_maps", capture)
+    report = run_evaluation(eval_cfg("model=vit_pico", "attention=quest", "eval=imagenet_explain",
+                                     f"eval.roots.val={val}", f"eval.explain.boxes={xml}",
+                                     f"eval.explain.squash_interpolation={interpolation}", "eval.explain.figure_images=0",
+                                     "eval.explain.skip_wrong=false", "eval.explain.batch_size=2"), tmp_path / "out")
+    e = report["results"]["explain"]
+    mean, std = (torch.tensor(report["target"][k]).view(3, 1, 1) for k in ("mean", "std"))
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[interpolation]
+    for path, got in zip(paths, torch.cat(seen)):
+        with Image.open(path) as img:
+            ref = np.asarray(img.convert("RGB").resize((16, 16), resample), dtype=np.float64) / 255
+        ref = torch.from_numpy(ref).permute(2, 0, 1).float()
+        torch.testing.assert_close(got * std + mean, ref, atol=1e-6, rtol=0)
+    authors = interpolation == "bilinear"
+    assert ("bilinear (the authors'" in e["protocol"]["geometry"]) == authors
+    assert interpolation in e["protocol"]["geometry"]
+    assert e["protocol"]["agcam_gradient"].startswith("detached:")  # the authors' AG-CAM, the config's default

@@ -44,6 +44,41 @@ def test_deit_keeps_timms_linear_drop_path_and_no_layerscale():
     assert not hasattr(model.blocks[0].ls1, "gamma")
 
 
+def _truncated_normal_ks(values: torch.Tensor, std: float, bound: float = 2.0) -> float:
+    """Kolmogorov-Smirnov distance of ``values`` to trunc_normal_(std=std, a=-bound, b=bound), the CDF written out
+    (the normal CDF by erf, renormalised to the absolute bounds as timm's / DeiT's trunc_normal_)."""
+    phi = lambda x: 0.5 * (1 + math.erf(x / (std * math.sqrt(2))))  # noqa: E731
+    lo, hi = phi(-bound), phi(bound)
+    x = sorted(values.flatten().double().tolist())
+    n = len(x)
+    return max(max(abs((i + 1) / n - (phi(v) - lo) / (hi - lo)), abs(i / n - (phi(v) - lo) / (hi - lo)))
+               for i, v in enumerate(x))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("recipe, model_name", [("deit", "vit_base"), ("deit3", "deit3_base"),
+                                                ("deit3_finetune", "deit3_base")])
+def test_deit_recipes_initialise_the_class_token_as_the_authors(recipe, model_name):
+    torch.manual_seed(0)  # a fixed draw: the distances below are one number each, not a flaky statistic
+    model = build_model(compose_cfg(f"recipe={recipe}", f"model={model_name}", "data=imagenet", "data.root=/x"))
+    token = model.cls_token.detach()
+    assert token.shape == (1, 1, 768)
+    # models_v2.py / timm 0.3.2: trunc_normal_(cls_token, std=.02). 768 draws: the KS distance to the true law is
+    # ~0.03 (0.059 is the 1% critical value); to timm 1.0's N(0, 1e-6) it is ~0.5
+    assert _truncated_normal_ks(token, 0.02) < 0.059
+    assert 0.017 < float(token.std()) < 0.023 and float(token.abs().max()) <= 2.0
+    del model
+
+
+@pytest.mark.numerics
+def test_other_recipes_keep_timms_class_token_init():
+    torch.manual_seed(0)
+    model = build_model(compose_cfg("model=vit_pico", "data=imagenet", "data.root=/x"))  # the light recipe
+    token = model.cls_token.detach()
+    assert compose_cfg().recipe.cls_token_std is None
+    assert float(token.abs().max()) < 1e-5 and _truncated_normal_ks(token, 0.02) > 0.4  # timm 1.0: N(0, 1e-6)
+
+
 def test_paper_recipes_name_the_authors_choices():
     for recipe in ("deit", "deit3", "deit3_finetune"):
         r = compose_cfg(f"recipe={recipe}", "model=deit3_base").recipe

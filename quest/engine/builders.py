@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 from timm.data import Mixup
+from timm.layers import trunc_normal_
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -77,7 +78,8 @@ def model_meta(cfg: Any) -> dict[str, Any]:
 
 def build_model(cfg: Any) -> nn.Module:
     """The model of a train config: timm architecture, attention, classes, input size, and the recipe's drop path
-    (linear over depth as timm builds it, or uniform as DeiT-III) and LayerScale init where the config sets one."""
+    (linear over depth as timm builds it, or uniform as DeiT-III), class-token init and LayerScale init where the
+    config sets them."""
     kwargs = dict(cfg.model.kwargs)
     if cfg.model.get("layer_scale_init") is not None:
         kwargs["init_values"] = float(cfg.model.layer_scale_init)
@@ -93,6 +95,12 @@ def build_model(cfg: Any) -> nn.Module:
     )
     if cfg.recipe.get("drop_path_schedule", "linear") == "uniform":
         uniform_drop_path(model, cfg.recipe.drop_path)
+    std = cfg.recipe.get("cls_token_std")
+    if std is not None and getattr(model, "cls_token", None) is not None:
+        # DeiT's models (timm 0.3.2's VisionTransformer, models_v2.py's vit_models): trunc_normal_(cls_token,
+        # std=.02), bounds at +-2 absolute as timm's; timm 1.0 starts it at N(0, 1e-6)
+        with torch.no_grad():
+            trunc_normal_(model.cls_token, std=float(std))
     return model
 
 

@@ -37,7 +37,7 @@ def _recipe(c: Checks) -> None:
     c.non_negative("recipe.weight_decay", "recipe.warmup_epochs", "recipe.warmup_lr", "recipe.min_lr",
                    "recipe.mixup", "recipe.cutmix", "recipe.repeated_aug")
     c.non_negative("recipe.color_jitter", optional=True)
-    c.positive("recipe.opt_eps", "recipe.clip_grad", optional=True)
+    c.positive("recipe.opt_eps", "recipe.clip_grad", "recipe.cls_token_std", optional=True)
     c.fraction("recipe.momentum", "recipe.drop_path", "recipe.drop_rate", "recipe.smoothing", "recipe.ema_decay",
                high_open=True)
     c.fraction("recipe.mixup_prob", "recipe.mixup_switch_prob", "recipe.hflip", "recipe.reprob")

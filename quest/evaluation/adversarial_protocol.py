@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+import torch
 from omegaconf import OmegaConf
 
 from quest.attention.elliptical import ESTIMATORS
@@ -17,14 +18,17 @@ from .attack_space import SPACES, AttackSpace
 from .checks import is_int, sublist
 from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
-__all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "AdversarialConfig", "FGSMConfig", "PGDConfig",
-           "SPSAConfig", "AutoAttackConfig", "paper_adversarial_config", "check_adversarial", "attack_labels",
-           "clipping", "protocol", "budget_key", "check_section"]
+__all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "SCORE_PRECISIONS", "AdversarialConfig",
+           "FGSMConfig", "PGDConfig", "SPSAConfig", "AutoAttackConfig", "paper_adversarial_config", "check_adversarial",
+           "attack_labels", "clipping", "protocol", "budget_key", "check_section", "score_precision_used",
+           "scoring_text"]
 
 ATTACKS = ("fgsm", "pgd", "spsa", "autoattack")
 # paper: the model's predictions for FGSM, PGD and SPSA, the data set's labels for AutoAttack (the authors' code)
 LABELS = ("ground_truth", "predicted", "paper")
 SOURCES = ("data", "imagenet_val")
+# the forward that scores the clean and attacked images: fp32, or fp16 autocast as the authors' engine.py (CUDA only)
+SCORE_PRECISIONS = ("fp32", "fp16")
 # pyautoattack's versions; 'custom' needs an attack list this config does not expose
 AUTOATTACK_VERSIONS = ("standard", "plus", "rand")
 ONE_OVER_255 = 1.0 / 255.0
@@ -83,6 +87,9 @@ class AdversarialConfig:
     # estimator of elliptical layers while attacked and scored: None = as trained; mean | median (the authors
     # attacked with --grad-median)
     elliptical_estimator: Optional[str] = None
+    # the forward that scores clean and attacked images (the attacks always run in fp32): fp32 | fp16 (autocast, as
+    # the authors' engine.py; CUDA only: on CPU, where fp16 autocast is slow, it scores in fp32 and says so)
+    score_precision: str = "fp32"
     max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
     batch_size: Optional[int] = None  # None: eval.batch_size
     seed: int = 0
@@ -96,8 +103,9 @@ def paper_adversarial_config() -> AdversarialConfig:
     """QUEST Tables 3/4 as the Elliptical-attention code ran them (KurtPask/Elliptical-Attention @ 5ae39ee,
     ImageAttack/: engine.py, spsa.py, Scripts/run_{fgm,pgd,spsa,auto}.sh; docs/evaluation.md has the table): the
     normalised tensor, eps 1/255 (0.1 for SPSA) in normalised units, predicted labels except AutoAttack, the median
-    estimator, SPSA's gradient where cleverhans' torch code estimates it."""
-    cfg = AdversarialConfig(space="normalized", labels="paper", elliptical_estimator="median")
+    estimator, SPSA's gradient where cleverhans' torch code estimates it, attacked images scored under fp16 autocast
+    (on CUDA)."""
+    cfg = AdversarialConfig(space="normalized", labels="paper", elliptical_estimator="median", score_precision="fp16")
     cfg.spsa.estimate_at = "cleverhans_torch"
     return cfg
 
@@ -118,6 +126,7 @@ def check_adversarial(checks: Checks, base: str) -> None:
     checks.one_of(f"{base}.source", SOURCES)
     checks.one_of(f"{base}.labels", LABELS)
     checks.one_of(f"{base}.elliptical_estimator", ESTIMATORS, optional=True)
+    checks.one_of(f"{base}.score_precision", SCORE_PRECISIONS)
     checks.positive_int(f"{base}.max_samples", f"{base}.batch_size", optional=True)
     checks.check(f"{base}.seed", lambda v: is_int(v) and v >= 0, "an integer >= 0")
     for name in ATTACKS:
@@ -150,6 +159,9 @@ def check_section(section: Any, name: str) -> None:
         raise ValueError(f"unknown attacks {unknown}; eval.{name}.attacks takes {list(ATTACKS)}")
     if section.labels not in LABELS:
         raise ValueError(f"eval.{name}.labels must be one of {LABELS}, got {section.labels!r}")
+    if section.score_precision not in SCORE_PRECISIONS:
+        raise ValueError(f"eval.{name}.score_precision must be one of {SCORE_PRECISIONS}, got "
+                         f"{section.score_precision!r}")
     for attack in section.attacks:
         eps = list(section[attack].eps)
         if any(e < 0 for e in eps) or len({budget_key(attack, e) for e in eps}) != len(eps):
@@ -174,9 +186,27 @@ def clipping(space: AttackSpace, attack: str) -> str:
     return "[0, 1] pixels" if space.clip is not None else "none (unbounded by the image)"
 
 
+def score_precision_used(asked: str, device: torch.device) -> str:
+    """The precision the clean and attacked images are scored in: fp16 autocast only where asked and on CUDA (the
+    authors' engine.py runs ``torch.cuda.amp.autocast()``); on other devices fp32 (fp16 autocast on CPU is slow)."""
+    if asked not in SCORE_PRECISIONS:
+        raise ValueError(f"score_precision must be one of {SCORE_PRECISIONS}, got {asked!r}")
+    return "fp16" if asked == "fp16" and torch.device(device).type == "cuda" else "fp32"
+
+
+def scoring_text(asked: str, used: str, device: torch.device) -> str:
+    """What scored the images, in words (every adversarial result carries it)."""
+    if used == "fp16":
+        return "fp16 autocast forward of the clean and attacked images (the authors' engine.py); attacks in fp32"
+    if asked == "fp16":
+        return (f"fp32 forward of the clean and attacked images: fp16 autocast (the authors') was asked, but the "
+                f"device is {torch.device(device).type}, where fp16 autocast is slow; on CUDA it would be fp16")
+    return "fp32 forward of the clean and attacked images (the authors scored under CUDA fp16 autocast)"
+
+
 # settings compared with the authors' protocol (paper_adversarial_config) in every result
-_PROTOCOL_KEYS = ("space", "labels", "elliptical_estimator", "fgsm.eps", "pgd.eps", "pgd.steps", "pgd.step_size",
-                  "pgd.random_start", "spsa.eps", "spsa.lr", "spsa.delta", "spsa.nb_sample", "spsa.nb_iter",
+_PROTOCOL_KEYS = ("space", "labels", "elliptical_estimator", "score_precision", "fgsm.eps", "pgd.eps", "pgd.steps",
+                  "pgd.step_size", "pgd.random_start", "spsa.eps", "spsa.lr", "spsa.delta", "spsa.nb_sample", "spsa.nb_iter",
                   "spsa.random_start", "spsa.estimate_at", "autoattack.eps", "autoattack.version")
 
 
@@ -203,9 +233,15 @@ def _spsa_text(cfg: Any) -> str:
     return f"Rademacher directions per element, {start}, gradient estimated at {point}"
 
 
-def protocol(section: Any, space: AttackSpace, libraries: dict[str, str], estimator: dict[str, Any]) -> dict[str, Any]:
+def protocol(section: Any, space: AttackSpace, libraries: dict[str, str], estimator: dict[str, Any],
+             device: torch.device, used: str) -> dict[str, Any]:
     """The protocol of one result, in words: space, labels and clipping per attack, the SPSA variant, the libraries,
-    and where the settings differ from the authors'."""
+    the scoring precision (``used``: :func:`score_precision_used`), and where the settings (and the precision
+    actually used) differ from the authors'."""
+    differences = _differences(section)
+    if section.score_precision == "fp16" and used != "fp16":
+        differences.append(f"score_precision: fp16 asked, {used} used on {torch.device(device).type} "
+                           "(authors: fp16 autocast on CUDA)")
     return {
         "space": space.describe(), "space_name": space.name,
         "labels": {a: _LABEL_TEXT[attack_labels(section.labels, a)] for a in section.attacks},
@@ -213,7 +249,7 @@ def protocol(section: Any, space: AttackSpace, libraries: dict[str, str], estima
         "elliptical_estimator": estimator,
         "spsa": _spsa_text(section.spsa),
         "model_mode": "eval", "norm": "Linf", "libraries": libraries,
-        "scoring": "fp32 forward of the attacked inputs (the authors scored under CUDA fp16 autocast)",
-        "differs_from_authors": _differences(section),
+        "scoring": scoring_text(section.score_precision, used, device), "score_precision": used,
+        "differs_from_authors": differences,
         "settings": {a: OmegaConf.to_container(section[a], resolve=True) for a in section.attacks},
     }

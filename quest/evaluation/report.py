@@ -40,7 +40,7 @@ def flatten_numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
 
 #: Text leaves written to the CSV beside the numbers (what each adversarial number means: space, labels, ...);
 #: the protocol notes themselves stay in the JSON.
-CSV_TEXT_KEYS = ("space", "eps_units", "labels", "clipping", "elliptical_estimator")
+CSV_TEXT_KEYS = ("space", "eps_units", "labels", "clipping", "elliptical_estimator", "scoring")
 
 
 def flatten_texts(tree: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

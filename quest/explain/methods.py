@@ -6,7 +6,10 @@
   the residual, A' = (A + I) / 2 (rows renormalised), multiplied over the layers; the [CLS] row over the patches.
 - :func:`agcam` (Leem & Seo, AAAI 2024; the authors' ``Methods/AGCAM/AGCAM.py``): per layer and head, ReLU of the
   gradient of the class score with respect to the post-softmax [CLS] attention row, times the sigmoid of the
-  pre-softmax [CLS] logits row, patches only, summed over heads and over layers.
+  pre-softmax [CLS] logits row, patches only, summed over heads and over layers. ``gradient="detached"`` (the
+  authors' ViT, ``ViT_for_AGCAM/models/vision_transformer.py``, detaches every attention block's input, so the
+  gradient reaching a layer's attention comes through the residual stream and the MLPs of the later blocks but
+  not through their attention) or ``"full"`` (the gradient through the whole graph).
 
 Each returns (B, grid_h, grid_w) maps on the patch grid; :func:`to_image` upsamples them bilinearly to the image
 and min-max normalises each, as the AG-CAM authors' evaluation does. docs/explain.md.
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 from .recorder import check_explainable, explicit_attention
 
-__all__ = ["cls_attention", "attention_rollout", "agcam", "to_image", "METHODS", "explain"]
+__all__ = ["cls_attention", "attention_rollout", "agcam", "AGCAM_GRADIENTS", "to_image", "METHODS", "explain"]
 
 
 def _grid(model: nn.Module) -> tuple[int, int]:
@@ -67,14 +70,20 @@ def attention_rollout(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return _on_grid(result[:, 0, prefix:], model)
 
 
-def agcam(model: nn.Module, images: torch.Tensor, target: torch.Tensor | Sequence[int] | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+#: AG-CAM's gradient: the authors' (each attention block's input detached) | through the whole graph
+AGCAM_GRADIENTS = ("detached", "full")
+
+
+def agcam(model: nn.Module, images: torch.Tensor, target: torch.Tensor | Sequence[int] | None = None,
+          gradient: str = "detached") -> tuple[torch.Tensor, torch.Tensor]:
     """(maps (B, grid_h, grid_w), the classes explained): AG-CAM for ``target`` (default: each image's predicted
-    class, as the authors' evaluation)."""
+    class, as the authors' evaluation), with the authors' detached attention inputs or the full-graph gradient."""
+    if gradient not in AGCAM_GRADIENTS:
+        raise ValueError(f"AG-CAM gradient must be one of {AGCAM_GRADIENTS}, got {gradient!r}")
     prefix = check_explainable(model)
     model.eval()
     images = images.detach().requires_grad_(True)  # a graph even for a model with frozen weights
-    with torch.enable_grad(), explicit_attention(model) as record:
+    with torch.enable_grad(), explicit_attention(model, detach_inputs=gradient == "detached") as record:
         logits = model(images)
         classes = logits.argmax(dim=1) if target is None else torch.as_tensor(target, device=logits.device)
         # samples do not interact in a ViT, so the gradient of the summed scores is every sample's own; taken with
@@ -109,8 +118,12 @@ def _rollout(model, images, target=None):
 METHODS = {"attention": _raw, "rollout": _rollout, "agcam": agcam}
 
 
-def explain(method: str, model: nn.Module, images: torch.Tensor, target=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The patch-grid maps of ``method`` (attention | rollout | agcam) for ``images``."""
+def explain(method: str, model: nn.Module, images: torch.Tensor, target=None, agcam_gradient: str = "detached"
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The patch-grid maps of ``method`` (attention | rollout | agcam) for ``images``; ``agcam_gradient``
+    (detached | full) applies to AG-CAM only."""
     if method not in METHODS:
         raise ValueError(f"unknown explanation method {method!r}; choose from {', '.join(METHODS)}")
+    if method == "agcam":
+        return agcam(model, images, target, gradient=agcam_gradient)
     return METHODS[method](model, images, target)

@@ -70,17 +70,34 @@ def _explicit_sdpa(record: AttentionRecord):
     return sdpa
 
 
+def _detached_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # a fresh leaf: the layer's probabilities keep a graph (even with frozen weights) that ends at its own input
+    def leaf(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().requires_grad_(torch.is_grad_enabled())
+
+    if args:
+        return (leaf(args[0]), *args[1:]), kwargs
+    return args, {**kwargs, "x": leaf(kwargs["x"])}
+
+
 @contextmanager
-def explicit_attention(model: nn.Module) -> Iterator[AttentionRecord]:
-    """Inside the block every attention layer of ``model`` computes (and records) its probabilities explicitly."""
+def explicit_attention(model: nn.Module, detach_inputs: bool = False) -> Iterator[AttentionRecord]:
+    """Inside the block every attention layer of ``model`` computes (and records) its probabilities explicitly.
+    ``detach_inputs``: every attention layer's input tokens are detached first, as in the AG-CAM authors' ViT
+    (``x = x.detach()`` at the top of their ``Attention.forward``), so no gradient flows back through an attention
+    layer into the blocks before it; the forward values are unchanged."""
     record = AttentionRecord()
     layers = _layers(model)
-    patched = []
+    patched, hooks = [], []
     try:
         for layer in layers:
             layer._sdpa = types.MethodType(_explicit_sdpa(record), layer)
             patched.append(layer)
+            if detach_inputs:
+                hooks.append(layer.register_forward_pre_hook(_detached_input, with_kwargs=True))
         yield record
     finally:
+        for hook in hooks:
+            hook.remove()
         for layer in patched:
             del layer._sdpa  # the class's fused method again

@@ -1,7 +1,8 @@
 """Scoring explanations over a data set with boxes: per method the localization metrics of Table 6.
 
 Protocol (the AG-CAM authors' ``localization.py``, the default; each choice is an argument and is recorded): the
-map of the predicted class (``classes="predicted"``), images the model gets wrong left out (``skip_wrong``),
+map of the predicted class (``classes="predicted"``), images the model gets wrong left out (``skip_wrong``), AG-CAM
+with every attention block's input detached (``agcam_gradient="detached"``, the authors' ViT),
 threshold 0.5 on the min-max normalised map upsampled bilinearly to the input size, every ground-truth box of the
 image (their union), boxes mapped through the same resize / crop as the image.
 """
@@ -28,15 +29,16 @@ class ExplainTally:
 
 
 def normalised_maps(model: nn.Module, images: torch.Tensor, methods: Iterable[str],
-                    target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    target: torch.Tensor | None = None, agcam_gradient: str = "detached") -> dict[str, torch.Tensor]:
     """Per method the (B, H, W) maps at the input size, min-max normalised per image, on the CPU."""
     size = tuple(images.shape[-2:])
-    return {m: to_image(explain(m, model, images, target)[0].detach(), size).cpu() for m in methods}
+    return {m: to_image(explain(m, model, images, target, agcam_gradient)[0].detach(), size).cpu() for m in methods}
 
 
 def score_explanations(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor, list[int]]],
                        boxes_of: Callable[[int], np.ndarray], methods: list[str], threshold: float = 0.5,
-                       classes: str = "predicted", skip_wrong: bool = True) -> ExplainTally:
+                       classes: str = "predicted", skip_wrong: bool = True, agcam_gradient: str = "detached"
+                       ) -> ExplainTally:
     """``batches`` yields (model inputs, labels, data-set indices); ``boxes_of(index)`` gives that image's boxes in
     input pixels (N, 4)."""
     if classes not in ("predicted", "label"):
@@ -48,7 +50,8 @@ def score_explanations(model: nn.Module, batches: Iterable[tuple[torch.Tensor, t
         right = (predicted == labels).tolist()
         tally.images += len(right)
         tally.wrong += right.count(False)
-        maps = normalised_maps(model, images, methods, predicted if classes == "predicted" else labels)
+        maps = normalised_maps(model, images, methods, predicted if classes == "predicted" else labels,
+                               agcam_gradient)
         for row, index in enumerate(indices):
             if right[row] or not skip_wrong:
                 boxes = boxes_of(index)

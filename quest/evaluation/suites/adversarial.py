@@ -3,15 +3,18 @@
 Two evaluations share this code: ``adversarial`` (defaults: the sound protocol, [0, 1] pixels with the
 normalisation inside the model, the data set's labels, elliptical layers as trained) and ``adversarial_paper``
 (defaults: QUEST Tables 3/4 as the Elliptical-attention code ran them: the normalised tensor, the model's
-predictions as labels except for AutoAttack, the median estimator, cleverhans' SPSA). Every setting of either is
-selectable (``space``, ``labels``, ``elliptical_estimator``, ``spsa.estimate_at``, ...), every result says which
-ran, with eps in both units, and lists where the settings differ from the authors'. Accuracy is always measured
-against the data set's labels, from integer counts (:class:`quest.engine.counts.Counts`). The settings and
-their meaning: quest.evaluation.adversarial_protocol.
+predictions as labels except for AutoAttack, the median estimator, cleverhans' SPSA, scoring under fp16 autocast on
+CUDA). Every setting of either is selectable (``space``, ``labels``, ``elliptical_estimator``, ``score_precision``,
+``spsa.estimate_at``, ...), every result says which ran, with eps in both units, and lists where the settings
+differ from the authors'. With an attack-time estimator override, the clean numbers come twice: ``clean`` at the
+attack-time estimator and ``clean_as_trained`` (the model as trained: the paper tables' clean accuracy). Accuracy
+is always measured against the data set's labels, from integer counts (:class:`quest.engine.counts.Counts`). The
+settings and their meaning: quest.evaluation.adversarial_protocol.
 """
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -28,6 +31,7 @@ from ..adversarial_protocol import (
     clipping,
     paper_adversarial_config,
     protocol,
+    score_precision_used,
 )
 from ..attack_space import AttackSpace
 from ..context import Counts, EvalRun, evenly_spaced, fixed_subset, shard_batches
@@ -104,6 +108,35 @@ def _val_set(run: EvalRun, section: Any, transform: Callable, name: str) -> Data
     return val_split(run, transform, name)
 
 
+def _scorer(model, precision: str, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The forward that scores images: fp32, or under fp16 autocast as the authors' engine.py
+    (``torch.cuda.amp.autocast()`` around ``model(images)``); no gradient either way."""
+    def score(z: torch.Tensor) -> torch.Tensor:
+        cast = (torch.autocast(device_type=torch.device(device).type, dtype=torch.float16) if precision == "fp16"
+                else nullcontext())
+        with torch.no_grad(), cast:
+            return model(z)
+
+    return score
+
+
+def _clean_pass(run: EvalRun, dataset: Dataset, space: AttackSpace, score: Callable, batch_size: int,
+                label: str) -> _Meter:
+    meter, running = _Meter(), _Running("clean top-1")
+    for x, y, _ in shard_batches(run, dataset, range(len(dataset)), batch_size, label, running):
+        logits = score(space.encode(x))
+        meter.update(logits, logits, y, None, None)
+        running.update(logits, y)
+    return meter
+
+
+def _clean_numbers(meter: _Meter, run: EvalRun, estimator: str | None, precision: str) -> dict[str, Any]:
+    clean = meter.compute(run)
+    return {"top1": clean["clean_top1"], "top5": clean["clean_top5"], "nll": clean["clean_nll"],
+            "correct": clean["clean_correct"], "n": clean["n"], "elliptical_estimator": estimator,
+            "scoring": precision}
+
+
 def _data_name(run: EvalRun, section: Any) -> str:
     if section.source == "imagenet_val":
         return f"imagenet val ({run.settings.roots.val})"
@@ -125,19 +158,17 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
     batch_size = section.batch_size or run.settings.batch_size
     budgets = {budget_key(attack, float(eps)): (attack, float(eps)) for attack in section.attacks
                for eps in section[attack].eps}
+    precision = score_precision_used(section.score_precision, run.device)
+    scoring = (precision if precision == section.score_precision else
+               f"{precision} ({section.score_precision} asked, {torch.device(run.device).type})")
     with attack_time_estimator(run.model, section.elliptical_estimator) as estimator:
         model = space.model(run.model).to(run.device).eval()
+        score = _scorer(model, precision, run.device)
         # every meter exists on every process, even one with no samples: computing them is a collective
-        clean_meter = _Meter()
         meters = {key: _Meter() for key in budgets}
         seconds = {key: 0.0 for key in budgets}
         aa_settings: dict[str, Any] = {}
-        running = _Running("clean top-1")
-        for x, y, _ in shard_batches(run, dataset, range(len(dataset)), batch_size, f"{name} clean", running):
-            with torch.no_grad():
-                logits = model(space.encode(x))
-            clean_meter.update(logits, logits, y, None, None)
-            running.update(logits, y)
+        clean_meter = _clean_pass(run, dataset, space, score, batch_size, f"{name} clean")
         for key, (attack, eps) in budgets.items():
             # each attack on its own evenly spaced subset (the costly ones may use fewer samples), called once per
             # batch of that subset; its clean numbers are on the same samples
@@ -147,26 +178,31 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
             for x, y, indices in shard_batches(run, dataset, chosen, batch_size, f"{name} {key}", running):
                 z = space.encode(x)
                 with torch.no_grad():
-                    clean_logits = model(z)
+                    clean_logits = model(z)  # fp32, as the attacks (cleverhans) take the predictions as labels
                 labels = y if labels_of == "ground_truth" else clean_logits.argmax(1)
+                clean_scored = clean_logits if precision == "fp32" else score(z)
                 tic = time.perf_counter()
                 z_adv, extra = _run_attack(attack, section, model, z, labels, eps, indices, batch_size, space.clip)
                 seconds[key] += time.perf_counter() - tic
                 aa_settings.update(extra or {})
-                with torch.no_grad():
-                    logits = model(z_adv)
-                meters[key].update(clean_logits, logits, y, z_adv - z, space.to_pixels(z_adv) - x)
+                logits = score(z_adv)
+                meters[key].update(clean_scored, logits, y, z_adv - z, space.to_pixels(z_adv) - x)
                 running.update(logits, y)
-        clean = clean_meter.compute(run)
-    result: dict[str, Any] = {"clean": {"top1": clean["clean_top1"], "top5": clean["clean_top5"],
-                                        "nll": clean["clean_nll"], "correct": clean["clean_correct"],
-                                        "n": clean["n"]}}
+        used = estimator.get("used")
+        result: dict[str, Any] = {"clean": _clean_numbers(
+            clean_meter, run, f"{used} (attack time)" if estimator.get("overridden") else used, scoring)}
+    if estimator.get("overridden") and estimator["as_trained"] != [used]:
+        # the model as trained (the authors' clean accuracy in the paper's tables), beside the attack-time one
+        trained = ", ".join(estimator["as_trained"])
+        result["clean_as_trained"] = _clean_numbers(
+            _clean_pass(run, dataset, space, score, batch_size, f"{name} clean (as trained)"), run,
+            f"{trained} (as trained)", scoring)
     for key, meter in meters.items():
         attack, eps = budgets[key]
         result[key] = {"attack": attack, "space": space.name, "eps": eps, "eps_x255": eps * 255,
-                       **space.eps_units(eps), "labels": attack_labels(section.labels, attack),
+                       **space.eps_units(eps), "labels": attack_labels(section.labels, attack), "scoring": scoring,
                        "clipping": clipping(space, attack), **meter.compute(run), "seconds": round(seconds[key], 2)}
-    result.update({"protocol": protocol(section, space, libraries, estimator), "subset": subset,
+    result.update({"protocol": protocol(section, space, libraries, estimator, run.device, precision), "subset": subset,
                    "elliptical_estimator": estimator.get("used"), "data": _data_name(run, section),
                    "transform": describe(transform)})
     if aa_settings:

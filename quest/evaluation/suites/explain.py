@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torchvision.transforms as T
 from PIL import Image
 
-from quest.explain import METHODS, check_explainable
+from quest.explain import AGCAM_GRADIENTS, METHODS, check_explainable
 from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
 from quest.explain.localization import LocalizationScores
 from quest.explain.scoring import normalised_maps, score_explanations
@@ -33,6 +33,8 @@ from .classification import val_samples, val_split
 __all__ = ["ExplainConfig", "explain"]
 
 SOURCES, TRANSFORMS, CLASSES = ("data", "imagenet_val"), ("eval", "squash"), ("predicted", "label")
+#: squash's resampling: torchvision Resize((S, S))'s default (the AG-CAM authors' localization.py) | bicubic
+SQUASH_INTERPOLATIONS = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC}
 
 
 @dataclass
@@ -42,6 +44,8 @@ class ExplainConfig:
     classes: str = "predicted"  # predicted | label (the data set's): the class each map explains
     skip_wrong: bool = True  # leave misclassified images out of the metrics, as the authors do
     transform: str = "eval"  # eval (the model's resize + crop) | squash (the authors' Resize((S, S)))
+    squash_interpolation: str = "bilinear"  # squash's resampling: bilinear (the authors' Resize default) | bicubic
+    agcam_gradient: str = "detached"  # detached (the authors' ViT: attention inputs detached) | full (whole graph)
     source: str = "data"  # data (the data set's own boxes: digits_canvas) | imagenet_val (roots.val + boxes)
     boxes: Optional[str] = None  # imagenet_val: a folder of ILSVRC2012_val_*.xml or a LOC_val_solution.csv
     max_samples: Optional[int] = None  # None: every image; else an evenly spaced fixed subset
@@ -55,11 +59,21 @@ def _check(c: Checks, key: str) -> None:
     c.fraction(f"{key}.threshold", low_open=True, high_open=True)
     c.one_of(f"{key}.classes", CLASSES)
     c.one_of(f"{key}.transform", TRANSFORMS)
+    c.one_of(f"{key}.squash_interpolation", tuple(SQUASH_INTERPOLATIONS))
+    c.one_of(f"{key}.agcam_gradient", AGCAM_GRADIENTS)
     c.one_of(f"{key}.source", SOURCES)
     c.positive_int(f"{key}.max_samples", f"{key}.batch_size", optional=True)
     c.check(f"{key}.figure_images", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
     if c.value(f"{key}.source") == "imagenet_val" and not c.value(f"{key}.boxes"):
         c.fail(f"{key}.boxes", "must name the boxes of ImageNet val (an XML folder or LOC_val_solution.csv)")
+
+
+SQUASH_PROTOCOL = {"bilinear": "bilinear (the authors': torchvision's default)", "bicubic": "bicubic"}
+AGCAM_PROTOCOL = {
+    "detached": "detached: every attention block's input detached, the gradient reaches a layer's attention through "
+                "the residual stream and the later MLPs only (the AG-CAM authors' ViT_for_AGCAM)",
+    "full": "full: the gradient through the whole graph, later attention layers included",
+}
 
 
 class _ImageNetBoxes(torch.utils.data.Dataset):
@@ -88,7 +102,8 @@ def _geometry(run: EvalRun, section: Any) -> tuple[Callable, Callable[[np.ndarra
     """The image transform and the same mapping for boxes."""
     t = run.target
     if section.transform == "squash":
-        transform = T.Compose([T.Resize((t.img_size, t.img_size), interpolation=T.InterpolationMode.BICUBIC),
+        resample = SQUASH_INTERPOLATIONS[section.squash_interpolation]
+        transform = T.Compose([T.Resize((t.img_size, t.img_size), interpolation=resample),
                                T.ToTensor(), T.Normalize(t.mean, t.std)])
         return transform, lambda b, size: resize_boxes(b, size, t.img_size)
     return eval_transform(t), lambda b, size: resize_crop_boxes(b, size, t.img_size, t.crop_pct)
@@ -146,7 +161,7 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     with torch.no_grad():
         predicted = model(images).argmax(dim=1)
     target = predicted if section.classes == "predicted" else torch.tensor(labels, device=run.device)
-    maps = normalised_maps(model, images, list(section.methods), target)
+    maps = normalised_maps(model, images, list(section.methods), target, section.agcam_gradient)
     mean = torch.tensor(run.target.mean).view(1, -1, 1, 1)
     std = torch.tensor(run.target.std).view(1, -1, 1, 1)
     pictures = (images.cpu() * std + mean).clamp(0, 1)
@@ -157,6 +172,7 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
         "indices": indices, "labels": labels, "predictions": predicted.tolist(),
         "images": (pictures * 255).round().to(torch.uint8), "boxes": [torch.from_numpy(b) for b in boxes],
         "maps": {m: v.half() for m, v in maps.items()}, "attention": run.target.info.get("attention"),
+        "agcam_gradient": section.agcam_gradient,
     }, f))
     png = explanation_grid(pictures, [(m, maps[m]) for m in section.methods], run.out_dir / "explain.png", boxes,
                            [f"#{i} {lab}->{pred}" for i, lab, pred in zip(indices, labels, predicted.tolist())],
@@ -171,7 +187,8 @@ def explain(run: EvalRun, section: Any) -> dict[str, Any]:
     indices = evenly_spaced(len(dataset), section.max_samples)
     batch = section.batch_size or run.settings.batch_size
     tally = score_explanations(run.model, shard_batches(run, dataset, indices, batch, "explain"), dataset.boxes,
-                               list(section.methods), section.threshold, section.classes, section.skip_wrong)
+                               list(section.methods), section.threshold, section.classes, section.skip_wrong,
+                               section.agcam_gradient)
     images, wrong = _sum_counts(run, tally.images, tally.wrong)
     result: dict[str, Any] = {m: _summed(tally.scores[m], run).means() for m in section.methods}
     shown = list(section.figure_indices) if section.figure_indices else indices[:section.figure_images]
@@ -185,9 +202,12 @@ def explain(run: EvalRun, section: Any) -> dict[str, Any]:
             "threshold": f"{section.threshold} on the min-max normalised map, upsampled bilinearly to the input size",
             "boxes": "the bounding boxes of the 8-connected regions above the threshold (OpenCV's external contour "
                      "boxes), filled inclusive, against the union of every ground-truth box of the image",
-            "geometry": ("squash: Resize((S, S)), box coordinates scaled and truncated (the authors')"
+            "geometry": (f"squash: Resize((S, S)), {SQUASH_PROTOCOL[section.squash_interpolation]}, box "
+                         "coordinates scaled and truncated (the authors')"
                          if section.transform == "squash" else
                          "eval: the model's resize + center crop, boxes mapped and clipped the same way"),
+            "agcam_gradient": (AGCAM_PROTOCOL[section.agcam_gradient] if "agcam" in section.methods
+                               else "AG-CAM not run"),
             "metrics": "per image, eps 1e-5, averaged over the scored images (miou = mean IoU)",
             "source": section.source if section.source == "data" else f"imagenet_val, boxes {section.boxes}",
         },
