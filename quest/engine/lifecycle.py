@@ -127,6 +127,8 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         del ckpt  # the model, optimizer and EMA hold their own copies now
     elif tr.init_from:
         run.init_weights(tr.init_from)
+    elif cfg.model.get("pretrained"):
+        run.init_pretrained(cfg.model.pretrained, bool(cfg.model.get("pretrained_download", False)))
     directory.write_record(config, "resume" if path else "start", run.state.step, changes)
     run.logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id,
                            truncate_to=truncate)
