@@ -7,6 +7,7 @@
 | ``quest-toy`` | ``python -m quest.toy`` | the toy study (configs/toy/toy.yaml) |
 | ``quest-report`` | ``python -m quest.report`` | tables from sweeps of runs |
 | ``quest-plot`` | ``python -m quest.report.plot`` | diagnostics figures |
+| ``quest-export`` | ``python -m quest.interop.export`` | a run as a timm / Hugging Face model folder |
 
 The configs are found as the package ``quest.configs`` (an install ships them; an editable install maps the
 checkout's configs/ there), or, in a checkout that is only on sys.path, in its configs/ folder.
@@ -23,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["train", "evaluate", "toy", "report", "plot", "config_root", "rewrite_attention_override"]
+__all__ = ["train", "evaluate", "toy", "report", "plot", "export", "config_root", "rewrite_attention_override"]
 
 _IMPORT_PATH = re.compile(r"^attention=([A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 
@@ -143,5 +144,12 @@ def report() -> None:
 def plot() -> None:
     """``quest-plot diagnostics RUN_DIR ... --out FILE.png``: docs/diagnostics.md."""
     from quest.report.plot import main
+
+    sys.exit(main())
+
+
+def export() -> None:
+    """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: docs/interop.md."""
+    from quest.interop.export import main
 
     sys.exit(main())

@@ -29,6 +29,10 @@ class ModelConfig:
     # authors' models_v2.py uses 1e-4: configs/model/deit3_*.yaml set that)
     layer_scale_init: Optional[float] = None
     kwargs: Dict[str, Any] = field(default_factory=dict)  # any other timm model kwargs
+    # weights a new run starts from, converted to the chosen attention (docs/interop.md): a timm tag
+    # (deit_tiny_patch16_224.fb_in1k), local-dir:<quest-export folder>, hf-hub:<repo> or a .safetensors/.pth file
+    pretrained: Optional[str] = None
+    pretrained_download: bool = False  # read the Hub / timm's weights from the local caches only, unless true
 
 
 @dataclass
@@ -195,6 +199,7 @@ OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
     "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps", "logger.*",
+    "model.pretrained_download",
 )
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the

@@ -14,6 +14,8 @@ from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
 
+from .timm_names import register_timm_name
+
 __all__ = ["register_attention", "get_attention", "list_attentions", "attention_options"]
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
@@ -28,6 +30,7 @@ def register_attention(name: str) -> Callable[[A], A]:
             raise ValueError(f"attention {name!r} is already registered to {_REGISTRY[name].__qualname__}")
         cls.attention_name = name
         _REGISTRY[name] = cls
+        register_timm_name(name, cls)  # timm.create_model(..., attn_layer=name) too
         return cls
 
     return wrap
@@ -62,6 +65,7 @@ def _import_attention(path: str) -> type[nn.Module]:
                          "subclass of quest.attention.QKAttention (docs/attention.md)")
     if "attention_name" not in vars(cls):  # an unregistered class goes by its import path (checkpoints, logs)
         cls.attention_name = path
+    register_timm_name(path, cls)  # once named, timm.create_model(..., attn_layer=path) builds it as well
     return cls
 
 

@@ -106,6 +106,8 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         plan.ckpt = None  # the model, optimizer and EMA hold their own copies now
     elif tr.init_from:
         run.init_weights(tr.init_from)
+    elif cfg.model.get("pretrained"):
+        run.init_pretrained(cfg.model.pretrained, bool(cfg.model.get("pretrained_download", False)))
     handler = _accept(directory, plan, provenance, continuing=True)
     try:
         directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)

@@ -164,6 +164,17 @@ class Run:
         if self.parts.ema is not None:
             self.parts.ema.module.load_state_dict(self.model.state_dict())
 
+    def init_pretrained(self, source: str, download: bool) -> None:
+        """Start from pretrained weights (model.pretrained=, docs/interop.md), converted to this run's attention."""
+        from quest.interop.pretrained import load_pretrained_weights
+
+        info = load_pretrained_weights(self.model, source, download)
+        log.info("model.pretrained=%s loaded%s%s", source, "; new classifier head" if info["new_head"] else "",
+                 f"; initial values kept for {len(info['initial_values_kept'])} formulation parameters"
+                 if info["initial_values_kept"] else "")
+        if self.parts.ema is not None:
+            self.parts.ema.module.load_state_dict(self.model.state_dict())
+
     def step_schedule_on_epoch(self) -> None:
         """A per-epoch schedule's step once ``state.epoch`` epochs are done (nothing for a per-update schedule)."""
         epoch = scheduler_epoch(self.cfg.recipe.get("sched_on", "updates"), self.state.epoch)

@@ -103,6 +103,15 @@ def _trainer(c: Checks) -> None:
     init_from = c.value("trainer.init_from")
     if init_from is not None and not Path(str(init_from)).expanduser().is_file():
         c.fail("trainer.init_from", "must be the path of an existing checkpoint file")
+    pretrained = c.value("model.pretrained")
+    if pretrained is not None:
+        from quest.interop.pretrained import pretrained_problem
+
+        problem = pretrained_problem(str(pretrained))
+        if problem is not None:
+            c.fail("model.pretrained", problem)
+        if init_from is not None:
+            c.fail("model.pretrained", "and trainer.init_from both name starting weights; set one of them")
 
 
 def _rest(c: Checks) -> None:

@@ -16,6 +16,7 @@ from quest.engine.checkpoint import FORMAT, load_checkpoint
 from quest.models import create_model
 
 from .config import evaluated_name
+from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
 from .torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 log = logging.getLogger("quest.eval")
@@ -127,29 +128,75 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state_dict_of(found.obj)
 
 
+def _weights_state(weights: str) -> dict[str, torch.Tensor]:
+    """A weights= value: a torch file (checked case by case), a .safetensors file or a local-dir:/hf-hub: folder."""
+    if weights.startswith(("local-dir:", "hf-hub:")) or weights.endswith(".safetensors"):
+        from quest.interop.pretrained import pretrained_state_dict
+
+        try:
+            return pretrained_state_dict(weights)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("model.pretrained=", "weights=")) from exc
+    return _load_state_dict(Path(weights).expanduser())
+
+
+def _num_classes(cfg: DictConfig, state: dict[str, torch.Tensor] | None, chosen: bool) -> int:
+    """The weights' class count (their head), else data.num_classes with data=, else timm's 1000."""
+    if "num_classes" in cfg.model.kwargs:
+        raise ValueError("model.kwargs.num_classes: the class count comes from weights= (its classifier), or from "
+                         "data.num_classes with data=<name> when there are no weights; do not set it")
+    found = weights_num_classes(state) if state is not None else None
+    if found is not None:
+        if chosen and int(cfg.data.num_classes) != found:
+            raise ValueError(f"weights={cfg.weights} classify {found} classes but data={cfg.data.name} has "
+                             f"data.num_classes={cfg.data.num_classes}: evaluate it on a data set with its classes")
+        return found
+    return int(cfg.data.num_classes) if chosen else 1000
+
+
 def _from_timm(cfg: DictConfig) -> EvalTarget:
     name, attention = cfg.model.name, cfg.attention.name
     if not attention:
         raise ValueError(f"model={name} needs attention=<name> (standard for stock timm weights; "
                          "quest, qnorm, qknorm, qknorm_hs, qknorm_ds)")
     chosen = data_was_chosen(cfg)
-    num_classes = int(cfg.data.num_classes) if chosen else 1000
+    record = export_record(str(cfg.weights)) if cfg.weights else None
+    exported = (record or {}).get("model_args") or {}
+    if exported.get("attention") and exported["attention"] != attention:
+        raise ValueError(f"weights={cfg.weights} were trained with {exported['attention']!r} attention, not "
+                         f"attention={attention}: pass attention={exported['attention']}")
+    if exported.get("model") and exported["model"] != name:
+        raise ValueError(f"weights={cfg.weights} are a {exported['model']}, not model={name}")
+    state = _weights_state(str(cfg.weights)) if cfg.weights else None
+    num_classes = _num_classes(cfg, state, chosen)
     kwargs: dict[str, Any] = dict(cfg.model.kwargs)
     if cfg.model.img_size:
         kwargs["img_size"] = int(cfg.model.img_size)
     model = create_model(name, attention=attention, attention_options=dict(cfg.attention.options),
                          num_classes=num_classes, **kwargs)
-    if cfg.weights:
-        result = model.load_state_dict(_load_state_dict(Path(cfg.weights).expanduser()), strict=False)
+    if state is not None:
+        check_fit(model, state, str(cfg.weights), name, attention)
+        result = model.load_state_dict(state, strict=False)
         if result.missing_keys or result.unexpected_keys:
             raise ValueError(f"weights={cfg.weights} do not fit {name} with {attention} attention: missing "
                              f"{result.missing_keys[:8]}, unexpected {result.unexpected_keys[:8]}")
     else:
         log.warning("no weights= given: evaluating a randomly initialised %s", name)
+    if chosen and record is not None:
+        from quest.data import build_dataset
+
+        classes = getattr(build_dataset(cfg.data, "val", None), "classes", None)
+        order = class_order(record.get("label_names"), classes, str(cfg.weights), cfg.data.name)
+        if order is not None:
+            model = ClassOrder(model, order)
+            model.pretrained_cfg = model.model.pretrained_cfg
     pretrained = model.pretrained_cfg
+    own = (record or {}).get("pretrained_cfg") or {}
+    if own:  # an exported model's own preprocessing (what timm's resolve_data_config gives), whatever the data set
+        pretrained = {**pretrained, **own}
     img_size = int(cfg.model.img_size or pretrained["input_size"][-1])
-    mean = tuple(cfg.data.mean) if chosen else tuple(pretrained["mean"])
-    std = tuple(cfg.data.std) if chosen else tuple(pretrained["std"])
+    mean = tuple(cfg.data.mean) if chosen and not own else tuple(pretrained["mean"])
+    std = tuple(cfg.data.std) if chosen and not own else tuple(pretrained["std"])
     crop_pct, interpolation = _eval_transform_overrides(cfg.eval, pretrained.get("crop_pct", 0.875),
                                                         pretrained.get("interpolation", "bicubic"))
     info = {"source": "timm", "model": name, "attention": attention,

@@ -16,6 +16,9 @@ from . import presets  # noqa: F401  (registers the CPU presets with timm)
 __all__ = ["create_model", "convert_attention", "attention_layers", "model_seq_len"]
 
 _SELF_ATTENTION_TYPES = (TimmAttention, QKAttention)
+_UNSUPPORTED = ("model {name!r} is not a Vision Transformer quest can give another attention ({why}): quest swaps the "
+                "attention of timm's VisionTransformer family (vit_*, deit_*, deit3_*, register-token variants, the CPU "
+                "presets vit_pico/nano/micro) and of CrossViT (crossvit_*)")
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, QKAttention]]:
@@ -49,7 +52,12 @@ def create_model(
     if timm.models.is_model_in_modules(name, ["crossvit"]):
         model = timm.create_model(name, **timm_kwargs)
         return convert_attention(model, attention, **options)
-    model = timm.create_model(name, attn_layer=attn_cls, **timm_kwargs)
+    try:
+        model = timm.create_model(name, attn_layer=attn_cls, **timm_kwargs)
+    except TypeError as exc:
+        if "attn_layer" not in str(exc):
+            raise
+        raise ValueError(_UNSUPPORTED.format(name=name, why=exc)) from None
     if not attention_layers(model):
         raise ValueError(f"model {name!r} does not build its attention from attn_layer=; quest cannot swap it")
     return bind_attention(model, model_seq_len(model))  # each layer learns its place (token count, previous block)

@@ -1,0 +1,71 @@
+"""Foreign weights in eval.py (``model=<timm name> attention=<name> weights=<file or folder>``): the class count
+comes from the weights, the data set's classes are matched to the model's by name where both have names, and every
+mismatch is a message that says what to pass instead of a raw size mismatch from ``load_state_dict``."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+__all__ = ["weights_num_classes", "export_record", "check_fit", "ClassOrder", "class_order"]
+
+log = logging.getLogger("quest.eval")
+
+
+def weights_num_classes(state: dict[str, torch.Tensor]) -> int | None:
+    """Rows of the classifier (``head.weight``, timm's ViT layout), None without one."""
+    head = state.get("head.weight")
+    return int(head.shape[0]) if head is not None and head.ndim == 2 else None
+
+
+def export_record(weights: str) -> dict[str, Any] | None:
+    """config.json of a ``local-dir:`` folder (a quest-export or a timm save), else None."""
+    if not weights.startswith("local-dir:"):
+        return None
+    path = Path(weights.partition(":")[2]).expanduser() / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def check_fit(model: nn.Module, state: dict[str, torch.Tensor], weights: str, name: str, attention: str) -> None:
+    """Refuse, naming the tensors, weights whose shapes or names do not fit the model built for them."""
+    own = model.state_dict()
+    shapes = [f"{k} {tuple(v.shape)} (the model has {tuple(own[k].shape)})" for k, v in state.items()
+              if k in own and v.shape != own[k].shape]
+    if shapes:
+        raise ValueError(f"weights={weights} do not fit {name}: {'; '.join(shapes[:4])}. Is it another model "
+                         "(width, depth, patch size; model.img_size for another input size)?")
+
+
+class ClassOrder(nn.Module):
+    """The model's logits put in the data set's class order (``order[i]``: the model output of data class i)."""
+
+    def __init__(self, model: nn.Module, order: Sequence[int]):
+        super().__init__()
+        self.model = model
+        self.register_buffer("order", torch.as_tensor(list(order), dtype=torch.long), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[:, self.order]
+
+
+def class_order(model_labels: Sequence[str] | None, data_classes: Sequence[str] | None, weights: str,
+                data_name: str) -> list[int] | None:
+    """Where each of the data set's classes sits among the model's outputs, matched by name; None when the orders
+    agree or either side has no names (then outputs and classes pair by position, as logged)."""
+    if not model_labels or not data_classes:
+        log.info("class names unknown on %s: the data set's class i is the model's output i",
+                 "the weights' side" if not model_labels else "the data set's side")
+        return None
+    model_labels, data_classes = [str(c) for c in model_labels], [str(c) for c in data_classes]
+    if model_labels == data_classes:
+        return None
+    missing = [c for c in data_classes if c not in model_labels]
+    if missing:
+        raise ValueError(f"data={data_name} has classes the model of weights={weights} was not trained on: "
+                         f"{missing[:8]} (its classes: {model_labels[:8]}{', ...' if len(model_labels) > 8 else ''})")
+    log.info("matched the data set's %d classes to the model's by name", len(data_classes))
+    return [model_labels.index(c) for c in data_classes]

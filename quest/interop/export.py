@@ -1,0 +1,199 @@
+"""``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: a train.py run as a timm / Hugging Face model.
+
+The folder holds what ``timm.create_model("local-dir:DIR", pretrained=True)`` and the Hugging Face Hub read:
+
+- ``config.json``: ``architecture`` ``quest_vit.<attention>`` (:mod:`quest.interop.timm_model`), ``num_classes``,
+  ``model_args`` (the timm model, the attention and its options, num_classes, img_size, the model kwargs of the
+  run), ``pretrained_cfg`` (input size, mean, std, crop_pct, interpolation as the run evaluated) and ``quest``
+  (where the weights come from);
+- ``model.safetensors``: the model's or the EMA's weights;
+- ``README.md``: a model card with the run's config, metrics and provenance.
+
+Every file is written atomically (quest.io); the checkpoint loads with ``weights_only=True``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from quest.engine.builders import build_model, resolve_img_size
+from quest.engine.checkpoint import load_checkpoint
+from quest.io import atomic_write, json_text, write_text_atomic
+
+from .timm_model import ARCHITECTURE, exported_architecture
+
+__all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def resolve_checkpoint(source: str | Path) -> Path:
+    """A checkpoint file, or a run directory's ``checkpoints/last.pt``."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
+            if candidate.is_file():
+                return candidate
+        raise FileNotFoundError(f"{path} is a directory without checkpoints/last.pt: pass a train.py run directory "
+                                "or a checkpoint file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass a train.py run directory or a checkpoint file")
+    return path
+
+
+def _model_args(stored: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "model": stored.model.name,
+        "attention": stored.attention.name,
+        "attention_options": OmegaConf.to_container(stored.attention.options, resolve=True),
+        "num_classes": int(stored.data.num_classes),
+        "img_size": resolve_img_size(stored),
+        **OmegaConf.to_container(stored.model.kwargs, resolve=True),
+    }
+    if stored.model.get("layer_scale_init") is not None:
+        args["init_values"] = float(stored.model.layer_scale_init)
+    return args
+
+
+def export_config(ckpt: dict[str, Any], model: torch.nn.Module, weights: str, source: Path) -> dict[str, Any]:
+    """config.json of the export (see the module docstring)."""
+    stored = OmegaConf.create(ckpt["config"])
+    img_size = resolve_img_size(stored)
+    classes = (ckpt.get("data") or {}).get("classes")
+    pretrained_cfg = {
+        "input_size": [3, img_size, img_size], "fixed_input_size": True,
+        "mean": [float(v) for v in stored.data.mean], "std": [float(v) for v in stored.data.std],
+        "crop_pct": float(stored.recipe.crop_pct), "crop_mode": "center",
+        "interpolation": str(stored.recipe.eval_interpolation),
+        "num_classes": int(stored.data.num_classes), "first_conv": "patch_embed.proj", "classifier": "head",
+    }
+    config: dict[str, Any] = {
+        "architecture": exported_architecture(stored.attention.name),
+        "num_classes": int(stored.data.num_classes),
+        "num_features": int(getattr(model, "num_features", 0)) or None,
+        "global_pool": getattr(model, "global_pool", None),
+        "model_args": _model_args(stored),
+        "pretrained_cfg": pretrained_cfg,
+        "quest": {"weights": weights, "checkpoint": str(source), "checkpoint_sha256": _sha256(source),
+                  "step": (ckpt.get("state") or {}).get("step"), "epoch": (ckpt.get("state") or {}).get("epoch"),
+                  "train_data": stored.data.name, "choices": dict(ckpt.get("choices") or {}),
+                  "quest_version": _version()},
+    }
+    if classes and len(classes) == int(stored.data.num_classes):
+        config["label_names"] = [str(c) for c in classes]
+    return config
+
+
+def _version() -> str:
+    from quest import __version__
+
+    return __version__
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    """The run's final metrics (summary.json), when the checkpoint sits in a run directory."""
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return {}
+    record = json.loads(summary.read_text())
+    return {k: v for k, v in record.items() if k.startswith(("val/", "val_ema/", "best/")) or k in
+            ("status", "epoch", "step", "best_epoch", "num_params")}
+
+
+def model_card(config: dict[str, Any], ckpt: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """README.md: what the model is, how to load it, the run's metrics, config and provenance."""
+    args, quest = config["model_args"], config["quest"]
+    lines = [
+        "---", "library_name: timm", "pipeline_tag: image-classification",
+        "tags: [image-classification, timm, quest, vision-transformer]", "---", "",
+        f"# {args['model']} with {args['attention']} attention ({quest['weights']} weights)", "",
+        f"A timm `{args['model']}` whose attention layers are quest's `{args['attention']}` formulation "
+        f"(options: `{json.dumps(args['attention_options'])}`), trained with quest and exported by `quest-export`.",
+        "It needs quest: `config.json` names the architecture `" + config["architecture"] + "`, which timm knows "
+        "only after `import quest`; without it timm refuses the folder instead of building a model with other "
+        "attention.", "",
+        "```python", "import quest  # registers the quest_vit architecture and quest's attn_layer names with timm",
+        "import timm", "", "model = timm.create_model(\"hf-hub:<user>/<repo>\", pretrained=True).eval()",
+        "config = timm.data.resolve_data_config({}, model=model)",
+        "transform = timm.data.create_transform(**config)", "```", "",
+        "## Metrics", "",
+    ]
+    if metrics:
+        lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in metrics.items()]
+    else:
+        lines.append("No summary.json beside the checkpoint: no metrics recorded.")
+    lines += ["", "## Provenance", "",
+              f"- checkpoint: `{quest['checkpoint']}` (sha256 `{quest['checkpoint_sha256']}`), "
+              f"step {quest['step']}, epoch {quest['epoch']}",
+              f"- weights: {quest['weights']}", f"- training data: {quest['train_data']}",
+              f"- config choices: `{json.dumps(quest['choices'])}`", f"- quest version: {quest['quest_version']}",
+              "", "## Training config", "", "```yaml", OmegaConf.to_yaml(OmegaConf.create(ckpt["config"])).rstrip(),
+              "```", ""]
+    return "\n".join(lines)
+
+
+def export_run(source: str | Path, out: str | Path, weights: str = "ema") -> Path:
+    """Write the export of ``source`` (a run directory or checkpoint file) to ``out``; returns ``out``.
+
+    ``weights="ema"`` takes the EMA weights (what the run's best numbers usually are) and refuses a run trained
+    without EMA; ``"model"`` the trained weights themselves."""
+    if weights not in ("model", "ema"):
+        raise ValueError(f"--weights must be model or ema, got {weights!r}")
+    path = resolve_checkpoint(source)
+    ckpt = load_checkpoint(path)  # weights_only=True
+    missing = [k for k in ("model", "config") if k not in ckpt]
+    if missing:
+        raise ValueError(f"{path} has no {missing}: not a checkpoint written by train.py")
+    state = ckpt.get(weights)
+    if state is None:
+        raise ValueError(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); "
+                         "use --weights model")
+    model = build_model(OmegaConf.create(ckpt["config"]))
+    model.load_state_dict(state)  # strict: the export holds exactly what the model has
+    from safetensors.torch import save as safetensors_bytes
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    out = Path(out).expanduser()
+    config = export_config(ckpt, model, weights, path)
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
+    write_text_atomic(out / "config.json", json_text(config))
+    write_text_atomic(out / "README.md", model_card(config, ckpt, _metrics(run_dir)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="quest-export", description="Export a train.py run as a timm / Hugging Face model folder "
+        f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
+    parser.add_argument("source", help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--weights", choices=("model", "ema"), default="ema",
+                        help="the EMA weights (default) or the trained model's")
+    args = parser.parse_args(argv)
+    try:
+        out = export_run(args.source, args.out, args.weights)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"quest-export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {args.source} ({args.weights} weights) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
