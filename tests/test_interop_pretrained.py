@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from quest.engine.validate import validate_train_config
-from quest.interop.export import export_run
-from quest.interop.pretrained import load_pretrained_weights
 from quest.models import create_model
+from quest.models.export import export_run
+from quest.models.pretrained import load_pretrained_weights
 from quest.validation import ConfigError
 from tests.helpers import compose_cfg
 from tests.interop_helpers import make_image_folder, train_tiny_run

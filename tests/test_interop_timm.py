@@ -23,8 +23,8 @@ from quest.data import build_dataset
 from quest.evaluation.config import eval_config_schema
 from quest.evaluation.target import load_target
 from quest.evaluation.transforms import eval_transform
-from quest.interop.export import main as export_main
 from quest.models import create_model
+from quest.models.export import main as export_main
 from tests.interop_helpers import CLASSES, make_image_folder, train_tiny_run
 
 

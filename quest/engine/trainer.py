@@ -166,7 +166,7 @@ class Run:
 
     def init_pretrained(self, source: str, download: bool) -> None:
         """Start from pretrained weights (model.pretrained=, docs/interop.md), converted to this run's attention."""
-        from quest.interop.pretrained import load_pretrained_weights
+        from quest.models.pretrained import load_pretrained_weights
 
         info = load_pretrained_weights(self.model, source, download)
         log.info("model.pretrained=%s loaded%s%s", source, "; new classifier head" if info["new_head"] else "",

@@ -105,7 +105,7 @@ def _trainer(c: Checks) -> None:
         c.fail("trainer.init_from", "must be the path of an existing checkpoint file")
     pretrained = c.value("model.pretrained")
     if pretrained is not None:
-        from quest.interop.pretrained import pretrained_problem
+        from quest.models.pretrained import pretrained_problem
 
         problem = pretrained_problem(str(pretrained))
         if problem is not None:

@@ -131,7 +131,7 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def _weights_state(weights: str) -> dict[str, torch.Tensor]:
     """A weights= value: a torch file (checked case by case), a .safetensors file or a local-dir:/hf-hub: folder."""
     if weights.startswith(("local-dir:", "hf-hub:")) or weights.endswith(".safetensors"):
-        from quest.interop.pretrained import pretrained_state_dict
+        from quest.models.pretrained import pretrained_state_dict
 
         try:
             return pretrained_state_dict(weights)

@@ -2,7 +2,7 @@
 
 The folder holds what ``timm.create_model("local-dir:DIR", pretrained=True)`` and the Hugging Face Hub read:
 
-- ``config.json``: ``architecture`` ``quest_vit.<attention>`` (:mod:`quest.interop.timm_model`), ``num_classes``,
+- ``config.json``: ``architecture`` ``quest_vit.<attention>`` (:mod:`quest.models.timm_model`), ``num_classes``,
   ``model_args`` (the timm model, the attention and its options, num_classes, img_size, the model kwargs of the
   run), ``pretrained_cfg`` (input size, mean, std, crop_pct, interpolation as the run evaluated) and ``quest``
   (where the weights come from);

@@ -20,7 +20,8 @@ from timm.models.vision_transformer import checkpoint_filter_fn
 
 from quest.attention import get_attention
 from quest.attention.timm_names import timm_attention_table
-from quest.models import create_model
+
+from .factory import create_model
 
 __all__ = ["ARCHITECTURE", "exported_architecture", "quest_vit"]
 

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 __all__ = ["pretrained_problem", "pretrained_state_dict", "load_pretrained_weights"]
 
-log = logging.getLogger("quest.interop")
+log = logging.getLogger("quest.models")
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -143,7 +143,7 @@ def pretrained_state_dict(source: str, download: bool = False) -> dict[str, torc
 
 def _formulation_params(model: nn.Module) -> set[str]:
     """Parameters a quest formulation adds to timm's attention (they keep their initial values)."""
-    from quest.models import attention_layers
+    from .factory import attention_layers
 
     names = set()
     for prefix, layer in attention_layers(model):
