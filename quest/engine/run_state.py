@@ -158,14 +158,13 @@ def _no_checkpoint(directory: RunDirectory, config: dict[str, Any], record: dict
                           f"({'run.json: step ' + str(saved) if (record or {}).get('checkpoint_step') else saved}); "
                           f"it cannot continue exactly. Restore checkpoints/last.pt from a copy, or {_AFRESH}")
     leftovers = [n for n in ("metrics.jsonl", "summary.json") if (run_dir / n).exists()]
-    if record is None and leftovers and summary.get("status") != "diverged":
-        raise ConfigError(f"{run_dir} holds {' and '.join(leftovers)} but neither a checkpoint nor run.json: quest "
-                          f"cannot tell which run they belong to. Move them away, or {_AFRESH}")
     if record is not None and isinstance(record.get("config"), dict):  # same config only
         check_resume(record["config"], config, run_dir)
     if summary.get("status") != "diverged":  # a diverged run before its first checkpoint is reported as it is
-        plan.aside += [(n, "logged by an attempt that stopped before its first checkpoint") for n in leftovers
-                       if n not in dict(plan.aside)]
+        # nothing to continue from: the run starts again, and what an earlier attempt wrote is kept aside
+        why = "logged by an attempt that stopped before its first checkpoint" if record is not None else \
+            "found without a checkpoint or run.json (an attempt that stopped before its first checkpoint)"
+        plan.aside += [(n, why) for n in leftovers if n not in dict(plan.aside)]
     return plan
 
 
