@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-__all__ = ["DamagedFile", "atomic_write", "new_file_mode", "open_records", "read_json", "readable",
+__all__ = ["DamagedFile", "atomic_write", "new_file_mode", "open_records", "read_json", "readable", "save_figure",
            "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table"]
 
 
@@ -120,6 +120,14 @@ def open_records(path: str | Path) -> TextIO:
             if not data.endswith(b"\n"):
                 f.truncate(data.rfind(b"\n") + 1)
     return open(path, "a", buffering=1)
+
+
+def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
+    """A matplotlib figure written like every other result (whole, or the previous file left as it was); the format
+    follows the file's suffix, as ``fig.savefig(path)`` would choose it."""
+    path = Path(path)
+    fmt = path.suffix[1:].lower() or None
+    return atomic_write(path, lambda f: fig.savefig(f, format=fmt, **savefig_kwargs))
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

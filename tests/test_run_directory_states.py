@@ -239,3 +239,15 @@ def test_cli_refusal_leaves_hydra_record_and_log_as_they_were(tmp_path):
     bad = subprocess.run([*args[:-2], f"hydra.run.dir={fresh}", "recipe.lr=-1"], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and not fresh.exists()
+
+
+def test_a_run_directory_this_user_cannot_write_is_named_before_any_work(tmp_path, monkeypatch):
+    """A read-only run directory (Hydra's "Unable to configure handler 'file'" before): a message with the way
+    out. Root may write anywhere, so the permission is taken away through os.access, which the check asks."""
+    _fit(tmp_path, "trainer.max_steps=1")
+    digest = _digest(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path else real(p, mode, **kw))
+    with pytest.raises(ConfigError, match=r"cannot be written by this user.*hydra\.run\.dir="):
+        _fit(tmp_path)
+    assert _digest(tmp_path) == digest

@@ -12,10 +12,13 @@ import io
 import json
 import logging
 import tarfile
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Sequence
 
 import numpy as np
+
+from quest.io import atomic_write, write_text_atomic
 
 from .folder import check_image_folder
 from .shards import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
@@ -31,12 +34,23 @@ def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
     tar.addfile(member, io.BytesIO(payload))
 
 
+def _write_shard(part: Sequence[tuple[Path, int]], root: Path, f: BinaryIO) -> None:
+    """One shard's tar into ``f`` (written whole by atomic_write: a killed conversion leaves no cut-short shard)."""
+    with tarfile.open(fileobj=f, mode="w") as tar:
+        for path, target in part:
+            rel = path.relative_to(root).with_suffix("")
+            key = "/".join(x.replace(".", "_") for x in rel.parts)  # the key ends at the first dot
+            ext = path.suffix[1:].lower().replace("jpeg", "jpg")
+            _add(tar, f"{key}.{ext}", path.read_bytes())
+            _add(tar, f"{key}.cls", str(target).encode())
+
+
 def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
     info, path = load_info(out)
     info.setdefault("splits", {}).update(splits)
     info.update(extra)
     path = path or out / INFO_NAMES[0]
-    path.write_text(json.dumps(info, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(info, indent=1) + "\n")
     return path
 
 
@@ -65,13 +79,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         for k in range(count):
             part = items[k * shard_size: (k + 1) * shard_size]
             filenames.append(f"{name}-{split}-{k:0{width}d}.tar")
-            with tarfile.open(out / filenames[-1], "w") as tar:
-                for path, target in part:
-                    rel = path.relative_to(root).with_suffix("")
-                    key = "/".join(x.replace(".", "_") for x in rel.parts)  # the key ends at the first dot
-                    ext = path.suffix[1:].lower().replace("jpeg", "jpg")
-                    _add(tar, f"{key}.{ext}", path.read_bytes())
-                    _add(tar, f"{key}.cls", str(target).encode())
+            atomic_write(out / filenames[-1], partial(_write_shard, part, root))
             lengths.append(len(part))
         written[split] = {"name": split, "num_samples": len(items), "filenames": filenames, "shard_lengths": lengths}
         log.info("%s: %d samples in %d shards", split, len(items), count)

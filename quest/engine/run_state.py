@@ -32,7 +32,7 @@ from typing import Any
 from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.validation import ConfigError
 
-from .checkpoint import damaged_member, load_checkpoint
+from .checkpoint import ZIP_MAGIC, damaged_member, load_checkpoint
 from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
 
 log = logging.getLogger("quest.train")
@@ -55,12 +55,21 @@ class Plan:
     metrics_cut: bool = False  # metrics_text only cuts off lines logged after the checkpoint
 
 
+def _damage(path: Path) -> str | None:
+    """What is wrong with a checkpoint quest wrote (always torch's zip format), read without loading it."""
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_MAGIC:
+            return "not a zip archive as torch.save writes"
+    bad = damaged_member(path)
+    return None if bad is None else f"the bytes of its member {bad!r} do not match their checksum"
+
+
 def _checkpoint(path: Path, others: str) -> dict[str, Any]:
     """``path`` loaded, or ConfigError saying it is damaged and what the user can do."""
     try:
-        bad = damaged_member(path)
+        bad = _damage(path)
         if bad is not None:
-            raise ValueError(f"the bytes of its member {bad!r} do not match their checksum")
+            raise ValueError(bad)
         return load_checkpoint(path)
     except (ValueError, OSError) as exc:
         problem = str(exc).removeprefix(f"cannot load checkpoint {path}: ")
@@ -130,9 +139,10 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
     ckpt = plan.ckpt
     check_compatible(ckpt, model_meta, plan.checkpoint)
     plan.changes = check_resume(ckpt["config"], config, plan.checkpoint if tr.resume != "auto" else run_dir)
-    if best.is_file() and plan.checkpoint != best and damaged_member(best) is not None:
-        plan.aside.append(("checkpoints/best.pt", "damaged (a checksum does not match); written again at the next "
-                                                  "better validation"))
+    bad_best = _damage(best) if best.is_file() and plan.checkpoint != best else None
+    if bad_best:
+        plan.aside.append(("checkpoints/best.pt", f"damaged ({bad_best}); written again at the next better "
+                                                  "validation"))
     if tr.resume == "auto":  # a checkpoint resumed into a new directory brings no metrics of its old one
         _plan_metrics(directory, ckpt, plan)
     return plan
@@ -148,14 +158,13 @@ def _no_checkpoint(directory: RunDirectory, config: dict[str, Any], record: dict
                           f"({'run.json: step ' + str(saved) if (record or {}).get('checkpoint_step') else saved}); "
                           f"it cannot continue exactly. Restore checkpoints/last.pt from a copy, or {_AFRESH}")
     leftovers = [n for n in ("metrics.jsonl", "summary.json") if (run_dir / n).exists()]
-    if record is None and leftovers and summary.get("status") != "diverged":
-        raise ConfigError(f"{run_dir} holds {' and '.join(leftovers)} but neither a checkpoint nor run.json: quest "
-                          f"cannot tell which run they belong to. Move them away, or {_AFRESH}")
     if record is not None and isinstance(record.get("config"), dict):  # same config only
         check_resume(record["config"], config, run_dir)
     if summary.get("status") != "diverged":  # a diverged run before its first checkpoint is reported as it is
-        plan.aside += [(n, "logged by an attempt that stopped before its first checkpoint") for n in leftovers
-                       if n not in dict(plan.aside)]
+        # nothing to continue from: the run starts again, and what an earlier attempt wrote is kept aside
+        why = "logged by an attempt that stopped before its first checkpoint" if record is not None else \
+            "found without a checkpoint or run.json (an attempt that stopped before its first checkpoint)"
+        plan.aside += [(n, why) for n in leftovers if n not in dict(plan.aside)]
     return plan
 
 
@@ -213,8 +222,6 @@ def carry_out(directory: RunDirectory, plan: Plan, continuing: bool = True) -> N
     if not continuing and plan.metrics_cut:
         aside = [(n, w) for n, w in aside if n != "metrics.jsonl"]
         plan.metrics_text = None
-    if not aside and plan.metrics_text is None:
-        return
     if continuing and plan.summary is not None and plan.summary.get("status") in ("completed", "stopped") \
             and plan.checkpoint:
         aside.append(("summary.json", f"the final summary of a run that now continues (status "

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from quest.extras import require
+from quest.io import save_figure
 
 __all__ = ["explanation_grid"]
 
@@ -47,7 +48,7 @@ def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Te
         fig.suptitle(title, fontsize=9)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     return out
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.extras import require
+from quest.io import save_figure
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib import ticker  # noqa: E402
@@ -353,7 +354,7 @@ def plot_diagnostics(
     fig = diagnostics_figure(run_dirs, layers, keys, prefix)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    save_figure(fig, out, dpi=120)
     return out
 
 

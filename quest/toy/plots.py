@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from quest.io import save_figure  # noqa: E402
 from quest.report.plot import formulation_color  # noqa: E402
 
 __all__ = ["plot_heatmaps", "plot_key_norms", "plot_sensitivity"]
@@ -37,7 +38,7 @@ def _finish(fig: plt.Figure, axes: list[plt.Axes], ylabel: str | None, title: st
         for ax in axes[::cols]:  # the first panel of each row
             ax.set_ylabel(ylabel, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=130, bbox_inches="tight")  # a long title or label widens the image, never clipped
+    save_figure(fig, path, dpi=130, bbox_inches="tight")  # a long title or label widens the image, never clipped
     plt.close(fig)
 
 
@@ -200,5 +201,5 @@ def plot_sensitivity(table: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any],
                  f"{len(cfg['grid']['data_seeds'])} data x {len(cfg['grid']['init_seeds'])} initialisations; "
                  f"dotted: the size the stopping rule picks)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=130, bbox_inches="tight")  # a long title or label widens the image, never clipped
+    save_figure(fig, path, dpi=130, bbox_inches="tight")  # a long title or label widens the image, never clipped
     plt.close(fig)
