@@ -80,7 +80,8 @@ def train() -> None:
 def _eval_app(cfg: DictConfig) -> None:
     from quest.evaluation import run_evaluation
 
-    run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
 
 
 def evaluate() -> None:
