@@ -24,6 +24,7 @@ log = logging.getLogger("quest.eval")
 
 __all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "check_stored_code", "CODE_KEYS"]
 
+_NO_ROOT = ("digits", "digits_canvas", "fake")  # data sets that read no data.root
 #: keys of a stored config that can name code (an import path ``package.module:Class``): quest/attention/registry.py
 CODE_KEYS = ("attention.name",)
 
@@ -148,6 +149,10 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         if "num_classes" in applied and int(applied["num_classes"]) != int(stored.data.num_classes):
             raise ValueError(f"data.num_classes={applied['num_classes']} but the checkpoint's model has "
                              f"{stored.data.num_classes} classes")
+        if "root" in applied and stored.data.name in _NO_ROOT:
+            raise ValueError(f"data.root={applied['root']} would be ignored: the checkpoint's data set "
+                             f"{stored.data.name} is built in and reads no root; pass data=<name> data.root=... to "
+                             "evaluate another data set")
         if applied:
             data = OmegaConf.merge(stored.data, applied)
             log.info("applied %s to the checkpoint's data config (data=%s)",
