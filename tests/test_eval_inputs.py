@@ -219,3 +219,16 @@ def test_command_line_keys_the_suite_would_not_read_are_refused(tmp_path, extra,
     # a root the suite does read (ImageNet-A's clean subset reads val) is fine
     args = [*MODEL, "eval=imagenet_a", f"eval.roots.a={roots['a']}", f"eval.roots.val={roots['val']}"]
     assert run_evaluation(eval_cfg(*args), tmp_path / "a", overrides=args)["status"] == "complete"
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[[0], [1", "is not valid JSON"),
+    ("{\"a\": 1}", "holds a JSON dict, not a list of label lists"),
+    ("[0, 1, 2]", "holds a JSON list, not a list of label lists"),
+])
+def test_a_malformed_real_json_names_the_file_before_any_work(tmp_path, loaders, content, message):
+    roots = imagenet_roots(tmp_path / "data")
+    (tmp_path / "data" / "real.json").write_text(content)
+    with pytest.raises(ValueError, match=rf"real_json {tmp_path / 'data' / 'real.json'} {message}"):
+        run_evaluation(eval_cfg(*suite_args(roots, "imagenet_suite", tmp_path / "data")), tmp_path / "out")
+    assert loaders == []

@@ -85,9 +85,8 @@ def check_inputs(run: EvalRun, names: list[str]) -> dict[str, str]:
     for name in names:
         declare = evaluators()[name].inputs
         for item in declare(run, run.settings[name]) if declare is not None else []:
-            if item.key not in found:
-                item.check()
-                found[item.key] = item.path
+            item.check()  # every one: two evaluations may read one root differently (val, and ReaL's files of it)
+            found.setdefault(item.key, item.path)
     return found
 
 
