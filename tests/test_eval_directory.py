@@ -300,3 +300,24 @@ def test_the_results_record_the_data_roots_settings_and_command(ckpt, tmp_path):
     assert stored["command"] == [f"checkpoint={ckpt}", *BASE] and stored["settings"]["clean"]["max_samples"] == 40
     assert stored["target"]["checkpoint_sha256"] == __import__("hashlib").sha256(ckpt.read_bytes()).hexdigest()
     assert stored["target"]["data_config"]["val_fraction"] == 0.2 and stored["key"] == report["key"]
+
+
+def test_eval_py_refuses_the_crop_pct_rerun_of_the_issue(ckpt, tmp_path):
+    """The command lines of docs/evaluation.md: the second is refused with a message (no traceback), the first
+    result stays; eval.overwrite=true archives it and evaluates."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)  # (tests/conftest.py sets it: a user's shell does not)
+    base = [sys.executable, str(ROOT / "eval.py"), f"checkpoint={ckpt}", "eval=clean"]
+    out = tmp_path / "eval" / "clean" / "last-model"  # the default directory, beside the checkpoint's run
+    first = subprocess.run(base, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (out / "eval_results.json").read_bytes()
+    refused = subprocess.run([*base, "eval.crop_pct=0.5"], env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"eval.py: error: {out} holds complete results of another evaluation" in refused.stderr
+    assert "evaluated.crop_pct: 1.0 -> 0.5" in refused.stderr and (out / "eval_results.json").read_bytes() == before
+    again = subprocess.run([*base, "eval.crop_pct=0.5", "eval.overwrite=true"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [p.read_bytes() for p in (out / ".replaced").glob("*/eval_results.json")] == [before]
+    assert json.loads((out / "eval_results.json").read_text())["target"]["crop_pct"] == 0.5
