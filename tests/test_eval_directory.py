@@ -321,3 +321,35 @@ def test_eval_py_refuses_the_crop_pct_rerun_of_the_issue(ckpt, tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert [p.read_bytes() for p in (out / ".replaced").glob("*/eval_results.json")] == [before]
     assert json.loads((out / "eval_results.json").read_text())["target"]["crop_pct"] == 0.5
+
+
+def _directory_worker(rank: int, world: int, port: int, ckpt: str, out: str, log: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    register_eval_configs()
+    seen = []
+    for extra in ([], ["eval.crop_pct=0.5"], []):
+        try:
+            seen.append(run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE, "eval.device=cpu", *extra), out)
+                        .get("already_complete", "evaluated"))
+        except EvalDirectoryError:
+            seen.append("refused")
+    Path(f"{log}.{rank}").write_text(json.dumps(seen))
+
+
+@pytest.mark.slow
+def test_every_process_of_a_group_follows_the_directory_decision(ckpt, tmp_path):
+    """torchrun: the main process decides (and alone writes); the others follow it instead of waiting in a
+    collective: evaluated, refused, then nothing to do, on both ranks."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_directory_worker, args=(2, port, str(ckpt), str(tmp_path / "out"), str(tmp_path / "seen")), nprocs=2,
+             join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"seen.{rank}").read_text()) == ["evaluated", "refused", True]
+    assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["world_size"] == 2
