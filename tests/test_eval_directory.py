@@ -141,6 +141,23 @@ def test_a_rerun_of_the_same_key_does_nothing(ckpt, tmp_path, extra):
     assert _snapshot(out) == before
 
 
+def test_a_moved_checkpoint_is_the_same_checkpoint(ckpt, tmp_path):
+    """The key holds the checkpoint's content, not its path: a run directory moved elsewhere keeps its results."""
+    out = tmp_path / "out"
+    first = run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE), out)
+    moved = tmp_path / "moved" / "last.pt"
+    moved.parent.mkdir()
+    ckpt.rename(moved)
+    again = run_evaluation(eval_cfg(f"checkpoint={moved}", *BASE), out)
+    assert again.get("already_complete") and again["key"] == first["key"]
+
+
+def test_eval_py_writes_no_hydra_record_beside_the_results():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=["eval=clean"], return_hydra_config=True)
+    assert cfg.hydra.output_subdir is None  # eval_results.json records the command with the results
+
+
 def _leaves(tree, prefix=()):
     if isinstance(tree, dict) and tree:
         for k, v in tree.items():

@@ -63,10 +63,13 @@ def fingerprint(settings: dict[str, Any], target: dict[str, Any], inputs: dict[s
     skip = NOT_NUMBERS | {"roots", "crop_pct", "interpolation"}
     shared = {k: v for k, v in settings.items() if k not in skip and not isinstance(v, dict)}
     sections = {k: v for k, v in settings.items() if isinstance(v, dict) and k in evaluations}
-    evaluated = {k: target.get(k) for k in ("source", "checkpoint", "checkpoint_sha256", "weights", "weights_sha256",
+    # files by content, not by path: a run directory moved or copied holds the same results
+    evaluated = {k: target.get(k) for k in ("source", "checkpoint_sha256", "weights", "weights_sha256",
                                             "model", "attention", "attention_options", "num_classes", "img_size",
                                             "mean", "std", "crop_pct", "interpolation", "data", "data_config",
                                             "data_overrides")}
+    if evaluated["weights_sha256"]:
+        evaluated["weights"] = "a state_dict file"  # its path aside
     return {"evaluated": evaluated, "settings": {**shared, **sections}, "inputs": inputs}
 
 
