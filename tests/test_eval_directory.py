@@ -297,6 +297,19 @@ def test_unreadable_or_unkeyed_results_are_refused_naming_the_file(ckpt, tmp_pat
     assert [p.read_text() for p in (out / ".replaced").glob("*/eval_results.json")] == [content]
 
 
+def test_overwrite_archives_only_what_eval_py_wrote(ckpt, run_dir, tmp_path):
+    """hydra.run.dir=<a training run>: eval.overwrite=true moves the results aside, never the run's own files."""
+    out = tmp_path / "a_run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("{}\n")
+    (out / "checkpoints" / "last.pt").write_bytes(ckpt.read_bytes())
+    run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE), out)
+    run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE, "eval.crop_pct=0.5", "eval.overwrite=true"), out)
+    (archive,) = (out / ".replaced").iterdir()
+    assert sorted(p.name for p in archive.iterdir()) == ["eval_results.csv", "eval_results.json", "eval_results.md"]
+    assert (out / "metrics.jsonl").read_text() == "{}\n" and (out / "checkpoints" / "last.pt").is_file()
+
+
 def test_a_directory_in_use_is_refused(ckpt, tmp_path):
     out = tmp_path / "out"
     holder = EvalDirectory(out)

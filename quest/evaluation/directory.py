@@ -42,8 +42,11 @@ RUNNING, COMPLETE, PARTIAL, INTERRUPTED = "running", "complete", "partial", "int
 #: settings that change how an evaluation runs but none of its numbers (every count is exact and independent of the
 #: process count; the device changes at most float rounding): not part of the key, recorded in the results
 NOT_NUMBERS = frozenset({"device", "num_workers", "torch_threads", "log_every_n", "log_every_s", "overwrite"})
-# what stays when the old results are archived: the archive itself, the lock and the log Hydra is appending to
-_KEPT = {ARCHIVE, LOCK, "eval.log"}
+# what eval.py writes into the directory, moved aside when results are archived (never anything else: a directory
+# given with hydra.run.dir=... may hold other files, a training run's own among them); eval.log stays (Hydra is
+# appending to it), as do the lock and the archive
+RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "wandb",
+                ".hydra")
 
 
 class EvalDirectoryError(RuntimeError):
@@ -66,8 +69,7 @@ def fingerprint(settings: dict[str, Any], target: dict[str, Any], inputs: dict[s
     # files by content, not by path: a run directory moved or copied holds the same results
     evaluated = {k: target.get(k) for k in ("source", "checkpoint_sha256", "weights", "weights_sha256",
                                             "model", "attention", "attention_options", "num_classes", "img_size",
-                                            "mean", "std", "crop_pct", "interpolation", "data", "data_config",
-                                            "data_overrides")}
+                                            "mean", "std", "crop_pct", "interpolation", "data", "data_config")}
     if evaluated["weights_sha256"]:
         evaluated["weights"] = "a state_dict file"  # its path aside
     return {"evaluated": evaluated, "settings": {**shared, **sections}, "inputs": inputs}
@@ -206,10 +208,10 @@ class EvalDirectory:
             f"move the old results to {self.path / ARCHIVE}/<time>/ first")
 
     def archive(self, status: str | None) -> Path | None:
-        """Move every result file (all but the archive, the lock and eval.log) to ``.replaced/<UTC time>-<status>/``."""
+        """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<status>/``."""
         if not self.is_main:
             return None
-        present = [p for p in self.path.iterdir() if p.name not in _KEPT]
+        present = [self.path / name for name in RESULT_FILES if (self.path / name).exists()]
         if not present:
             return None
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
