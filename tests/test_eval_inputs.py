@@ -162,7 +162,8 @@ def folder_run(tmp_path_factory):
                     write_image(root / split / name / f"{i}.png", 100 * c + i, size=16)
     run = base / "run"
     fit(compose_cfg("data=imagefolder", f"data.root={base / 'a'}", "data.num_classes=2", "model=vit_pico",
-                    "recipe=light", "data.batch_size=4", "trainer.epochs=1", "trainer.max_steps=1"), run)
+                    "recipe=light", "data.batch_size=4", "data.num_workers=0", "trainer.epochs=1", "trainer.max_steps=1"),
+        run)
     return base, run / "checkpoints" / "last.pt"
 
 
