@@ -94,9 +94,23 @@ def train() -> None:
 # --- evaluation ----------------------------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path=_config_path(), config_name="eval")
 def _eval_app(cfg: DictConfig) -> None:
-    from quest.evaluation import run_evaluation
+    import logging
+    import os
 
-    run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+    from quest.evaluation import run_evaluation
+    from quest.evaluation.directory import EvalDirectoryError
+
+    hc = HydraConfig.get()
+    try:
+        run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
+    except (ValueError, OSError, EvalDirectoryError) as exc:
+        # bad input (a config value, a checkpoint, a data root, a results directory): the message names what is
+        # wrong and what to do; a traceback would bury it (HYDRA_FULL_ERROR=1 shows one)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        logging.getLogger("quest.eval").error("%s", exc)
+        print(f"eval.py: error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def evaluate() -> None:

@@ -74,7 +74,8 @@ def test_trained_and_evaluated_by_config_alone(plugin, tmp_path):
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert ckpt["meta"]["attention"] == PATH and ckpt["meta"]["attention_options"] == {"temperature": 5.0}
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("eval", overrides=[f"checkpoint={tmp_path / 'run' / 'checkpoints' / 'last.pt'}", "eval=clean"])
+        cfg = compose("eval", overrides=[f"checkpoint={tmp_path / 'run' / 'checkpoints' / 'last.pt'}", "eval=clean",
+                                         "attention=path", f"attention.name={PATH}"])  # named: its code may run
     report = run_evaluation(cfg, tmp_path / "eval")
     assert report["target"]["attention"] == PATH
     assert report["results"]["clean"]["top1"] == pytest.approx(summary["val/top1"])  # the same model, the same data

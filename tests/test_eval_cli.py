@@ -72,7 +72,7 @@ def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
     shutil.copyfile(ckpt, best)
     before = (out / "eval_results.json").read_bytes()
     proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={best}", "eval=digits_robustness",
-                           "eval.run=[clean]", "eval.use_ema=true", *SMALL], cwd=ROOT, capture_output=True,
+                           "eval.run=[clean]", "eval.use_ema=true", SMALL[0]], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ema = json.loads((trained_run / "eval" / "digits_robustness" / "best-ema" / "eval_results.json").read_text())

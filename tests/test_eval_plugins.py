@@ -91,6 +91,12 @@ def test_it_runs_through_run_evaluation(plugin, folder, tmp_path):
     rows = (tmp_path / "out" / "eval_results.csv").read_text().splitlines()
     assert "topk_folder,top10,100.0" in rows and "topk_folder,n,12" in rows
     assert "## topk_folder" in (tmp_path / "out" / "eval_results.md").read_text()
+    assert report["inputs"] == {"eval.topk_folder.root": str(folder)}  # its declared input, recorded
+    # checked before the suite's first evaluation: clean never starts when the folder is missing
+    cfg = plugin_cfg(plugin, *MODEL, "eval.run=[clean,topk_folder]", f"eval.topk_folder.root={tmp_path / 'none'}")
+    with pytest.raises(FileNotFoundError, match=f"eval.topk_folder.root={tmp_path / 'none'} is not a directory"):
+        run_evaluation(cfg, tmp_path / "missing")
+    assert not (tmp_path / "missing" / "eval_results.json").exists()
 
 
 def test_its_section_is_typed_and_checked_like_the_built_in_ones(plugin, tmp_path):

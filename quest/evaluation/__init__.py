@@ -25,12 +25,14 @@ from .context import (
     sum_over_processes,
 )
 from .imagenet_data import ImageList
+from .inputs import Input, listed
 from .registry import EVALUATIONS, Evaluator, evaluators, load_evaluations, register_evaluation, unregister_evaluation
 from .runner import run_evaluation, run_evaluations
 from .target import EvalTarget, load_target
 from .transforms import eval_transform
 
 __all__ = ["EVALUATIONS", "EvalConfig", "EvalSettings", "EvalTarget", "Evaluator", "EvalRun", "Counts", "ImageList",
+           "Input", "listed",
            "batches", "classify", "error_fraction", "error_grid", "eval_config_schema", "eval_settings_schema",
            "eval_transform", "evaluators", "evenly_spaced", "fixed_subset", "load_evaluations", "load_target",
            "make_loader", "ordered_topk", "percent", "register_eval_configs", "register_evaluation",

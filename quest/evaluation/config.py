@@ -69,6 +69,9 @@ class EvalSettingsBase:
     crop_pct: Optional[float] = None  # None: the training recipe's (checkpoint) or timm's pretrained config
     interpolation: Optional[str] = None  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)
+    # the results directory holds results of other settings (or another checkpoint): move them to
+    # .replaced/<time>/ and evaluate (without it, such a rerun is refused: results are never replaced silently)
+    overwrite: bool = False
 
 
 @dataclass
@@ -76,6 +79,9 @@ class EvalConfigBase:
     """Everything but ``eval``, which eval_config_schema() adds, typed by the registry."""
 
     checkpoint: Optional[str] = None  # a checkpoint written by train.py
+    # a checkpoint is data: an attention its config names by import path (package.module:Class) is imported only
+    # with trust_code=true (or attention=<that path> on the command line), as Hugging Face's trust_remote_code
+    trust_code: bool = False
     weights: Optional[str] = None  # model mode: a state_dict file (loaded with weights_only=True)
     model: EvalModelConfig = field(default_factory=EvalModelConfig)
     attention: EvalAttentionConfig = field(default_factory=EvalAttentionConfig)

@@ -41,6 +41,7 @@ class EvalRun:
     autocast: Callable[[], ContextManager]
     results: dict[str, dict] = field(default_factory=dict)  # earlier evaluations of this run, by name
     out_dir: Path | None = None  # where the report goes (evaluations that also write files: figures, maps)
+    listings: dict[Any, Any] = field(default_factory=dict)  # folder listings of the inputs check (inputs.listed)
 
     @property
     def device(self) -> torch.device:

@@ -6,6 +6,7 @@ of a few classes) keeps the right labels. ImageNet-v2 folders are class indices:
 """
 from __future__ import annotations
 
+import os
 import pkgutil
 from functools import lru_cache
 from pathlib import Path
@@ -65,12 +66,24 @@ def require_dir(path: str | Path | None, key: str, what: str) -> Path:
     return root
 
 
-def _images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+def _entries(folder: Path, what: str) -> list[Path]:
+    """The entries of ``folder``; an unreadable folder is an error naming it and the permission it lacks."""
+    from .inputs import permission_message
+
+    try:
+        if not os.access(folder, os.R_OK | os.X_OK):  # r without x lists names whose type cannot be read
+            raise PermissionError(folder)
+        return list(folder.iterdir())
+    except PermissionError:
+        raise PermissionError(permission_message(folder, what)) from None
+
+
+def _images(folder: Path, what: str = "evaluation") -> list[Path]:
+    return sorted(p for p in _entries(folder, what) if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
 
 
 def _class_dirs(root: Path, key: str, what: str) -> list[Path]:
-    dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    dirs = sorted(p for p in _entries(root, what) if p.is_dir())
     if not dirs:
         raise FileNotFoundError(f"{what}: {root} has no class folders; expected layout {LAYOUTS[key]}")
     return dirs
@@ -85,7 +98,7 @@ def wnid_samples(root: Path, wnids: Sequence[str], key: str, what: str) -> list[
         if folder.name not in position:
             raise ValueError(f"{what}: folder {folder} is not one of the expected {len(wnids)} wnids; "
                              f"expected layout {LAYOUTS[key]}")
-        samples += [(str(p), position[folder.name]) for p in _images(folder)]
+        samples += [(str(p), position[folder.name]) for p in _images(folder, what)]
     if not samples:
         raise FileNotFoundError(f"{what}: no images under {root}; expected layout {LAYOUTS[key]}")
     return samples
@@ -97,7 +110,7 @@ def v2_samples(folder: Path, what: str) -> list[tuple[str, int]]:
     for sub in _class_dirs(folder, "v2", what):
         if not sub.name.isdigit() or not 0 <= int(sub.name) < 1000:
             raise ValueError(f"{what}: folder {sub} is not a class index 0..999; expected layout {LAYOUTS['v2']}")
-        samples += [(str(p), int(sub.name)) for p in _images(sub)]
+        samples += [(str(p), int(sub.name)) for p in _images(sub, what)]
     if not samples:
         raise FileNotFoundError(f"{what}: no images under {folder}; expected layout {LAYOUTS['v2']}")
     return samples
@@ -106,7 +119,7 @@ def v2_samples(folder: Path, what: str) -> list[tuple[str, int]]:
 def real_files(root: Path, what: str) -> list[str]:
     """Every image under ``root`` (flat, or one level of wnid folders), sorted by file name, which for
     ILSVRC2012_val_%08d.JPEG is the order of real.json."""
-    files = _images(root) + [p for d in sorted(root.iterdir()) if d.is_dir() for p in _images(d)]
+    files = _images(root, what) + [p for d in sorted(_entries(root, what)) if d.is_dir() for p in _images(d, what)]
     if not files:
         raise FileNotFoundError(f"{what}: no images under {root}; expected layout {LAYOUTS['real']}")
     return [str(p) for p in sorted(files, key=lambda p: p.name)]

@@ -40,6 +40,8 @@ class Evaluator:
     default: Callable[[], Any]  # the section's defaults (an instance of ``settings``)
     check: Callable[[Checks, str], None] | None  # value checks, given the section's key ('eval.<name>')
     module: str  # where it was registered
+    # the data roots it reads (quest.evaluation.inputs.Input), each checked before the suite's first evaluation
+    inputs: Callable[[Any, Any], list] | None = None
 
 
 _REGISTRY: dict[str, Evaluator] = {}
@@ -52,11 +54,14 @@ def registry_version() -> int:
 
 
 def register_evaluation(name: str, settings: type | None = None, *, default: Callable[[], Any] | None = None,
-                        check: Callable[[Checks, str], None] | None = None) -> Callable[[F], F]:
+                        check: Callable[[Checks, str], None] | None = None,
+                        inputs: Callable[[Any, Any], list] | None = None) -> Callable[[F], F]:
     """Decorator: ``fn(run, section) -> dict`` becomes the evaluation ``name``, its section ``eval.<name>`` typed by
     the dataclass ``settings`` (None: a section without keys) with the defaults ``default()`` (default:
     ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.validation.Checks`), run
-    at start with every other check. Returns ``fn`` unchanged."""
+    at start with every other check; ``inputs(run, section)`` lists the data roots it reads
+    (:class:`quest.evaluation.inputs.Input`), checked before the suite's first evaluation runs and recorded in
+    eval_results.json. Returns ``fn`` unchanged."""
     from .config import RESERVED_KEYS
 
     if not name.isidentifier() or name in RESERVED_KEYS:
@@ -72,7 +77,7 @@ def register_evaluation(name: str, settings: type | None = None, *, default: Cal
         old = _REGISTRY.get(name)
         if old is not None and old.module != module:
             raise ValueError(f"evaluation {name!r} is registered twice: by {old.module} and by {module}")
-        _REGISTRY[name] = Evaluator(name, fn, settings, default or settings, check, module)
+        _REGISTRY[name] = Evaluator(name, fn, settings, default or settings, check, module, inputs)
         _STATE["version"] += 1
         return fn
 

@@ -2,6 +2,7 @@
 the reports."""
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import time
 from contextlib import nullcontext
@@ -14,16 +15,19 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
+from quest.validation import ConfigError
 
 from .checks import check_eval_config
 from .context import EvalRun
+from .directory import COMPLETE, PARTIAL, RUNNING, EvalDirectory, EvalDirectoryError, fingerprint, fingerprint_key
 from .registry import EVALUATIONS, evaluators
-from .report import format_headline, headline_numbers, log_wandb, write_reports
+from .report import format_headline, headline_numbers, jsonable, log_wandb, write_reports
 from .target import EvalTarget, load_target
 
 log = logging.getLogger("quest.eval")
 
-__all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for"]
+__all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for", "check_inputs",
+           "check_ignored_overrides"]
 
 
 def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
@@ -52,56 +56,155 @@ def _check_names(settings: Any) -> list[str]:
 
 def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext,
                     out_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every evaluation of ``settings.run`` on ``target``, in order; the results by name (on every process).
-    ``out_dir``: where evaluations that write files of their own (figures) put them."""
+    """Every evaluation of ``settings.run`` on ``target``, in order, after every data root they read was checked;
+    the results by name (on every process). ``out_dir``: where evaluations that write files of their own (figures)
+    put them."""
     names = _check_names(settings)
     run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device),
                   out_dir=Path(out_dir) if out_dir is not None else None)
-    registered = evaluators()
+    check_inputs(run, names)
     for name in names:
-        tic = time.perf_counter()
-        log.info("running %s", name)
-        result = registered[name].run(run, settings[name])
-        result["seconds"] = round(time.perf_counter() - tic, 2)
-        run.results[name] = result
-        numbers = ", ".join(format_headline(k, v) for k, v in headline_numbers(result).items())
-        log.info("%s done in %.1f s: %s", name, result["seconds"], numbers or "no numbers")
+        _run_one(run, name)
     return run.results
 
 
+def _run_one(run: EvalRun, name: str) -> None:
+    tic = time.perf_counter()
+    log.info("running %s", name)
+    result = evaluators()[name].run(run, run.settings[name])
+    result["seconds"] = round(time.perf_counter() - tic, 2)
+    run.results[name] = result
+    numbers = ", ".join(format_headline(k, v) for k, v in headline_numbers(result).items())
+    log.info("%s done in %.1f s: %s", name, result["seconds"], numbers or "no numbers")
+
+
+def check_inputs(run: EvalRun, names: list[str]) -> dict[str, str]:
+    """Every data root the evaluations ``names`` read (setting -> path), each checked (layout, images, permissions)
+    before the first evaluation runs; an evaluation registered without ``inputs`` declares none."""
+    found: dict[str, str] = {}
+    for name in names:
+        declare = evaluators()[name].inputs
+        for item in declare(run, run.settings[name]) if declare is not None else []:
+            item.check()  # every one: two evaluations may read one root differently (val, and ReaL's files of it)
+            found.setdefault(item.key, item.path)
+    return found
+
+
 def _target_report(target: EvalTarget) -> dict[str, Any]:
+    data = OmegaConf.to_container(target.data, resolve=True) if target.data is not None else None
     return {**target.info, "num_classes": target.num_classes, "img_size": target.img_size,
             "mean": list(target.mean), "std": list(target.std), "crop_pct": target.crop_pct,
-            "interpolation": target.interpolation, "data": target.data.name if target.data is not None else None}
+            "interpolation": target.interpolation, "data": target.data.name if target.data is not None else None,
+            "data_config": {k: v for k, v in (data or {}).items() if k not in _DATA_NOT_NUMBERS} or None}
 
 
-def run_evaluation(cfg: DictConfig, output_dir: str | Path) -> dict[str, Any]:
-    """eval.py's body: load, evaluate (one process or a torchrun/srun group), report on the main process."""
+# data keys of training only (the evaluation reads the val split with eval.batch_size and eval.num_workers)
+_DATA_NOT_NUMBERS = ("batch_size", "eval_batch_size", "num_workers", "pin_memory", "download", "subset_fraction",
+                     "subset_seed", "fake_train_size", "train_split", "shuffle_window", "num_samples")
+
+
+def _decide(directory: EvalDirectory, fp: dict[str, Any], overwrite: bool, ctx: DistContext) -> tuple[str, dict]:
+    """The main process decides what the directory allows (it alone archives and writes); the others follow."""
+    outcome: list[Any] = [None]
+    if ctx.is_main:
+        try:
+            outcome[0] = ("ok", directory.begin(fp, overwrite))
+        except EvalDirectoryError as exc:
+            outcome[0] = ("refused", str(exc))
+    if ctx.distributed:
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[0][0] == "refused":
+        raise EvalDirectoryError(outcome[0][1])
+    return outcome[0][1]
+
+
+def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """eval.py's body: check, load, evaluate (one process or a torchrun/srun group), report on the main process.
+    ``overrides``: the command line's, recorded and checked for keys this suite would ignore.
+
+    Every check that can refuse runs before the first evaluation: config values, what is evaluated, every data root
+    read, command-line keys that would be ignored, and the results directory (quest.evaluation.directory), which is
+    marked ``running`` until every result is in and ``partial`` when an evaluation fails."""
     check_eval_config(cfg, EVALUATIONS)  # every key and value, before any data or model is loaded
     settings = cfg.eval
-    _check_names(settings)
+    names = _check_names(settings)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     ctx = init_distributed(settings.device)
     start = time.perf_counter()
+    directory = EvalDirectory(output_dir, ctx.is_main)
     try:
         target = load_target(cfg, ctx.device)
-        results = run_evaluations(target, settings, ctx, output_dir)
-        report = {
-            "suite": settings.name, "evaluations": list(settings.run), "target": _target_report(target),
-            "settings": OmegaConf.to_container(settings, resolve=True), "world_size": ctx.world_size,
-            "device": str(ctx.device), "precision": settings.precision,
-            "versions": _versions(), "wall_time_s": time.perf_counter() - start, "results": results,
+        run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device), out_dir=Path(output_dir))
+        inputs = check_inputs(run, names)
+        check_ignored_overrides(overrides or [], names, inputs)
+        resolved = OmegaConf.to_container(settings, resolve=True)
+        report: dict[str, Any] = {
+            "suite": settings.name, "evaluations": names, "status": RUNNING, "target": _target_report(target),
+            "inputs": inputs, "settings": resolved, "command": list(overrides) if overrides is not None else None,
+            "world_size": ctx.world_size, "device": str(ctx.device), "precision": settings.precision,
+            "versions": _versions(), "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        report["fingerprint"] = fp = fingerprint(resolved, jsonable(report["target"]), inputs)
+        report["key"] = fingerprint_key(fp)
+        action, stored = _decide(directory, fp, settings.overwrite, ctx)
+        if action == "done":
+            log.info("%s already holds these results (complete, same checkpoint, settings and data); nothing to do "
+                     "(eval.overwrite=true evaluates again, archiving them first)", output_dir)
+            return {**stored, "already_complete": True}
+        run.results.update(stored)  # finished by an interrupted or failed attempt with the same key: reused
+        if stored:
+            log.info("reusing %s from the earlier attempt in %s (same key %s)", ", ".join(stored), output_dir,
+                     report["key"])
+        _save(directory, report, run, start, ctx)
+        for name in names:
+            if name in run.results:
+                continue
+            try:
+                _run_one(run, name)
+            except BaseException as exc:
+                report.update(status=PARTIAL, error={"evaluation": name, "message": f"{type(exc).__name__}: {exc}"})
+                _save(directory, report, run, start, ctx)
+                raise
+            _save(directory, report, run, start, ctx)
+        report["status"] = COMPLETE
+        paths = _save(directory, report, run, start, ctx)
         if ctx.is_main:
-            out_dir = Path(output_dir)
-            paths = write_reports(out_dir, report)
-            report["wandb_run"] = log_wandb(cfg.logger, report, out_dir, target.wandb_group)
+            report["wandb_run"] = log_wandb(cfg.logger, report, Path(output_dir), target.wandb_group)
             log.info("results in %s", ", ".join(str(p) for p in paths.values()))
         return report
     finally:
+        directory.unlock()
         if ctx.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _save(directory: EvalDirectory, report: dict[str, Any], run: EvalRun, start: float,
+          ctx: DistContext) -> dict[str, Path]:
+    """The report so far (its status, the finished results), on the main process."""
+    report.update(results={n: r for n, r in run.results.items() if n in report["evaluations"]},
+                  wall_time_s=time.perf_counter() - start)
+    return write_reports(directory.path, report) if ctx.is_main else {}
+
+
+def check_ignored_overrides(overrides: list[str], names: list[str], inputs: dict[str, str]) -> None:
+    """Command-line keys the evaluation would not read are refused, naming what it reads instead:
+    ``eval.roots.<r>`` of a root no evaluation of the suite reads, ``eval.<evaluation>.*`` of an evaluation the
+    suite does not run."""
+    problems = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        parts = key.split(".")
+        if parts[0] != "eval" or len(parts) < 2:
+            continue
+        if parts[1] == "roots" and len(parts) > 2 and key not in inputs:
+            problems.append(f"  {override}: no evaluation of eval.run={names} reads {key} (they read: "
+                            f"{', '.join(sorted(inputs)) or 'no data root'})")
+        elif parts[1] in evaluators() and parts[1] not in names:
+            problems.append(f"  {override}: eval.run={names} does not run {parts[1]}, so its settings would be "
+                            f"ignored; add it to eval.run or choose its suite (eval=...)")
+    if problems:
+        raise ConfigError("these command-line settings would be ignored:\n" + "\n".join(problems))
 
 
 def _versions() -> dict[str, str]:

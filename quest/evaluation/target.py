@@ -14,14 +14,20 @@ from omegaconf import DictConfig, OmegaConf
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import FORMAT, load_checkpoint
 from quest.models import create_model
+from quest.schema import DataConfig
 
 from .config import evaluated_name
+from .directory import file_sha256
 from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
 from .torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 log = logging.getLogger("quest.eval")
 
-__all__ = ["EvalTarget", "load_target", "data_was_chosen"]
+__all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "check_stored_code", "CODE_KEYS"]
+
+_NO_ROOT = ("digits", "digits_canvas", "fake")  # data sets that read no data.root
+#: keys of a stored config that can name code (an import path ``package.module:Class``): quest/attention/registry.py
+CODE_KEYS = ("attention.name",)
 
 
 @dataclass
@@ -43,6 +49,32 @@ def data_was_chosen(cfg: DictConfig) -> bool:
     return not OmegaConf.is_missing(cfg.data, "name")
 
 
+def data_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """The ``data.*`` keys whose values differ from the schema's defaults (set on the command line when no
+    ``data=<name>`` was chosen), resolved."""
+    default = OmegaConf.to_container(OmegaConf.structured(DataConfig), resolve=False)
+    given = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=False)
+    return {k: v for k, v in given.items() if k not in ("name",) and v != "???" and v != default.get(k)}
+
+
+def check_stored_code(stored: DictConfig, cfg: DictConfig, path: Path) -> None:
+    """A checkpoint is data: an import path in its config (``attention.name: package.module:Class``) names code
+    that is imported only when the user asked for it (``trust_code=true``, or ``attention=<that path>``); refused
+    before anything is imported."""
+    for key in CODE_KEYS:
+        value = OmegaConf.select(stored, key)
+        if not (isinstance(value, str) and ":" in value):
+            continue
+        if cfg.trust_code or OmegaConf.select(cfg, key) == value:
+            log.warning("checkpoint=%s: importing %s=%s (%s)", path, key, value,
+                        "trust_code=true" if cfg.trust_code else "named on the command line")
+            continue
+        module = value.partition(":")[0]
+        raise ValueError(f"checkpoint={path} stores {key}={value!r}, an import path: building its model would import "
+                         f"the module {module!r} and run its code, and a checkpoint is data, not code. If you trust "
+                         f"this checkpoint and that module, name it yourself: attention={value} (or trust_code=true)")
+
+
 def _eval_transform_overrides(settings: DictConfig, crop_pct: float, interpolation: str) -> tuple[float, str]:
     return (float(settings.crop_pct) if settings.crop_pct is not None else float(crop_pct),
             str(settings.interpolation) if settings.interpolation is not None else str(interpolation))
@@ -52,6 +84,8 @@ def load_target(cfg: DictConfig, device: torch.device) -> EvalTarget:
     """The model and its evaluation settings, from ``checkpoint=`` or ``model=`` / ``attention=`` / ``weights=``."""
     if cfg.checkpoint:
         given = [k for k in ("weights",) if cfg[k]] + [f"{k}=" for k in ("model", "attention") if cfg[k].name]
+        if cfg.attention.name and ":" in str(cfg.attention.name) and given == ["attention="]:
+            given = []  # attention=<import path>: the user names the code the checkpoint's config asks for
         if given:
             raise ValueError(f"checkpoint= rebuilds the model from the checkpoint's config; do not also pass "
                              f"{', '.join(given)} (use model=/attention=/weights= without checkpoint= instead)")
@@ -60,6 +94,11 @@ def load_target(cfg: DictConfig, device: torch.device) -> EvalTarget:
         if not cfg.model.name:
             raise ValueError("nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
                              "model=<timm name> attention=<name> [weights=<state_dict.pt>]")
+        unused = data_overrides(cfg)
+        if unused and not data_was_chosen(cfg):
+            raise ValueError(f"{', '.join(f'data.{k}={v}' for k, v in unused.items())} would be ignored: a timm model "
+                             "has no data config to apply it to; pass data=<name> with it (e.g. data=imagefolder "
+                             "data.root=... data.num_classes=...), or drop it")
         if cfg.eval.use_ema:
             raise ValueError("eval.use_ema=true needs checkpoint=<path> (a train.py checkpoint holds the EMA weights)")
         target = _from_timm(cfg)
@@ -86,6 +125,11 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     if missing:
         raise ValueError(f"{path} is a {FORMAT} file without {missing}: not written by train.py's trainer")
     stored = OmegaConf.create(ckpt["config"])
+    if cfg.attention.name and cfg.attention.name != stored.attention.name:
+        raise ValueError(f"attention={cfg.attention.name} but checkpoint={path} was trained with attention "
+                         f"{stored.attention.name!r}: checkpoint= rebuilds the model from its own config (name its "
+                         "attention only to trust an import path)")
+    check_stored_code(stored, cfg, path)  # before anything the stored config names is built
     settings = cfg.eval
     if settings.use_ema:
         if ckpt.get("ema") is None:
@@ -95,12 +139,25 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         weights, which = ckpt["model"], "model"
     model = build_model(stored)
     model.load_state_dict(weights)
-    data = stored.data
+    data, applied = stored.data, {}
     if data_was_chosen(cfg):
         if int(cfg.data.num_classes) != int(stored.data.num_classes):
             raise ValueError(f"data={cfg.data.name} has {cfg.data.num_classes} classes but the checkpoint's model "
                              f"has {stored.data.num_classes}")
         data = cfg.data
+    else:  # data.root=... without data=: applied to the checkpoint's own data config, never silently ignored
+        applied = data_overrides(cfg)
+        if "num_classes" in applied and int(applied["num_classes"]) != int(stored.data.num_classes):
+            raise ValueError(f"data.num_classes={applied['num_classes']} but the checkpoint's model has "
+                             f"{stored.data.num_classes} classes")
+        if "root" in applied and stored.data.name in _NO_ROOT:
+            raise ValueError(f"data.root={applied['root']} would be ignored: the checkpoint's data set "
+                             f"{stored.data.name} is built in and reads no root; pass data=<name> data.root=... to "
+                             "evaluate another data set")
+        if applied:
+            data = OmegaConf.merge(stored.data, applied)
+            log.info("applied %s to the checkpoint's data config (data=%s)",
+                     ", ".join(f"data.{k}={v}" for k, v in applied.items()), stored.data.name)
     crop_pct, interpolation = _eval_transform_overrides(settings, stored.recipe.crop_pct,
                                                         stored.recipe.eval_interpolation)
     choices = dict(ckpt.get("choices") or {})
@@ -110,6 +167,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         "evaluated": evaluated_name(path, which == "ema"),
         "model": stored.model.name, "attention": stored.attention.name,
         "attention_options": OmegaConf.to_container(stored.attention.options, resolve=True),
+        "checkpoint_sha256": file_sha256(path), "data_overrides": applied,
         "choices": choices, "train_data": stored.data.name, "seed": stored.trainer.seed,
         "train_step": (ckpt.get("state") or {}).get("step"), "train_epoch": (ckpt.get("state") or {}).get("epoch"),
     }
@@ -202,6 +260,7 @@ def _from_timm(cfg: DictConfig) -> EvalTarget:
     info = {"source": "timm", "model": name, "attention": attention,
             "attention_options": OmegaConf.to_container(cfg.attention.options, resolve=True),
             "weights": str(cfg.weights) if cfg.weights else "none: randomly initialised",
+            "weights_sha256": file_sha256(Path(cfg.weights).expanduser()) if cfg.weights else None,
             "evaluated": evaluated_name(None, False, cfg.weights)}
     return EvalTarget(model, num_classes, img_size, mean, std, crop_pct, interpolation,
                       cfg.data if chosen else None, info, cfg.logger.group)

@@ -5,10 +5,13 @@ quest.engine.fit), ``run.json`` (its config; older runs: ``.hydra/config.yaml``,
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("quest.report")
 
 __all__ = ["ReportInputError", "RunResult", "load_runs", "flatten", "number"]
 
@@ -116,6 +119,9 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for path in files:
         report = _read_json(path, "evaluation results")
+        if report.get("status") == "running":  # in progress, or killed: not results yet (see docs/evaluation.md)
+            log.warning("%s: an evaluation in progress or interrupted (status running); left out", path.parent)
+            continue
         results = report.get("results")
         if not isinstance(results, dict):
             raise ReportInputError(f"{path}: no 'results' object (expected eval.py's eval_results.json)")

@@ -37,9 +37,10 @@ from ..attack_space import AttackSpace
 from ..context import Counts, EvalRun, evenly_spaced, fixed_subset, shard_batches
 from ..estimator import attack_time_estimator
 from ..imagenet_data import ImageList
+from ..inputs import Input, data_input
 from ..registry import register_evaluation
 from ..transforms import describe, pixel_transform
-from .classification import require_imagenet_classifier, val_samples, val_split
+from .classification import require_imagenet_classifier, val_input, val_samples, val_split
 
 __all__ = ["adversarial", "adversarial_paper", "attack_labels"]
 
@@ -143,7 +144,14 @@ def _data_name(run: EvalRun, section: Any) -> str:
     return run.target.data.name
 
 
-@register_evaluation("adversarial", AdversarialConfig, check=check_adversarial)
+def _inputs(run: EvalRun, section: Any, name: str = "adversarial") -> list[Input]:
+    """The images attacked: ImageNet val or the configured data set's val split."""
+    if section.source == "imagenet_val":
+        return [val_input(run)]
+    return data_input(run, name)
+
+
+@register_evaluation("adversarial", AdversarialConfig, check=check_adversarial, inputs=_inputs)
 def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[str, Any]:
     """The attacks of ``section`` (an AdversarialConfig node, ``eval.<name>``) on the configured data set."""
     check_section(section, name)
@@ -211,7 +219,7 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
 
 
 @register_evaluation("adversarial_paper", AdversarialConfig, default=paper_adversarial_config,
-                     check=check_adversarial)
+                     check=check_adversarial, inputs=lambda run, section: _inputs(run, section, "adversarial_paper"))
 def adversarial_paper(run: EvalRun, section: Any) -> dict[str, Any]:
     """``adversarial`` under ``eval.adversarial_paper``, whose defaults are the authors' protocol."""
     return adversarial(run, section, "adversarial_paper")

@@ -19,11 +19,12 @@ from quest.validation import Checks
 from ..checks import sublist
 from ..context import EvalRun, SubsetLogits, classify, fixed_subset
 from ..imagenet_data import LAYOUTS, V2_DIR, ImageList, imagenet_wnids, require_dir, subset_classes, v2_samples, wnid_samples
+from ..inputs import Input, data_input, listed
 from ..registry import register_evaluation
 from ..transforms import describe, eval_transform
 
 __all__ = ["ClassificationSet", "imagenet_val", "imagenet_v2", "imagenet_a", "imagenet_r", "clean", "val_samples",
-           "val_split", "require_imagenet_classifier", "V2_VARIANTS"]
+           "val_input", "val_split", "require_imagenet_classifier", "V2_VARIANTS"]
 
 V2_VARIANTS = ("matched-frequency", "threshold0.7", "top-images")
 
@@ -56,9 +57,14 @@ def require_imagenet_classifier(run: EvalRun, what: str) -> None:
 
 
 def val_samples(run: EvalRun) -> list[tuple[str, int]]:
-    """ImageNet val (eval.roots.val) as (path, label), labels from the 1000 sorted wnids."""
+    """ImageNet val (eval.roots.val) as (path, label), labels from the 1000 sorted wnids (listed once per run)."""
     root = require_dir(run.settings.roots.val, "val", "imagenet_val")
-    return wnid_samples(root, imagenet_wnids(), "val", "imagenet_val")
+    return listed(run, ("val", str(root)), lambda: wnid_samples(root, imagenet_wnids(), "val", "imagenet_val"))
+
+
+def val_input(run: EvalRun) -> Input:
+    """ImageNet val (eval.roots.val) as an input: every wnid folder listed and readable."""
+    return Input("eval.roots.val", str(run.settings.roots.val), lambda: val_samples(run))
 
 
 def val_split(run: EvalRun, transform: Any, what: str) -> Dataset:
@@ -102,15 +108,11 @@ class ClassificationSet:
         if self.variants is not None:
             result: dict[str, Any] = {"root": str(root), "transform": describe(transform), "label": "int(folder name)"}
             for variant in section.variants:
-                folder = root / self.variants.format(variant=variant)
-                if not folder.is_dir():
-                    raise FileNotFoundError(f"{self.name}: {folder} does not exist; expected layout "
-                                            f"{LAYOUTS[self.root]} (or drop the variant: "
-                                            f"eval.{self.name}.variants=[...])")
                 what = f"{self.name} {variant}"
-                result[variant] = classify(run, ImageList(self._samples(folder, what), transform), 1000, what=what)
+                result[variant] = classify(run, ImageList(self._variant(run, root, variant), transform), 1000,
+                                           what=what)
             return result
-        samples = self._samples(root, self.name)
+        samples = self._samples(run, root, self.name)
         model, width = self._scored(run)
         result = classify(run, ImageList(samples, transform), width, model, what=self.name)
         if self.count_classes:
@@ -128,10 +130,38 @@ class ClassificationSet:
     def _wnids(self) -> tuple[str, ...]:
         return imagenet_wnids() if self.classes is None else subset_classes(self.classes)[1]
 
-    def _samples(self, folder: Any, what: str) -> list[tuple[str, int]]:
+    def _samples(self, run: EvalRun, folder: Any, what: str) -> list[tuple[str, int]]:
+        """Every (image, label) under ``folder``, listed once per run (inputs.listed)."""
         if self.layout == "index":
-            return v2_samples(folder, what)
-        return wnid_samples(folder, self._wnids(), self.root, what)
+            return listed(run, (self.root, str(folder)), lambda: v2_samples(folder, what))
+        return listed(run, (self.root, str(folder)), lambda: wnid_samples(folder, self._wnids(), self.root, what))
+
+    def _variant(self, run: EvalRun, root: Any, variant: str) -> list[tuple[str, int]]:
+        folder = root / self.variants.format(variant=variant)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{self.name}: {folder} does not exist; expected layout {LAYOUTS[self.root]} "
+                                    f"(or drop the variant: eval.{self.name}.variants=[...])")
+        return self._samples(run, folder, f"{self.name} {variant}")
+
+    def inputs(self, run: EvalRun, section: Any) -> list[Input]:
+        """The data this set reads: the configured data set, or its root (each variant folder, each class folder
+        listed) and, for the ImageNet-200 clean numbers, ImageNet val."""
+        if self.root is None:
+            return data_input(run, self.name)
+
+        def check() -> None:
+            require_imagenet_classifier(run, self.name)
+            root = require_dir(run.settings.roots[self.root], self.root, self.name)
+            if self.variants is not None:
+                for variant in section.variants:
+                    self._variant(run, root, variant)
+            else:
+                self._samples(run, root, self.name)
+
+        found = [Input(f"eval.roots.{self.root}", str(run.settings.roots[self.root]), check)]
+        if self.classes is not None and _get(section, "clean_subset") and run.settings.roots.val is not None:
+            found.append(val_input(run))
+        return found
 
     def _scored(self, run: EvalRun) -> tuple[Any, int]:
         """The model whose logits are scored and their width."""
@@ -171,8 +201,8 @@ imagenet_a = ClassificationSet("imagenet_a", root="a", classes="a")
 imagenet_r = ClassificationSet("imagenet_r", root="r", classes="r")
 clean = ClassificationSet("clean")
 
-register_evaluation("imagenet_val", ImageNetValConfig)(imagenet_val)
-register_evaluation("imagenet_v2", ImageNetV2Config, check=_check_v2)(imagenet_v2)
-register_evaluation("imagenet_a", ImageNetSubsetConfig)(imagenet_a)
-register_evaluation("imagenet_r", ImageNetSubsetConfig)(imagenet_r)
-register_evaluation("clean", CleanConfig, check=_check_clean)(clean)
+register_evaluation("imagenet_val", ImageNetValConfig, inputs=imagenet_val.inputs)(imagenet_val)
+register_evaluation("imagenet_v2", ImageNetV2Config, check=_check_v2, inputs=imagenet_v2.inputs)(imagenet_v2)
+register_evaluation("imagenet_a", ImageNetSubsetConfig, inputs=imagenet_a.inputs)(imagenet_a)
+register_evaluation("imagenet_r", ImageNetSubsetConfig, inputs=imagenet_r.inputs)(imagenet_r)
+register_evaluation("clean", CleanConfig, check=_check_clean, inputs=clean.inputs)(clean)

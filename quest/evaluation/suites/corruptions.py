@@ -18,6 +18,7 @@ from quest.validation import Checks
 from ..checks import is_int, severities, sublist
 from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset
 from ..corruption_fns import corrupt, sample_seed
+from ..inputs import data_input
 from ..mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, corruption_summary
 from ..registry import register_evaluation
 from ..transforms import describe, split_eval_transform
@@ -71,7 +72,8 @@ class CorruptedDataset(Dataset):
         return self.finish(image), target
 
 
-@register_evaluation("corruptions", CorruptionsConfig, check=_check)
+@register_evaluation("corruptions", CorruptionsConfig, check=_check,
+                     inputs=lambda run, section: data_input(run, "corruptions"))
 def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
     geometric, finish = split_eval_transform(run.target)
     base, subset = fixed_subset(val_split(run, geometric, "corruptions"), section.max_samples)

@@ -26,9 +26,10 @@ from quest.io import atomic_write
 from quest.validation import Checks
 
 from ..context import EvalRun, evenly_spaced, shard_batches
+from ..inputs import Input, data_input
 from ..registry import register_evaluation
 from ..transforms import describe, eval_transform
-from .classification import val_samples, val_split
+from .classification import val_input, val_samples, val_split
 
 __all__ = ["ExplainConfig", "explain"]
 
@@ -180,7 +181,14 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     return {"maps_file": str(maps_path), "figure": str(png)}
 
 
-@register_evaluation("explain", ExplainConfig, check=_check)
+def _inputs(run: EvalRun, section: Any) -> list[Input]:
+    """The images explained and their boxes: ImageNet val with eval.explain.boxes, or the configured data set."""
+    if section.source == "imagenet_val":
+        return [val_input(run), Input("eval.explain.boxes", str(section.boxes), lambda: BoxSource(section.boxes))]
+    return data_input(run, "explain")
+
+
+@register_evaluation("explain", ExplainConfig, check=_check, inputs=_inputs)
 def explain(run: EvalRun, section: Any) -> dict[str, Any]:
     check_explainable(run.model)
     dataset, transform = _dataset(run, section)

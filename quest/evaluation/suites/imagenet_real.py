@@ -13,6 +13,7 @@ from timm.data import RealLabelsImagenet
 
 from ..context import EvalRun, ordered_topk, percent
 from ..imagenet_data import LAYOUTS, ImageList, real_files, require_dir
+from ..inputs import Input, listed, permission_message
 from ..registry import register_evaluation
 from ..transforms import describe, eval_transform
 from .classification import require_imagenet_classifier
@@ -34,7 +35,17 @@ def _real_labels(section: Any) -> list[list[int]]:
     if not path.is_file():
         raise FileNotFoundError(f"imagenet_real: real_json {path} does not exist (a JSON list of label lists, "
                                 "entry i for ILSVRC2012_val_{i+1:08d}.JPEG)")
-    return json.loads(path.read_text())
+    try:
+        labels = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"imagenet_real: real_json {path} is not valid JSON ({exc}); expected a JSON list of label "
+                         "lists, entry i for ILSVRC2012_val_{i+1:08d}.JPEG") from None
+    except PermissionError:
+        raise PermissionError(permission_message(path, "imagenet_real: real_json")) from None
+    if not isinstance(labels, list) or not all(isinstance(x, list) for x in labels):
+        raise ValueError(f"imagenet_real: real_json {path} holds a JSON {type(labels).__name__}, not a list of label "
+                         "lists (entry i for ILSVRC2012_val_{i+1:08d}.JPEG)")
+    return labels
 
 
 def _ranking_logits(topk: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -45,13 +56,12 @@ def _ranking_logits(topk: torch.Tensor, num_classes: int) -> torch.Tensor:
     return logits
 
 
-@register_evaluation("imagenet_real", ImageNetRealConfig)
-def imagenet_real(run: EvalRun, section: Any) -> dict[str, Any]:
-    """ReaL top-1 / top-5 with timm's RealLabelsImagenet, fed in file order; empty label lists are excluded."""
+def _files_and_labels(run: EvalRun, section: Any) -> tuple[Path, list[str], list[list[int]]]:
+    """The ReaL root, its image files in real.json's order and the label lists, checked against each other."""
     require_imagenet_classifier(run, "imagenet_real")
     key_root = run.settings.roots.real or run.settings.roots.val
     root = require_dir(key_root, "real", "imagenet_real")
-    files = real_files(root, "imagenet_real")
+    files = listed(run, ("real", str(root)), lambda: real_files(root, "imagenet_real"))
     labels = _real_labels(section)
     names = [os.path.basename(f) for f in files]
     known = {f"ILSVRC2012_val_{i + 1:08d}.JPEG" for i in range(len(labels))}
@@ -62,6 +72,19 @@ def imagenet_real(run: EvalRun, section: Any) -> dict[str, Any]:
     if len(names) != len(labels):
         raise ValueError(f"imagenet_real: real.json lists {len(labels)} images but {root} holds {len(names)}; ReaL "
                          "scores the whole val set (every file once)")
+    return root, files, labels
+
+
+def _inputs(run: EvalRun, section: Any) -> list[Input]:
+    key = "eval.roots.real" if run.settings.roots.real else "eval.roots.val"
+    return [Input(key, str(run.settings.roots.real or run.settings.roots.val), lambda: _files_and_labels(run, section))]
+
+
+@register_evaluation("imagenet_real", ImageNetRealConfig, inputs=_inputs)
+def imagenet_real(run: EvalRun, section: Any) -> dict[str, Any]:
+    """ReaL top-1 / top-5 with timm's RealLabelsImagenet, fed in file order; empty label lists are excluded."""
+    root, files, labels = _files_and_labels(run, section)
+    names = [os.path.basename(f) for f in files]
     transform = eval_transform(run.target)
     # targets are unused by ReaL; 0 keeps the loader's collation uniform
     topk = ordered_topk(run, ImageList([(f, 0) for f in files], transform), k=5, what="imagenet_real")

@@ -1,0 +1,227 @@
+"""An evaluation directory holds one evaluation: its results are keyed by everything that changes their numbers, and
+``eval_results.json`` always says which state they are in.
+
+The key (:func:`fingerprint`) is what was evaluated (the checkpoint's path and SHA-256, model or EMA weights, or the
+weights file and its SHA-256), the suite, the settings of the evaluations it runs, the model's input transform and
+every data root the suite reads. ``eval_results.json`` is written when the evaluation starts and again after each
+evaluation, atomically, with ``status``:
+
+- ``running``: in progress, with the evaluations finished so far; a process holds ``.eval.lock``. Found with the lock
+  free, the evaluation was killed (``interrupted``);
+- ``complete``: every evaluation finished;
+- ``partial``: an evaluation failed (``error`` says which and why); the ones before it are kept.
+
+A new evaluation in a directory (:meth:`EvalDirectory.begin`): empty -> it runs; the same key complete -> nothing to
+do (the stored results are reported); the same key interrupted or partial -> the finished evaluations are reused and
+the rest run; another key (or results of an older quest without one) -> refused, naming the keys that differ, unless
+``eval.overwrite=true``, which first moves the old files to ``.replaced/<UTC time>/`` (never deleted).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from quest.io import json_text, write_text_atomic
+
+log = logging.getLogger("quest.eval")
+
+__all__ = ["EvalDirectory", "EvalDirectoryError", "fingerprint", "fingerprint_key", "file_sha256", "RESULTS",
+           "RUNNING", "COMPLETE", "PARTIAL", "INTERRUPTED", "NOT_NUMBERS"]
+
+RESULTS = "eval_results.json"
+LOCK = ".eval.lock"
+ARCHIVE = ".replaced"
+RUNNING, COMPLETE, PARTIAL, INTERRUPTED = "running", "complete", "partial", "interrupted"
+#: settings that change how an evaluation runs but none of its numbers (every count is exact and independent of the
+#: process count; the device changes at most float rounding): not part of the key, recorded in the results
+NOT_NUMBERS = frozenset({"device", "num_workers", "torch_threads", "log_every_n", "log_every_s", "overwrite"})
+# what eval.py writes into the directory, moved aside when results are archived (never anything else: a directory
+# given with hydra.run.dir=... may hold other files, a training run's own among them); eval.log stays (Hydra is
+# appending to it), as do the lock and the archive
+RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "wandb",
+                ".hydra")
+
+
+class EvalDirectoryError(RuntimeError):
+    """An evaluation directory that cannot take this evaluation; the message says why and what to do."""
+
+
+def file_sha256(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fingerprint(settings: dict[str, Any], target: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Everything that changes the numbers: ``settings`` (the resolved eval node), ``target`` (the report's target
+    section: what was evaluated and its transform) and ``inputs`` (setting -> data root read)."""
+    evaluations = set(settings.get("run") or [])
+    # roots: the ones read are in ``inputs``; crop_pct / interpolation: as resolved, in ``target``
+    skip = NOT_NUMBERS | {"roots", "crop_pct", "interpolation"}
+    shared = {k: v for k, v in settings.items() if k not in skip and not isinstance(v, dict)}
+    sections = {k: v for k, v in settings.items() if isinstance(v, dict) and k in evaluations}
+    # files by content, not by path: a run directory moved or copied holds the same results
+    evaluated = {k: target.get(k) for k in ("source", "checkpoint_sha256", "weights", "weights_sha256",
+                                            "model", "attention", "attention_options", "num_classes", "img_size",
+                                            "mean", "std", "crop_pct", "interpolation", "data", "data_config")}
+    if evaluated["weights_sha256"]:
+        evaluated["weights"] = "a state_dict file"  # its path aside
+    return {"evaluated": evaluated, "settings": {**shared, **sections}, "inputs": inputs}
+
+
+def fingerprint_key(fp: dict[str, Any]) -> str:
+    return hashlib.sha256(json_text(fp, indent=None).encode()).hexdigest()[:16]
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: tree}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a.get(k, '(absent)')!r:.120} -> {b.get(k, '(absent)')!r:.120}" for k in sorted(set(a) | set(b))
+            if a.get(k, "(absent)") != b.get(k, "(absent)")]
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """An eval_results.json as a dict, or an :class:`EvalDirectoryError` naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EvalDirectoryError(f"{path} is not valid JSON ({exc}): a copy cut short or edited by hand? Move it "
+                                 "aside, or pass eval.overwrite=true to archive it to .replaced/ and evaluate again")
+    except PermissionError:
+        raise EvalDirectoryError(f"{path}: permission denied (reading it needs read permission on the file)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results", {}), dict):
+        raise EvalDirectoryError(f"{path} holds a JSON {type(data).__name__} without a 'results' object, not "
+                                 "eval.py's results; move it aside or pass eval.overwrite=true to archive it")
+    return data
+
+
+class EvalDirectory:
+    """One evaluation directory and its lock (only the main process writes; every process reads)."""
+
+    def __init__(self, path: str | Path, is_main: bool = True):
+        self.path, self.is_main = Path(path), is_main
+        self._lock_fd: int | None = None
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / RESULTS
+
+    def _locked_by_other(self) -> bool:
+        """Whether another process holds the directory's lock (a ``running`` record without one was killed)."""
+        if self._lock_fd is not None:
+            return False
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def state(self) -> tuple[str | None, dict[str, Any] | None]:
+        """(status, record): (None, None) when empty; ``interrupted`` for a ``running`` record whose process is gone;
+        ``complete`` for results of a quest that wrote no status."""
+        if not self.results_path.exists():
+            return None, None
+        record = read_results(self.results_path)
+        status = record.get("status", COMPLETE)
+        if status == RUNNING and not self._locked_by_other():
+            status = INTERRUPTED
+        return status, record
+
+    def lock(self) -> None:
+        if not self.is_main:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise EvalDirectoryError(f"{self.path} is being written by another eval.py ({holder}); wait for it to "
+                                     "end, or give this evaluation its own directory (hydra.run.dir=...)") from None
+        except OSError as exc:  # a file system without flock (some network mounts): go on unprotected
+            log.warning("cannot lock %s (%s); make sure no other evaluation writes this directory", self.path, exc)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def begin(self, fp: dict[str, Any], overwrite: bool) -> tuple[str, dict[str, Any]]:
+        """Decide what this evaluation does in the directory, before any work: ('run', {}) for a fresh start,
+        ('resume', finished results to reuse), or ('done', the stored record). Raises :class:`EvalDirectoryError`
+        for results of another key (unless ``overwrite``: archived first) or a directory in use."""
+        self.lock()
+        try:
+            status, record = self.state()
+        except EvalDirectoryError:
+            if not overwrite:
+                raise
+            status, record = "unreadable", None
+        if status is None:
+            return "run", {}
+        key = fingerprint_key(fp)
+        if status == RUNNING:
+            raise EvalDirectoryError(f"{self.path} is being written by another eval.py (its {RESULTS} says running "
+                                     "and its lock is held); wait for it, or use another hydra.run.dir=...")
+        if overwrite:
+            self.archive(status)
+            return "run", {}
+        if record is not None and record.get("key") == key:
+            if status == COMPLETE:
+                return "done", record
+            finished = dict(record.get("results") or {})
+            return "resume", finished
+        if record is not None and "fingerprint" in record:
+            diff = "\n".join(f"  {line}" for line in differences(record["fingerprint"], fp))
+            what = f"these differ from the stored ones:\n{diff}"
+        else:
+            what = "they were written by an older quest that did not record what they depend on"
+        raise EvalDirectoryError(
+            f"{self.path} holds {status} results of another evaluation; {what}\nResults are never replaced "
+            f"silently: give this evaluation its own directory (hydra.run.dir=...), or pass eval.overwrite=true to "
+            f"move the old results to {self.path / ARCHIVE}/<time>/ first")
+
+    def archive(self, status: str | None) -> Path | None:
+        """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<status>/``."""
+        if not self.is_main:
+            return None
+        present = [self.path / name for name in RESULT_FILES if (self.path / name).exists()]
+        if not present:
+            return None
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        dest = self.path / ARCHIVE / f"{stamp}-{status}"
+        dest.mkdir(parents=True)
+        for p in present:
+            shutil.move(str(p), dest / p.name)
+        log.warning("eval.overwrite=true: the previous results in %s were moved to %s", self.path, dest)
+        return dest
+
+    def write(self, record: dict[str, Any]) -> Path:
+        """eval_results.json, atomically (quest.io)."""
+        return write_text_atomic(self.results_path, json_text(record))
