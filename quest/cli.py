@@ -110,6 +110,7 @@ def _eval_app(cfg: DictConfig) -> None:
             raise
         logging.getLogger("quest.eval").error("%s", exc)
         print(f"eval.py: error: {exc}", file=sys.stderr)
+        _remove_if_empty(Path(hc.runtime.output_dir))
         sys.exit(1)
 
 

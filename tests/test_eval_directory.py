@@ -87,7 +87,7 @@ def _perturb(path: Path) -> None:
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in (".eval.lock", "eval.log")}
+            if p.is_file() and p.name != ".eval.lock"}
 
 
 # what changes the numbers (each must be refused, naming the key) ...
@@ -342,10 +342,13 @@ def test_eval_py_refuses_the_crop_pct_rerun_of_the_issue(ckpt, tmp_path):
     first = subprocess.run(base, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (out / "eval_results.json").read_bytes()
+    files = _snapshot(out)
+    assert "eval.log" in files and not (out / ".hydra").exists()  # quest's log; eval_results.json is the record
     refused = subprocess.run([*base, "eval.crop_pct=0.5"], env=env, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert f"eval.py: error: {out} holds complete results of another evaluation" in refused.stderr
     assert "evaluated.crop_pct: 1.0 -> 0.5" in refused.stderr and (out / "eval_results.json").read_bytes() == before
+    assert _snapshot(out) == files  # a refused command changes nothing, its log included
     again = subprocess.run([*base, "eval.crop_pct=0.5", "eval.overwrite=true"], env=env, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -23,7 +23,7 @@ from .builders import model_meta
 from .checkpoint import Checkpointer
 from .distributed import DistContext, barrier, init_distributed
 from .evaluate import evaluate
-from .logger import RunLogger
+from .logger import RunLogger, start_log_file, stop_log_file
 from .run_dir import Difference, RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopRequested, StopSignals
@@ -34,8 +34,6 @@ log = logging.getLogger("quest.train")
 
 __all__ = ["fit", "exit_code", "summary_line", "EXIT_DIVERGED", "EXIT_INTERRUPTED"]
 
-#: train.log's lines, as Hydra's default job logging writes them
-LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 #: Exit code of ``train.py`` for a run that diverged (non-finite loss or grad norm, or loss above trainer.max_loss).
 EXIT_DIVERGED = 3
 #: Exit codes of a run stopped by a signal after saving (the shell's 128 + signal number).
@@ -69,9 +67,7 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
     if not directory.is_main:
         return None
     directory.claim()
-    handler = logging.FileHandler(directory.path / "train.log")
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.getLogger().addHandler(handler)
+    handler = start_log_file(directory.path / "train.log")
     Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
     carry_out(directory, plan, continuing)
     for name, text in provenance.items():
@@ -127,9 +123,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         barrier(ctx)
         log.info("%s", summary_line(summary))
     finally:
-        if handler is not None:
-            logging.getLogger().removeHandler(handler)
-            handler.close()
+        stop_log_file(handler)
     if status == REQUEUED:
         run.signals.requeue(ctx)
     return summary

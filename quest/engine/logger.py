@@ -7,7 +7,25 @@ from typing import Any
 
 from quest.io import json_text, open_records, write_json_atomic
 
-__all__ = ["RunLogger"]
+__all__ = ["RunLogger", "LOG_FORMAT", "start_log_file", "stop_log_file"]
+
+#: the log file's lines (train.log, eval.log), as Hydra's default job logging writes them
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+def start_log_file(path: Path) -> logging.Handler:
+    """Copy every log record to ``path`` (appended). quest starts the log file itself, once a command has passed
+    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def stop_log_file(handler: logging.Handler | None) -> None:
+    if handler is not None:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
 
 log = logging.getLogger("quest.train")
 

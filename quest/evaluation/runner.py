@@ -15,6 +15,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
+from quest.engine.logger import start_log_file, stop_log_file
 from quest.validation import ConfigError
 
 from .checks import check_eval_config
@@ -133,6 +134,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     ctx = init_distributed(settings.device)
     start = time.perf_counter()
     directory = EvalDirectory(output_dir, ctx.is_main)
+    handler = None
     try:
         target = load_target(cfg, ctx.device)
         run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device), out_dir=Path(output_dir))
@@ -152,6 +154,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
             log.info("%s already holds these results (complete, same checkpoint, settings and data); nothing to do "
                      "(eval.overwrite=true evaluates again, archiving them first)", output_dir)
             return {**stored, "already_complete": True}
+        handler = start_log_file(Path(output_dir) / "eval.log") if ctx.is_main else None  # every check passed
         run.results.update(stored)  # finished by an interrupted or failed attempt with the same key: reused
         if stored:
             log.info("reusing %s from the earlier attempt in %s (same key %s)", ", ".join(stored), output_dir,
@@ -174,6 +177,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
             log.info("results in %s", ", ".join(str(p) for p in paths.values()))
         return report
     finally:
+        stop_log_file(handler)
         directory.unlock()
         if ctx.distributed and dist.is_initialized():
             dist.destroy_process_group()
