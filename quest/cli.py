@@ -7,7 +7,7 @@
 | ``quest-toy`` | ``python -m quest.toy`` | the toy study (configs/toy/toy.yaml) |
 | ``quest-report`` | ``python -m quest.report`` | tables from sweeps of runs |
 | ``quest-plot`` | ``python -m quest.report.plot`` | diagnostics figures |
-| ``quest-export`` | ``python -m quest.models.export`` | a run as a timm / Hugging Face model folder |
+| ``quest-export`` | ``python -m quest.engine.export`` | a run as a timm / Hugging Face model folder |
 
 The configs are found as the package ``quest.configs`` (an install ships them; an editable install maps the
 checkout's configs/ there), or, in a checkout that is only on sys.path, in its configs/ folder.
@@ -165,6 +165,6 @@ def plot() -> None:
 
 def export() -> None:
     """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: docs/interop.md."""
-    from quest.models.export import main
+    from quest.engine.export import main
 
     sys.exit(main())

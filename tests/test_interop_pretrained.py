@@ -9,9 +9,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+from quest.engine.export import export_run
 from quest.engine.validate import validate_train_config
 from quest.models import create_model
-from quest.models.export import export_run
 from quest.models.pretrained import load_pretrained_weights
 from quest.validation import ConfigError
 from tests.helpers import compose_cfg

@@ -20,11 +20,11 @@ import quest  # noqa: F401  (registers quest's attn_layer names and quest_vit wi
 from quest.attention import link_elliptical, list_attentions
 from quest.attention.timm_names import TIMM_TABLE, timm_attention_table
 from quest.data import build_dataset
+from quest.engine.export import main as export_main
 from quest.evaluation.config import eval_config_schema
 from quest.evaluation.target import load_target
 from quest.evaluation.transforms import eval_transform
 from quest.models import create_model
-from quest.models.export import main as export_main
 from tests.interop_helpers import CLASSES, make_image_folder, train_tiny_run
 
 

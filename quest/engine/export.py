@@ -26,8 +26,7 @@ from omegaconf import OmegaConf
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import load_checkpoint
 from quest.io import atomic_write, json_text, write_text_atomic
-
-from .timm_model import ARCHITECTURE, exported_architecture
+from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
 
