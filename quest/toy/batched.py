@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import platform
 import re
 import subprocess
@@ -283,7 +284,9 @@ def compile_options(device_type: str) -> dict[str, bool]:
     if device_type != "cpu":
         return {}
     options = {"cpp_wrapper": True, "cpp_cache_precompile_headers": False}
-    if _gcc_has_every_x86_isa():
+    # ATEN_CPU_CAPABILITY caps the kernels ATen dispatches to (and what inductor may target): the CPU's flags say
+    # nothing then, so inductor picks and probes as it does
+    if _gcc_has_every_x86_isa() and not os.environ.get("ATEN_CPU_CAPABILITY"):
         options["cpp.vec_isa_ok"] = True
     return options
 
