@@ -49,7 +49,16 @@ def create_model(
     if timm.models.is_model_in_modules(name, ["crossvit"]):
         model = timm.create_model(name, **timm_kwargs)
         return convert_attention(model, attention, **options)
-    model = timm.create_model(name, attn_layer=attn_cls, **timm_kwargs)
+    try:
+        model = timm.create_model(name, attn_layer=attn_cls, **timm_kwargs)
+    except TypeError as exc:  # timm's models outside the ViT family do not take attn_layer= (resnet50, convnext_*)
+        if "attn_layer" not in str(exc):
+            raise
+        raise ValueError(
+            f"model.name={name!r} is not a Vision Transformer that quest can give another attention: quest builds "
+            "timm's VisionTransformer family (vit_*, deit_*, deit3_*, the CPU presets vit_pico/nano/micro) with the "
+            "attention layer through attn_layer=, and converts CrossViT's; timm's model would not take it "
+            f"({exc})") from None
     if not attention_layers(model):
         raise ValueError(f"model {name!r} does not build its attention from attn_layer=; quest cannot swap it")
     return bind_attention(model, model_seq_len(model))  # each layer learns its place (token count, previous block)
