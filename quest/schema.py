@@ -72,6 +72,7 @@ class DataConfig:
     bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
     max_skipped_fraction: float = 0.01  # docs/data.md
+    preflight: bool = True  # image folders: decode every file before the first step (docs/data.md)
     fake_train_size: int = 256
     fake_val_size: int = 64
     pin_memory: bool = True
@@ -203,7 +204,7 @@ OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
     "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps",
-    "trainer.max_loss_factor", "data.max_skipped_fraction", "logger.*",
+    "trainer.max_loss_factor", "data.max_skipped_fraction", "data.preflight", "logger.*",
 )
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the
