@@ -1,5 +1,9 @@
 """Structured config schema: the keys and types that configs, docs, tests and users rely on.
 
+Every ``float`` field (also ``Optional[float]`` and ``List[float]``) must hold finite values: the config checks
+derive that list from these dataclasses (:func:`quest.validation.float_keys`), so a new float field is checked
+without being listed anywhere. A field where infinity means something would say so with ``metadata=NON_FINITE_OK``.
+
 Registered in Hydra's ConfigStore as ``train_schema``; configs/train.yaml lists it first in its defaults, so every
 group file merges into a typed node and a misspelt key or a wrong type fails at start, naming the key.
 """
@@ -10,6 +14,9 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
+
+#: field metadata of a float field whose value may be infinite or NaN (none today; see the module docstring)
+NON_FINITE_OK = {"finite": False}
 
 
 @dataclass
@@ -67,6 +74,9 @@ class DataConfig:
     split_seed: int = 0  # digits: the fixed train/val split
     download: bool = False  # torchvision data sets: download only when asked
     bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
+    # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
+    max_skipped_fraction: float = 0.01  # docs/data.md
+    preflight: bool = True  # image folders: decode every file before the first step (docs/data.md)
     fake_train_size: int = 256
     fake_val_size: int = 64
     pin_memory: bool = True
@@ -155,7 +165,9 @@ class TrainerConfig:
     resume: str = "auto"  # auto | never | <path to a checkpoint>
     overwrite: bool = False  # with resume=never: archive the run already in the directory, then start afresh
     init_from: Optional[str] = None  # weights to start from (e.g. the DeiT-III first phase); pos_embed resized
-    max_loss: Optional[float] = None  # a loss above this counts as divergence (besides non-finite)
+    max_loss: Optional[float] = None  # a loss above this counts as divergence (besides non-finite); None: the default
+    # guard, max_loss_factor x the chance loss (ln num_classes; ln 2 with recipe.bce_loss); docs/training.md
+    max_loss_factor: Optional[float] = 10.0  # null: no default guard (non-finite values still count)
     torch_threads: Optional[int] = None
 
 
@@ -198,8 +210,8 @@ class TrainConfig:
 OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
     "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
-    "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps", "logger.*",
-    "model.pretrained_download",
+    "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps",
+    "trainer.max_loss_factor", "data.max_skipped_fraction", "data.preflight", "logger.*", "model.pretrained_download",
 )
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ConfigError", "check_known_keys", "Checks"]
+__all__ = ["ConfigError", "check_known_keys", "Checks", "float_keys"]
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,36 @@ def check_known_keys(cfg: DictConfig, schema: type, ignore: Iterable[str] = ("hy
                       + "\n".join(lines))
 
 
+def _is_float_type(annotation: Any) -> bool:
+    """float, Optional[float], List[float] or Optional[List[float]]."""
+    if annotation is float:
+        return True
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union and len(args) == 1:
+        return _is_float_type(args[0])
+    return origin in (list, typing.List) and args == [float]
+
+
+def float_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every key of the ``schema`` dataclass tree typed float (also Optional[float], List[float]) whose value must be
+    finite: all of them except fields with ``metadata={"finite": False}`` (quest.schema.NON_FINITE_OK)."""
+    hints = typing.get_type_hints(schema)
+    keys: list[str] = []
+    for f in dataclasses.fields(schema):
+        child = _dataclass_of(hints[f.name])
+        if child is not None:
+            keys.extend(float_keys(child, f"{prefix}{f.name}."))
+        elif _is_float_type(hints[f.name]) and f.metadata.get("finite", True):
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _finite(value: Any) -> bool:
+    values = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+    return all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in values)
+
+
 class Checks:
     """Collects value problems of one config; :meth:`raise_if_any` reports them all at once."""
 
@@ -87,6 +118,11 @@ class Checks:
             good = False
         if not good:
             self.fail(key, f"must be {allowed}" + (" (or null)" if optional else ""))
+
+    def finite(self, *keys: str) -> None:
+        """Each value (each element of a list) a finite number, or null where the key allows it."""
+        for key in keys:
+            self.check(key, _finite, "finite (not nan, inf or -inf)", optional=True)
 
     def positive_int(self, *keys: str, optional: bool = False) -> None:
         for key in keys:

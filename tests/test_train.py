@@ -120,11 +120,13 @@ def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path):
     base = ["data=imagefolder", f"data.root={tmp_path / 'data'}", "data.num_classes=3", "data.img_size=16",
             "data.batch_size=5", "data.num_workers=1", "model=vit_pico", "trainer.epochs=1", "trainer.log_every_n_steps=1"]
     with pytest.raises(CorruptImageError, match=str(bad)):
-        fit(compose_cfg(*base), tmp_path / "strict")
-    summary = fit(compose_cfg(*base, "data.bad_images=skip"), tmp_path / "lenient")
+        fit(compose_cfg(*base), tmp_path / "strict")  # named by the pre-flight, before the first step
+    base.append("data.preflight=false")  # the skip at load time
+    # 1 of 25 training images: over the default data.max_skipped_fraction (0.01), under 0.1
+    summary = fit(compose_cfg(*base, "data.bad_images=skip", "data.max_skipped_fraction=0.1"), tmp_path / "lenient")
     assert summary["status"] == "completed"
-    skipped = [r["data/skipped_images"] for r in _rows(tmp_path / "lenient") if "data/skipped_images" in r]
-    assert skipped and max(skipped) == 1
+    skipped = [r["data/train_skipped"] for r in _rows(tmp_path / "lenient") if "data/train_skipped" in r]
+    assert skipped and max(skipped) == summary["skipped_images"]["train"] <= 1
 
 
 def test_class_balanced_subset(tmp_path):

@@ -12,6 +12,7 @@ from torchvision import datasets as tvd
 from .digits import DigitsDataset
 from .digits_canvas import DigitsCanvasDataset
 from .folder import SafeImageFolder, check_image_folder
+from .preflight import apply_preflight
 from .shards import SHARD_DATASETS, build_shards, shard_num_classes
 
 __all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "known_num_classes", "check_split_classes",
@@ -72,6 +73,9 @@ def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
     if name in ("imagenet", "imagefolder"):
         root, _ = _folder_classes(data, split)
         ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)
+        # every file checked before the first step (docs/data.md)
+        if data.get("preflight", True):
+            apply_preflight(ds, root, data.bad_images, data.get("max_skipped_fraction", 0.01), split)
         if len(ds.classes) != data.num_classes:
             raise ValueError(
                 f"{root} has {len(ds.classes)} class folders but data.num_classes={data.num_classes}; "

@@ -34,7 +34,9 @@ def evaluate(
     # repeated batch whose outputs are discarded, so no rank waits forever and nothing is counted twice.
     extra = int(all_reduce_max(len(loader), lockstep)) - len(loader) if lockstep is not None else 0
     last = None
-    for images, targets, _ in loader:
+    skipped = 0
+    for images, targets, n_bad in loader:
+        skipped += n_bad
         last = images
         if len(targets) == 0:
             continue
@@ -49,8 +51,17 @@ def evaluate(
         with autocast():
             model(last.to(device))
     model.train(was_training)
-    total = counts.reduced(_group()).summary()
-    return {f"{prefix}top1": total["top1"], f"{prefix}top5": total["top5"], f"{prefix}loss": total["nll"]}
+    group = _group()
+    total = counts.reduced(group).summary()
+    if group.world_size > 1:  # every rank's unreadable images (data.bad_images=skip)
+        skipped_t = torch.tensor([float(skipped)], device=group.device)
+        import torch.distributed as dist
+
+        dist.all_reduce(skipped_t)
+        skipped = int(skipped_t.item())
+    # images: those scored; skipped: unreadable ones left out (data.bad_images=skip)
+    return {f"{prefix}top1": total["top1"], f"{prefix}top5": total["top5"], f"{prefix}loss": total["nll"],
+            f"{prefix}images": total["n"], f"{prefix}skipped": skipped}
 
 
 def _group() -> DistContext:

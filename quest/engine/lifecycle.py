@@ -3,7 +3,8 @@
 Before anything is built, every key and value of the config is checked and the run directory is locked. A run
 already there is continued (same config up to the resume-safe keys), reported (finished: nothing is rewritten),
 refused (another config), or archived first (``trainer.resume=never trainer.overwrite=true``). Every ending writes
-summary.json and one log line: completed, stopped (trainer.max_steps), diverged, interrupted (SIGINT / SIGTERM,
+summary.json and one log line: completed, stopped (trainer.max_steps), diverged, bad_data (unreadable images over
+data.max_skipped_fraction, or none to train on), interrupted (SIGINT / SIGTERM,
 saved at a step boundary), requeued (SIGUSR1). docs/training.md, "Runs, resume and provenance".
 """
 from __future__ import annotations
@@ -27,15 +28,17 @@ from .logger import RunLogger, start_log_file, stop_log_file
 from .run_dir import Difference, RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopRequested, StopSignals
-from .trainer import Diverged, Run, hms
+from .trainer import BadData, Diverged, Run, hms
 from .validate import validate_train_config
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["fit", "exit_code", "summary_line", "EXIT_DIVERGED", "EXIT_INTERRUPTED"]
+__all__ = ["fit", "exit_code", "summary_line", "EXIT_DIVERGED", "EXIT_BAD_DATA", "EXIT_INTERRUPTED"]
 
 #: Exit code of ``train.py`` for a run that diverged (non-finite loss or grad norm, or loss above trainer.max_loss).
 EXIT_DIVERGED = 3
+#: Exit code of a run that failed on its data (status bad_data: too many unreadable images, or none to train on).
+EXIT_BAD_DATA = 4
 #: Exit codes of a run stopped by a signal after saving (the shell's 128 + signal number).
 EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -153,6 +156,9 @@ def _train(run: Run) -> tuple[str, dict[str, float], dict[str, Any]]:
         saved = _saved_checkpoint(run)
         log.error("run diverged at step %d (%s); %s", exc.step, exc.reason,
                   f"the last good checkpoint is {saved}" if saved else "no checkpoint was written before it")
+    except BadData as exc:
+        status, ending = "bad_data", {"data_failure": exc.reason}
+        log.error("run failed on its data: %s", exc.reason)
     except StopRequested as exc:
         status, ending = exc.reason, {"signal": exc.signal_name, "saved": True}
     except KeyboardInterrupt as exc:  # a second Ctrl-C / SIGTERM: stopped at once, the last checkpoint stays
@@ -183,6 +189,10 @@ def _summary(run: Run, status: str, val: dict[str, float], start: float, resumed
         "global_batch": parts.global_batch, "world_size": ctx.world_size, "wall_time_s": time.perf_counter() - start,
         "train_img_per_s": st.images_seen / st.train_seconds if st.train_seconds else None,
         "resumed": resumed, "run_dir": str(run.run_dir), "checkpoint": _saved_checkpoint(run),
+        # unreadable images left out under data.bad_images=skip (docs/data.md): training over the whole run, validation
+        # in the last validation pass
+        "skipped_images": {"train": st.train_skipped, "train_drawn": st.train_drawn,
+                           "val": val.get("val/skipped"), "val_scored": val.get("val/images")},
     }
     if changes:
         summary["changed_on_resume"] = {d.key: [d.stored, d.new] for d in changes}
@@ -207,6 +217,8 @@ def summary_line(summary: dict[str, Any]) -> str:
     fmt = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
     if status == "diverged":
         detail = f"at step {summary.get('diverged_at_step')} ({summary.get('divergence_reason')})"
+    elif status == "bad_data":
+        detail = f"at step {summary.get('step')}: {summary.get('data_failure')}"
     elif status in (INTERRUPTED, REQUEUED):
         saved = summary.get("checkpoint") if summary.get("saved") else None
         detail = (f"by {summary.get('signal')} at step {summary.get('step')} (epoch {summary.get('epoch')}); "
@@ -222,10 +234,12 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 def exit_code(summary: dict[str, Any], multirun: bool = False) -> int:
     """train.py's exit code for a summary (docs/training.md): 0 done (completed, stopped, requeued, or a diverged
-    job inside a multirun, so that the sweep goes on), 3 diverged, 130 / 143 interrupted by SIGINT / SIGTERM."""
+    job inside a multirun, so that the sweep goes on), 3 diverged, 4 bad_data, 130 / 143 interrupted by SIGINT / SIGTERM."""
     status = summary.get("status")
     if status == "diverged":
         return 0 if multirun else EXIT_DIVERGED
+    if status == "bad_data":
+        return EXIT_BAD_DATA
     if status == INTERRUPTED:
         return EXIT_INTERRUPTED.get(str(summary.get("signal")), EXIT_INTERRUPTED["SIGINT"])
     return 0

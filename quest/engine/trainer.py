@@ -27,7 +27,7 @@ from .signals import StopRequested, StopSignals
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Run", "TrainState", "Diverged", "hms"]
+__all__ = ["Run", "TrainState", "Diverged", "BadData", "check_skipped", "hms", "chance_loss", "divergence_threshold"]
 
 
 @dataclass
@@ -40,6 +40,16 @@ class TrainState:
     images_seen: int = 0
     train_seconds: float = 0.0
     wandb_id: str | None = None
+    train_skipped: int = 0  # unreadable training images skipped (data.bad_images=skip), all ranks, whole run
+    train_drawn: int = 0  # training images drawn, readable or not, all ranks, whole run
+
+
+class BadData(Exception):
+    """Too many unreadable images (data.max_skipped_fraction), or nothing to train on: the run's status bad_data."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Diverged(Exception):
@@ -86,6 +96,7 @@ class Run:
         self.data = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
         self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
         self.on_checkpoint: Callable[[int], None] | None = None  # told the step of every checkpoint written
+        self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -191,7 +202,7 @@ class Run:
         whatever the accumulation (the loss scaler's own overflow check aside), instead of one per micro-batch.
         ``log``: also read the loss scale (fp16) for the log line."""
         p, cfg, st, device = self.parts, self.cfg, self.state, self.ctx.device
-        max_loss = cfg.trainer.max_loss if cfg.trainer.max_loss is not None else math.inf
+        max_loss = self.max_loss
         loss_sum = worst = torch.zeros((), device=device)
         for i, (images, targets) in enumerate(batches):
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -221,7 +232,8 @@ class Run:
         loss_bad_v, grad_bad_v, loss_v, worst_v, norm_v = torch.cat([flags, torch.stack(
             [loss_sum / len(batches), worst, grad_norm])]).tolist()  # the step's one device-to-host read
         if loss_bad_v:
-            raise Diverged(st.step, f"loss {worst_v:.4g}" + ("" if math.isfinite(worst_v) else " is not finite"))
+            raise Diverged(st.step, f"loss {worst_v:.4g}" + (f" above {max_loss:.4g}" if math.isfinite(worst_v) else
+                                                             " is not finite"))
         if grad_bad_v:
             raise Diverged(st.step, f"gradient norm {norm_v}")
         metrics = {"train/loss": loss_v, "train/grad_norm": norm_v}
@@ -247,10 +259,13 @@ class Run:
         p.train_loader.generator.manual_seed(cfg.trainer.seed * 100_003 + st.epoch)
         self.train_model.train()
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        tic, images_since_log, skipped = time.perf_counter(), 0, 0
+        tic, images_since_log = time.perf_counter(), 0
         total_steps = min(cfg.trainer.epochs * p.steps_per_epoch, max_steps or math.inf)
+        # this rank's skipped and drawn images not yet in the state; where the epoch (or its resumed rest) began
+        steps_before, micro_before, counts = st.step, st.micro_in_epoch, [0, 0]
         for images, targets, n_bad in p.train_loader:
-            skipped += n_bad
+            counts[0] += n_bad
+            counts[1] += n_bad + len(targets)
             st.micro_in_epoch += 1
             if len(targets):
                 pending.append((images, targets))
@@ -263,6 +278,7 @@ class Run:
                 logger.log(self.diagnostics.collect(sample, step=st.step), st.step)
             log_now = (st.step + 1) % cfg.trainer.log_every_n_steps == 0 or st.step + 1 == total_steps
             metrics = self.train_step(pending, log=log_now)
+            self._add_skip_counts(counts)
             n_images = sum(len(t) for _, t in pending) * self.ctx.world_size
             st.images_seen += n_images
             images_since_log += n_images
@@ -273,8 +289,8 @@ class Run:
                 rate = images_since_log / max(elapsed, 1e-9)
                 metrics.update({"train/lr": p.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
                                 "epoch": st.epoch + st.micro_in_epoch / batches_per_epoch})
-                if skipped:
-                    metrics["data/skipped_images"] = skipped
+                if st.train_skipped:
+                    metrics["data/train_skipped"] = st.train_skipped
                 logger.log(metrics, st.step)
                 eta = (total_steps - st.step) * p.global_batch / max(rate, 1e-9)
                 log.info("epoch %d/%d step %d/%d loss %.4f lr %.3g grad %.3g %.0f img/s ETA %s",
@@ -289,10 +305,32 @@ class Run:
             if max_steps is not None and st.step >= max_steps:
                 break
         else:  # the epoch ran to its end
+            self._add_skip_counts(counts)
+            if st.step == steps_before and st.micro_in_epoch > micro_before:  # batches drawn, none trained on
+                raise BadData(f"no training step in epoch {st.epoch + 1}: none of its {st.train_drawn} images could be "
+                              "read (data.bad_images=skip skipped them all)" if st.train_drawn else
+                              f"no training step in epoch {st.epoch + 1}: the training split yielded no images")
             st.epoch += 1
             st.micro_in_epoch = 0
             self.step_schedule_on_epoch()
+            if st.train_skipped:
+                logger.log({"data/train_skipped": st.train_skipped, "data/train_drawn": st.train_drawn,
+                            "epoch": st.epoch}, st.step)
+            check_skipped("training", st.train_skipped, st.train_drawn, cfg.data.get("max_skipped_fraction", 0.01))
         st.train_seconds += time.perf_counter() - tic
+
+    def _add_skip_counts(self, counts: list[int]) -> None:
+        """Add this rank's skipped / drawn images since the last call to the state, summed over ranks (a collective
+        only with data.bad_images=skip, where images can be skipped); ``counts`` is reset."""
+        if self.ctx.distributed and self.cfg.data.get("bad_images") == "skip":
+            total = torch.tensor(counts, dtype=torch.int64, device=self.ctx.device)
+            dist.all_reduce(total)
+            counts[:] = total.tolist()
+        else:
+            counts[:] = [c * self.ctx.world_size for c in counts]  # every rank draws the same number of images
+        self.state.train_skipped += counts[0]
+        self.state.train_drawn += counts[1]
+        counts[:] = [0, 0]
 
     def validate(self, logger: RunLogger) -> dict[str, float]:
         diag: dict[str, float] = {}
@@ -301,13 +339,46 @@ class Run:
             if self.diagnostics is not None:
                 diag.update(self.diagnostics.collect(images, prefix="diag_val/", step=self.state.step))
 
-        metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes,
-                           self.autocast, first_batch_hook=on_first_batch,
-                           lockstep=self.ctx if self.sharded else None)
+        try:
+            metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes,
+                               self.autocast, first_batch_hook=on_first_batch,
+                               lockstep=self.ctx if self.sharded else None)
+        except ValueError as exc:  # Counts.summary: nothing was scored
+            if "no samples" not in str(exc):
+                raise
+            raise BadData("no validation image could be read (data.bad_images=skip skipped them all)") from exc
         logger.log({**metrics, **diag, "epoch": self.state.epoch}, self.state.step)
+        check_skipped("validation", int(metrics["val/skipped"]), int(metrics["val/skipped"] + metrics["val/images"]),
+                      self.cfg.data.get("max_skipped_fraction", 0.01))
         log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", self.state.epoch, metrics["val/top1"],
                  metrics["val/top5"], metrics["val/loss"])
         return metrics
+
+
+def check_skipped(split: str, skipped: int, drawn: int, limit: float) -> None:
+    """Raise :class:`BadData` when more than ``limit`` of the ``drawn`` images of a split were unreadable."""
+    if drawn and skipped / drawn > limit:
+        raise BadData(f"{skipped} of the {drawn} {split} images drawn ({100 * skipped / drawn:.2f}%) could not be read "
+                      f"and were skipped, more than data.max_skipped_fraction={limit} (docs/data.md); fix or remove "
+                      "them (quest-data check ROOT lists them), or raise the limit")
+
+
+def chance_loss(num_classes: int, bce: bool) -> float:
+    """The training loss of a model that knows nothing: uniform predictions over ``num_classes`` under cross-entropy
+    (label smoothing and mixup's soft targets included: their loss is ln C there too); zero logits under
+    binary cross-entropy (timm's BinaryCrossEntropy averages over classes: ln 2)."""
+    return math.log(2.0) if bce else math.log(num_classes)
+
+
+def divergence_threshold(trainer: Any, recipe: Any, num_classes: int) -> float:
+    """The loss above which a step counts as divergence: trainer.max_loss when set, else trainer.max_loss_factor x
+    the chance loss (docs/training.md, "Divergence": the factor and the losses measured on healthy runs), else inf."""
+    if trainer.get("max_loss") is not None:
+        return float(trainer.max_loss)
+    factor = trainer.get("max_loss_factor")
+    if factor is None:
+        return math.inf
+    return factor * chance_loss(max(num_classes, 2), bool(recipe.get("bce_loss")))
 
 
 def hms(seconds: float) -> str:

@@ -17,10 +17,12 @@ from omegaconf import OmegaConf
 from quest.attention import get_attention
 from quest.data import DATASETS, SHARD_DATASETS, check_split_classes, known_num_classes
 from quest.schema import TrainConfig
-from quest.validation import Checks, ConfigError, check_known_keys
+from quest.validation import Checks, ConfigError, check_known_keys, float_keys
 
 __all__ = ["validate_train_config", "check_patch_size", "ConfigError"]
 
+#: attention.name of configs/attention/path.yaml until the command line names the class
+PATH_PLACEHOLDER = "<package.module:Class>"
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
 _TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
@@ -70,6 +72,7 @@ def _data(c: Checks) -> None:
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
     c.one_of("data.bad_images", ("error", "skip"))
+    c.fraction("data.max_skipped_fraction")
     c.positive_int("data.num_samples", optional=True)
     c.positive_int("data.shuffle_window")
     if c.value("data.name") in SHARD_DATASETS:  # streamed in order: no random access (quest/data/shards.py)
@@ -94,7 +97,7 @@ def _trainer(c: Checks) -> None:
     c.check("trainer.device", lambda v: _DEVICE.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", "fp32", "bf16", "fp16"))
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
-    c.positive("trainer.max_loss", optional=True)
+    c.positive("trainer.max_loss", "trainer.max_loss_factor", optional=True)
     resume = c.value("trainer.resume")
     if resume not in ("auto", "never") and not Path(str(resume)).expanduser().is_file():
         c.fail("trainer.resume", "must be auto, never or the path of an existing checkpoint file")
@@ -124,17 +127,26 @@ def _rest(c: Checks) -> None:
     c.positive("model.layer_scale_init", optional=True)
 
 
+def _attention(c: Checks) -> None:
+    name = c.value("attention.name")
+    if name == PATH_PLACEHOLDER:  # configs/attention/path.yaml: the schema's default (quest) must not stand in
+        c.fail("attention.name", "must be set with attention=path: attention.name=<package.module:Class> (the import "
+               "path of a QKAttention subclass, docs/attention.md), or use attention=<package.module:Class>")
+        return
+    try:  # attention.options is free-form in the schema: the formulation knows its options
+        get_attention(name, **OmegaConf.to_container(c.cfg.attention.options, resolve=True))
+    except ValueError as exc:
+        c.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
+
+
 def validate_train_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` naming every unknown key, then every bad value, of a composed train config;
     then check the data set against it (class count, matching split classes), which lists directories only."""
     check_known_keys(cfg, TrainConfig)
     checks = Checks(cfg)
-    for part in (_recipe, _data, _trainer, _rest):
+    checks.finite(*float_keys(TrainConfig))  # every float of the schema, found from its types
+    for part in (_recipe, _data, _trainer, _rest, _attention):
         part(checks)
-    try:  # attention.options is free-form in the schema: the formulation knows its options
-        get_attention(cfg.attention.name, **OmegaConf.to_container(cfg.attention.options, resolve=True))
-    except ValueError as exc:
-        checks.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
     checks.raise_if_any("config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:

@@ -16,7 +16,7 @@ from . import presets  # noqa: F401  (registers the CPU presets with timm)
 __all__ = ["create_model", "convert_attention", "attention_layers", "model_seq_len"]
 
 _SELF_ATTENTION_TYPES = (TimmAttention, QKAttention)
-_UNSUPPORTED = ("model {name!r} is not a Vision Transformer quest can give another attention ({why}): quest swaps the "
+_UNSUPPORTED = ("model.name={name!r} is not a Vision Transformer quest can give another attention ({why}): quest swaps the "
                 "attention of timm's VisionTransformer family (vit_*, deit_*, deit3_*, register-token variants, the CPU "
                 "presets vit_pico/nano/micro) and of CrossViT (crossvit_*)")
 

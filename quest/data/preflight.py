@@ -1,0 +1,175 @@
+"""The data pre-flight of an image folder: every file under ``<root>/<class>/`` is decoded once, before training, in
+parallel worker processes, and either counted as a usable image or reported with its reason (docs/data.md).
+
+The result is cached by the folder's fingerprint (every path, size and mtime): in ``<root>/.quest-preflight.json``
+when the root is writable, else under ``$XDG_CACHE_HOME/quest/preflight/`` (``~/.cache``), so a second run on an
+unchanged folder reads one file instead of decoding every image.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from PIL import Image
+
+__all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "RGB_MODES"]
+
+CACHE_NAME = ".quest-preflight.json"
+#: Pillow modes whose conversion to RGB keeps the image's values (grey levels, palette colours, alpha dropped, CMYK
+#: and YCbCr converted by Pillow's own formulas); 16/32-bit and float modes ("I;16", "I", "F") would be clipped to
+#: 8 bits by convert("RGB") and are refused, naming the mode.
+RGB_MODES = frozenset({"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "La", "RGBa"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    reason: str
+
+
+@dataclass
+class Report:
+    root: str
+    images: int = 0  # files that decode to RGB
+    problems: list[Problem] = field(default_factory=list)
+    cached: bool = False
+
+    def bad_paths(self) -> set[str]:
+        return {p.path for p in self.problems}
+
+    def describe(self, limit: int = 20) -> str:
+        lines = [f"  {p.path}: {p.reason}" for p in self.problems[:limit]]
+        more = len(self.problems) - limit
+        return "\n".join(lines + ([f"  ... and {more} more"] if more > 0 else []))
+
+
+def check_file(path: str) -> str | None:
+    """None if ``path`` is an image Pillow decodes completely and converts to RGB at its real values, else why not."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file (0 bytes)"
+        with open(path, "rb") as f:
+            with Image.open(f) as img:
+                mode = img.mode
+                img.load()  # the whole image: a truncated file fails here, not when the sampler draws it
+    except PermissionError as exc:
+        return f"unreadable ({exc.strerror or 'permission denied'})"
+    except OSError as exc:
+        text = str(exc)
+        if "cannot identify image file" in text:
+            return "not an image Pillow can open"
+        return f"undecodable ({text})"
+    except Exception as exc:  # Pillow raises several types for damaged data (SyntaxError, ValueError, ...)
+        return f"undecodable ({type(exc).__name__}: {exc})"
+    if mode not in RGB_MODES:
+        return f"image mode {mode!r} cannot be converted to RGB at its real values (8-bit RGB or grey expected)"
+    return None
+
+
+def _files(root: Path) -> list[Path]:
+    """Every file under the class folders of ``root`` (hidden files and the cache aside), in sorted order."""
+    out = []
+    for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+            dirnames.sort()
+            out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
+    return out
+
+
+def _fingerprint(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            st = f.stat()
+            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{f}\0?\n".encode())
+    return h.hexdigest()
+
+
+def _cache_paths(root: Path) -> list[Path]:
+    user = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quest" / "preflight"
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    return [root / CACHE_NAME, user / f"{key}.json"]
+
+
+def _read_cache(root: Path, fingerprint: str) -> Report | None:
+    for path in _cache_paths(root):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("fingerprint") == fingerprint:
+            return Report(str(root), data["images"], [Problem(**p) for p in data["problems"]], cached=True)
+    return None
+
+
+def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
+    from quest.io import write_json_atomic
+
+    record = {"fingerprint": fingerprint, "images": report.images,
+              "problems": [{"path": p.path, "reason": p.reason} for p in report.problems]}
+    for path in _cache_paths(root):  # the root when writable, else the user's cache directory
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record)
+            return
+        except OSError:
+            continue
+
+
+def check_image_folder_files(root: str | Path, workers: int | None = None, use_cache: bool = True,
+                             progress: Callable[[Iterable], Iterable] | None = None) -> Report:
+    """Decode every file under ``root``'s class folders in ``workers`` processes (default: the CPU count, at most
+    8) and report each that is not a usable image, with its reason; cached by the folder's fingerprint."""
+    root = Path(root).expanduser()
+    files = _files(root)
+    fingerprint = _fingerprint(files)
+    if use_cache and (cached := _read_cache(root, fingerprint)) is not None:
+        return cached
+    report = Report(str(root))
+    names = [str(f) for f in files]
+    workers = workers or min(8, os.cpu_count() or 1)
+    if workers > 1 and len(names) > 64:
+        with ProcessPoolExecutor(workers) as pool:
+            results: Iterable = pool.map(check_file, names, chunksize=64)
+            results = list(progress(results) if progress else results)
+    else:
+        results = [check_file(n) for n in (progress(names) if progress else names)]
+    for name, reason in zip(names, results):
+        if reason is None:
+            report.images += 1
+        else:
+            report.problems.append(Problem(name, reason))
+    if use_cache:
+        _write_cache(root, fingerprint, report)
+    return report
+
+
+def apply_preflight(ds, root: Path, bad_images: str, max_skipped_fraction: float, split: str) -> None:
+    """Before training: check every file of an image-folder split; with bad_images=error refuse the split naming
+    every problem, with skip drop the bad files from ``ds.samples`` (recorded in ``ds.preflight_skipped``), failing
+    when they exceed ``max_skipped_fraction``. Files ImageFolder would ignore (other extensions) count as problems."""
+    from .folder import CorruptImageError
+
+    report = check_image_folder_files(root)
+    ds.preflight_skipped = len(report.problems)
+    if not report.problems:
+        return
+    total = report.images + len(report.problems)
+    if bad_images == "error":
+        raise CorruptImageError(f"data pre-flight: {len(report.problems)} of the {total} files of the {split} split "
+                                f"{root} are not usable images (docs/data.md):\n{report.describe()}\nFix or remove "
+                                "them, or set data.bad_images=skip to leave them out")
+    if report.images == 0 or len(report.problems) / total > max_skipped_fraction:
+        raise CorruptImageError(f"data pre-flight: {len(report.problems)} of the {total} files of the {split} split "
+                                f"{root} are not usable images, more than data.max_skipped_fraction="
+                                f"{max_skipped_fraction} (docs/data.md):\n{report.describe()}")
+    bad = report.bad_paths()
+    ds.samples = [s for s in ds.samples if s[0] not in bad]
+    ds.imgs, ds.targets = ds.samples, [t for _, t in ds.samples]
