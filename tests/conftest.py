@@ -7,6 +7,15 @@ os.environ["WANDB_MODE"] = "offline"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+# Inductor's cache does not key its compiled kernels by ATEN_CPU_CAPABILITY: kernels built for AVX-512 and reused
+# under a capped dispatch fail to compile ("'at::vec' has not been declared"). A capped run (CI reruns the numerical
+# tests under ATEN_CPU_CAPABILITY=default) gets a cache of its own, for this process and the ones it starts.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import getpass
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
