@@ -14,8 +14,11 @@ checkout's configs/ there), or, in a checkout that is only on sys.path, in its c
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -95,7 +98,24 @@ def train() -> None:
 def _eval_app(cfg: DictConfig) -> None:
     from quest.evaluation import run_evaluation
 
-    run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+    with _one_line_errors("quest-eval"):
+        run_evaluation(cfg, HydraConfig.get().runtime.output_dir)
+
+
+@contextmanager
+def _one_line_errors(app: str) -> Iterator[None]:
+    """A bad config value or a missing extra (the user's to fix, the message says how) as one line and exit 1,
+    not a traceback; HYDRA_FULL_ERROR=1 keeps the traceback."""
+    from quest.extras import MissingExtra
+    from quest.validation import ConfigError
+
+    try:
+        yield
+    except (ConfigError, MissingExtra) as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"{app}: error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def evaluate() -> None:

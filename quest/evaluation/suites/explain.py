@@ -164,7 +164,14 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     return {"maps_file": str(maps_path), "figure": str(png)}
 
 
-@register_evaluation("explain", ExplainConfig, check=_check)
+def _needs(section: Any) -> list[tuple[str, str, str]]:
+    needs = [("scipy", "eval", "the localization metrics of eval=explain")]
+    if section.figure_images or section.figure_indices:
+        needs.append(("matplotlib", "report", "the explanation figure (explain.png)"))
+    return needs
+
+
+@register_evaluation("explain", ExplainConfig, check=_check, needs=_needs)
 def explain(run: EvalRun, section: Any) -> dict[str, Any]:
     check_explainable(run.model)
     dataset, transform = _dataset(run, section)
