@@ -86,10 +86,12 @@ def _remove_if_empty(path: Path) -> None:
 
 def train() -> None:
     """``quest-train [group=option ...] [key=value ...]``: docs/training.md."""
-    from quest.schema import register_configs
+    from quest.overrides import exit_on_bad_overrides
+    from quest.schema import TrainConfig, register_configs
 
     register_configs()
     sys.argv = rewrite_attention_override(sys.argv)
+    exit_on_bad_overrides("quest-train", sys.argv[1:], TrainConfig, config_root(), "train")
     _train_app()
 
 
@@ -121,11 +123,28 @@ def _one_line_errors(app: str) -> Iterator[None]:
 def evaluate() -> None:
     """``quest-eval checkpoint=<run>/checkpoints/last.pt eval=<suite>``: docs/evaluation.md."""
     from quest.evaluation import register_eval_configs, rewrite_model_override
+    from quest.evaluation.config import eval_config_schema
+    from quest.overrides import exit_on_bad_overrides
 
     register_eval_configs()
     # model=<any timm name> as well as model=<configs/model option>; attention=<package.module:Class>
     sys.argv = rewrite_attention_override(rewrite_model_override(sys.argv))
+    exit_on_bad_overrides("quest-eval", sys.argv[1:], eval_config_schema(), config_root(), "eval")
+    _exit_if_nothing_to_evaluate(sys.argv[1:])
     _eval_app()
+
+
+_TARGET_KEYS = re.compile(r"^\+{0,2}(checkpoint|model|model\.name)=")
+
+
+def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
+    """Without checkpoint= or model= there is nothing to evaluate: say so before Hydra makes an output directory
+    (unless a flag asks Hydra for something else, or another primary config may set them)."""
+    if any(_TARGET_KEYS.match(a) for a in args) or any(a.startswith("-") for a in args):
+        return
+    print("quest-eval: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or model=<timm name> "
+          "attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)", file=sys.stderr)
+    sys.exit(1)
 
 
 # --- toy study -----------------------------------------------------------------------------------------------------
@@ -146,9 +165,11 @@ def _toy_app(cfg: DictConfig) -> None:
 
 def toy() -> None:
     """``quest-toy [grid=full|quick] [attentions=[...]] [data.train_size=...]``: docs/experiments.md."""
-    from quest.toy.config import register_toy_config
+    from quest.overrides import exit_on_bad_overrides
+    from quest.toy.config import ToyConfig, register_toy_config
 
     register_toy_config()
+    exit_on_bad_overrides("quest-toy", sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _toy_app()
 
 
