@@ -70,7 +70,8 @@ def _simple(value: Any) -> bool:
 
 def override_problems(args: list[str], schema: type, groups: dict[str, list[str]]) -> list[str]:
     """One line per override of ``args`` that names no config group of ``groups`` and no key of the ``schema``
-    dataclass tree, or an option its group does not have; each with the closest valid spelling when there is one."""
+    dataclass tree, or an option its group does not have (a group with no options listed: not checked); each with
+    the closest valid spelling when there is one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -90,7 +91,7 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
         rest = arg.split("=", 1)[1]
         if key in groups:
             options = groups[key]
-            if _simple(value) and value not in options and value != "null":
+            if options and _simple(value) and value not in options and value != "null":
                 near = _closest(str(value), options)
                 hint = f"did you mean {key}={near}? " if near else ""
                 problems.append(f"{arg}: config group {key} has no option {value!r}; {hint}(options: {', '.join(options)})")
@@ -137,7 +138,10 @@ def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: P
     flag selects another primary config or search path."""
     if any(a.split("=", 1)[0] in _UNCHECKED_FLAGS for a in args):
         return
-    problems = override_problems(args, schema, app_groups(config_dir, primary))
+    groups = app_groups(config_dir, primary)
+    if any(a.lstrip("+").startswith("hydra.searchpath") for a in args):
+        groups = {group: [] for group in groups}  # more options may come from the added search path
+    problems = override_problems(args, schema, groups)
     if problems:
         for line in problems:
             print(f"{app}: error: {line}", file=sys.stderr)

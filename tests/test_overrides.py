@@ -87,3 +87,12 @@ def test_the_command_line_answers_in_one_line_without_a_traceback(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith("quest-eval: error: nothing to evaluate: pass checkpoint=")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_options_from_an_added_search_path_are_not_judged(tmp_path, monkeypatch):
+    from quest.overrides import exit_on_bad_overrides
+
+    args = [f"hydra.searchpath=[file://{tmp_path}]", "eval=my_suite", "model=vit_pico"]
+    exit_on_bad_overrides("quest-eval", args, eval_config_schema(), config_root(), "eval")  # returns: nothing to say
+    with pytest.raises(SystemExit):
+        exit_on_bad_overrides("quest-eval", ["eval=my_suite"], eval_config_schema(), config_root(), "eval")
