@@ -15,6 +15,7 @@ checkout's configs/ there), or, in a checkout that is only on sys.path, in its c
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -84,10 +85,12 @@ def _remove_if_empty(path: Path) -> None:
 
 def train() -> None:
     """``quest-train [group=option ...] [key=value ...]``: docs/training.md."""
-    from quest.schema import register_configs
+    from quest.overrides import exit_on_bad_overrides
+    from quest.schema import TrainConfig, register_configs
 
     register_configs()
     sys.argv = rewrite_attention_override(sys.argv)
+    exit_on_bad_overrides("quest-train", sys.argv[1:], TrainConfig, config_root(), "train")
     _train_app()
 
 
@@ -95,17 +98,17 @@ def train() -> None:
 @hydra.main(version_base="1.3", config_path=_config_path(), config_name="eval")
 def _eval_app(cfg: DictConfig) -> None:
     import logging
-    import os
 
     from quest.evaluation import run_evaluation
     from quest.evaluation.directory import EvalDirectoryError
+    from quest.extras import MissingExtra
 
     hc = HydraConfig.get()
     try:
         run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
-    except (ValueError, OSError, EvalDirectoryError) as exc:
-        # bad input (a config value, a checkpoint, a data root, a results directory): the message names what is
-        # wrong and what to do; a traceback would bury it (HYDRA_FULL_ERROR=1 shows one)
+    except (ValueError, OSError, EvalDirectoryError, MissingExtra) as exc:
+        # bad input (a config value, a checkpoint, a data root, a results directory, a missing extra): the message
+        # names what is wrong and what to do; a traceback would bury it (HYDRA_FULL_ERROR=1 shows one)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         logging.getLogger("quest.eval").error("%s", exc)
@@ -117,11 +120,28 @@ def _eval_app(cfg: DictConfig) -> None:
 def evaluate() -> None:
     """``quest-eval checkpoint=<run>/checkpoints/last.pt eval=<suite>``: docs/evaluation.md."""
     from quest.evaluation import register_eval_configs, rewrite_model_override
+    from quest.evaluation.config import eval_config_schema
+    from quest.overrides import exit_on_bad_overrides
 
     register_eval_configs()
     # model=<any timm name> as well as model=<configs/model option>; attention=<package.module:Class>
     sys.argv = rewrite_attention_override(rewrite_model_override(sys.argv))
+    exit_on_bad_overrides("quest-eval", sys.argv[1:], eval_config_schema(), config_root(), "eval")
+    _exit_if_nothing_to_evaluate(sys.argv[1:])
     _eval_app()
+
+
+_TARGET_KEYS = re.compile(r"^\+{0,2}(checkpoint|model|model\.name)=")
+
+
+def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
+    """Without checkpoint= or model= there is nothing to evaluate: say so before Hydra makes an output directory
+    (unless a flag asks Hydra for something else, or another primary config may set them)."""
+    if any(_TARGET_KEYS.match(a) for a in args) or any(a.startswith("-") for a in args):
+        return
+    print("quest-eval: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or model=<timm name> "
+          "attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)", file=sys.stderr)
+    sys.exit(1)
 
 
 # --- toy study -----------------------------------------------------------------------------------------------------
@@ -142,9 +162,11 @@ def _toy_app(cfg: DictConfig) -> None:
 
 def toy() -> None:
     """``quest-toy [grid=full|quick] [attentions=[...]] [data.train_size=...]``: docs/experiments.md."""
-    from quest.toy.config import register_toy_config
+    from quest.overrides import exit_on_bad_overrides
+    from quest.toy.config import ToyConfig, register_toy_config
 
     register_toy_config()
+    exit_on_bad_overrides("quest-toy", sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _toy_app()
 
 

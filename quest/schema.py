@@ -233,3 +233,7 @@ def register_configs() -> None:
         from quest.engine.run_dir import run_name_suffix
 
         OmegaConf.register_new_resolver("quest_run_suffix", run_name_suffix)
+    if not OmegaConf.has_resolver("quest_safe_name"):
+        from quest.engine.run_dir import safe_name
+
+        OmegaConf.register_new_resolver("quest_safe_name", safe_name)

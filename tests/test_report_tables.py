@@ -306,3 +306,50 @@ def test_module_runs_as_a_script(trained, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| attention | n | val/top1 | val_ema/top1 | p (val/top1) | notes |" in result.stdout
+
+
+def test_a_repeated_seed_is_counted_once_with_a_warning(trained, tmp_path, caplog):
+    # the same setting and seed in a second directory (as a rerun with diagnostics on): one repetition, not two
+    root = sweep(tmp_path, trained, *SEEDS)
+    first = trained["standard", LR, 0]
+    again = root / "zz-standard-s0-diagnostics"
+    shutil.copytree(first, again, ignore=shutil.ignore_patterns("checkpoints"))
+    edit_config(again, "diagnostics.every_n_steps", 1)
+    edit_summary(again, val__top1=summary(first)["val/top1"] + 7.0)  # were it counted, the mean would move
+    standard = [summary(trained["standard", LR, s])["val/top1"] for s in (0, 1, 2)]
+    with caplog.at_level("WARNING", logger="quest.report"):
+        report = build_report(load_runs([root]))
+    rows = {r.keys["attention"]: r for r in report.rows}
+    assert report.keys == ["attention", "model"]  # diagnostics never make a row
+    assert rows["standard"].n == 3 and [r.path.name for r in rows["standard"].duplicates] == [again.name]
+    assert rows["standard"].stat("val/top1") == pytest.approx((mean(standard), stdev(standard), 3))
+    assert rows["standard"].notes() == "1 duplicate seed (counted once)" and rows["quest"].notes() == ""
+    assert "1 duplicate seed (counted once)" in runs_markdown(report)
+    assert any(again.name in m and first.name in m and "seed 0" in m and "counted once" in m for m in caplog.messages)
+    # another seed in the copy is a repetition of its own
+    edit_config(again, "trainer.seed", 7)
+    edit_summary(again, seed=7)
+    assert {r.keys["attention"]: r for r in build_report(load_runs([root])).rows}["standard"].n == 4
+
+
+def test_a_run_directory_removed_while_scanning_is_skipped(trained, tmp_path, monkeypatch, caplog):
+    import quest.report.runs as runs_module
+
+    root = sweep(tmp_path, trained, *SEEDS)
+    victim = root / trained["quest", LR, 1].name
+    load = runs_module._load_run
+
+    def racing(run_dir: Path):
+        if run_dir == victim and victim.exists():
+            shutil.rmtree(victim)  # another process removes it between the scan and the read
+        return load(run_dir)
+
+    monkeypatch.setattr(runs_module, "_load_run", racing)
+    with caplog.at_level("WARNING", logger="quest.report"):
+        runs = load_runs([root])
+    assert sorted(r.path.name for r in runs) == sorted(trained[k].name for k in SEEDS if k != ("quest", LR, 1))
+    assert any(victim.name in m and "disappeared" in m for m in caplog.messages)
+    # a walk over a directory that vanishes does not fail either
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    assert runs_module._run_files(gone / "missing", "summary.json") == []

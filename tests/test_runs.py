@@ -4,6 +4,7 @@ and provenance")."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,19 @@ def test_run_directory_name_follows_the_config():
     assert len(set(changed.values()) | {plain}) == len(changed) + 1, changed
     assert all(name.startswith(plain + "-") for name in changed.values())
     assert _run_dir_name("recipe.lr=0.05") == changed["recipe.lr=0.05"]
+    # in words where short, sorted by key; a hash only where the words cannot say the value exactly
+    assert changed["recipe.lr=0.05"] == plain + "-lr0.05"
+    assert _run_dir_name("recipe.lr=0.05", "data.batch_size=32") == plain + "-bs32-lr0.05"
+    assert changed["diagnostics=default"] == plain + "-diagnostics_default"
+    assert changed["+model.kwargs.qkv_bias=false"] == plain + "-model.kwargs.qkv_bias_false"
+    lists = _run_dir_name("recipe.opt_betas=[0.9,0.95]")
+    assert re.fullmatch(re.escape(plain) + r"-recipe\.opt_betas__0\.9__0\.95_-[0-9a-f]{6}", lists), lists
+    assert lists != _run_dir_name("recipe.opt_betas=[0.9,0.96]")
+    # an import-path attention: no ':' (nor any character outside [A-Za-z0-9._+-]) in the directory name
+    path_run = _run_dir_name("attention=path", "attention.name=my_pkg.mod:Mine")
+    assert path_run == "runs/digits/vit_pico-my_pkg.mod_Mine-light-seed0", path_run
+    for name in changed.values():
+        assert re.fullmatch(r"[A-Za-z0-9._+/-]+", name), name
     # two data sets of the same name at two roots are two runs
     folder = ["data=imagefolder", "data.num_classes=3"]
     assert _run_dir_name(*folder, "data.root=/a") != _run_dir_name(*folder, "data.root=/b")
@@ -381,11 +395,17 @@ def test_readme_quickstart_sequence(tmp_path):
     again = run(str(ROOT / "train.py"))  # the same command: reported, not retrained
     assert "already holds this finished run" in again.stdout + again.stderr
     assert json.loads((quickstart / "summary.json").read_text()) == summary
-    run(str(ROOT / "train.py"), "diagnostics=default")  # its own directory, with diagnostics
-    (diag_run,) = [p for p in (tmp_path / "runs" / "digits").iterdir() if p != quickstart]
-    assert diag_run.name.startswith("vit_pico-quest-light-seed0-")
-    assert any("diag/max_logit" in line for line in (diag_run / "metrics.jsonl").read_text().splitlines())
-    runs = sorted(str(p) for p in (tmp_path / "runs" / "digits").iterdir())  # runs/digits/*
-    run("-m", "quest.report.plot", "diagnostics", *runs, "--out", "diag.png")
-    assert (tmp_path / "diag.png").stat().st_size > 10_000
+    # the diagnostics comparison: both formulations again with diagnostics, each in its own named directory
+    run(str(ROOT / "train.py"), "attention=standard", "diagnostics=default")
+    run(str(ROOT / "train.py"), "diagnostics=default")
+    diag_runs = sorted((tmp_path / "runs" / "digits").glob("*-diagnostics_default"))  # the README's glob
+    assert [p.name for p in diag_runs] == ["vit_pico-quest-light-seed0-diagnostics_default",
+                                           "vit_pico-standard-light-seed0-diagnostics_default"]
+    for diag_run in diag_runs:
+        assert any("diag/max_logit" in line for line in (diag_run / "metrics.jsonl").read_text().splitlines())
+    plotted = run("-m", "quest.report.plot", "diagnostics", *map(str, diag_runs), "--out", "diag.png")
+    assert (tmp_path / "diag.png").stat().st_size > 10_000 and "skipped" not in plotted.stderr
+    # the report counts the quickstart run and its diagnostics rerun (same seed) once, and says so
+    report = run("-m", "quest.report", "runs/digits")
+    assert "repeats" in report.stderr and "1 duplicate seed (counted once)" in report.stdout
     run(str(ROOT / "eval.py"), f"checkpoint={quickstart / 'checkpoints' / 'last.pt'}", "eval=clean")

@@ -28,6 +28,7 @@ from .logger import RunLogger, start_log_file, stop_log_file
 from .run_dir import Difference, RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopRequested, StopSignals
+from .threads import busy_hint, default_cpu_threads
 from .trainer import BadData, Diverged, Run, hms
 from .validate import validate_train_config
 
@@ -81,8 +82,11 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
 def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext,
          provenance: dict[str, str]) -> dict[str, Any]:
     run_dir, tr = directory.path, cfg.trainer
-    if tr.torch_threads:
-        torch.set_num_threads(tr.torch_threads)
+    threads = tr.torch_threads or (default_cpu_threads(cfg.model.name) if ctx.device.type == "cpu" else None)
+    if threads:  # the CPU presets: one thread (quest.engine.threads, measured in docs/benchmarks.md)
+        torch.set_num_threads(threads)
+    elif ctx.device.type == "cpu" and (hint := busy_hint(torch.get_num_threads())):
+        log.warning(hint)
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -1,9 +1,10 @@
 """A run directory holds one run: its name follows the config, a resume must match the stored config, a finished run
 is never rewritten, and a replaced run is archived first (docs/training.md, "Runs, resume and provenance").
 
-- Name: ``runs/<data>/<model>-<attention>-<recipe>-seed<seed>`` for the choices alone, plus ``-<hash>`` of every
-  other override that changes what is trained (operational keys such as ``trainer.device`` do not count), so two
-  different command lines land in different directories and the same command line resumes its own run.
+- Name: ``runs/<data>/<model>-<attention>-<recipe>-seed<seed>`` for the choices alone, plus every other override
+  that changes what is trained in words (``-bs32-lr0.05``; operational keys such as ``trainer.device`` do not count),
+  with a short hash only for values the words cannot show exactly, so two different command lines land in
+  different directories and the same command line resumes its own run.
 - Resume: the config stored in ``last.pt`` is compared key by key with the new one; only the keys of
   ``quest.schema.RESUME_SAFE_KEYS`` may differ (``trainer.epochs`` only upwards). The data set's size and classes
   are compared too, so a moved data set resumes and a different one is refused.
@@ -30,7 +31,7 @@ from quest.validation import ConfigError
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["run_name_suffix", "config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES"]
+__all__ = ["run_name_suffix", "safe_name", "config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES"]
 
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
@@ -53,9 +54,45 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: tree}
 
 
+#: Short words for the keys most often changed on a command line (``-lr0.05-bs32``); any other key is spelt out
+#: (``-trainer.max_loss5``). Each word must stay distinct from every key and from the other words.
+_SHORT = {"recipe.lr": "lr", "recipe.base_lr": "base_lr", "data.batch_size": "bs", "trainer.epochs": "ep",
+          "recipe.weight_decay": "wd", "recipe.warmup_epochs": "warmup", "model.img_size": "img",
+          "data.img_size": "data_img", "recipe.drop_path": "dp", "trainer.accum_steps": "accum",
+          "trainer.precision": "prec", "data.subset_seed": "subset_seed"}
+#: the characters a run directory's name keeps; any other becomes '_' (and the name then gets a hash)
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
+_MAX_WORD = 32  # longer values (lists, paths) are shown by a hash
+
+
+def safe_name(text: Any) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9._+-]`` replaced by ``_`` (an import-path attention's
+    ``pkg.mod:Cls`` -> ``pkg.mod_Cls``): a path component that needs no quoting in a shell or a Hydra override.
+    Also the OmegaConf resolver ``${quest_safe_name:...}`` of ``hydra.run.dir``."""
+    return "".join(c if c in _SAFE else "_" for c in str(text)) or "_"
+
+
+def _word(key: str, value: Any) -> tuple[str, bool]:
+    """(the override in words, whether the words say it exactly): ``lr0.05`` for a number, ``diagnostics_default``
+    for a group option or a text; ``exact`` is False when a character was replaced or the value is too long."""
+    name = _SHORT.get(key, key)
+    if value == "<deleted>":
+        return f"no_{name}", True
+    shown = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else str(value)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    word = f"{name}{shown}" if numeric else f"{name}_{shown}"
+    safe = safe_name(word)
+    if len(safe) > _MAX_WORD:
+        return name, False
+    return safe, safe == word
+
+
 def run_name_suffix(*, _root_: DictConfig) -> str:
     """OmegaConf resolver ``${quest_run_suffix:}`` for ``hydra.run.dir``: ``""`` when the command line chooses only
-    what the readable name shows, else ``-`` and 8 hex digits of a hash of every other override's resolved value."""
+    what the readable name shows, else every other override in words, sorted by key (``-bs32-lr0.05``,
+    ``-diagnostics_default``); when a value cannot be shown exactly (a long list, a path, a character outside
+    ``[A-Za-z0-9._+-]``) the words are followed by 6 hex digits of a hash of every such override's resolved value,
+    so two different command lines never share a directory and the same command line resumes its own run."""
     overrides = OmegaConf.select(_root_, "hydra.overrides.task", default=None) or []
     choices = OmegaConf.select(_root_, "hydra.runtime.choices", default=None) or {}
     identity: dict[str, Any] = {}
@@ -74,8 +111,16 @@ def run_name_suffix(*, _root_: DictConfig) -> str:
             identity[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     if not identity:
         return ""
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
-    return "-" + digest[:8]
+    words, inexact = [], {}
+    for key in sorted(identity):
+        word, exact = _word(key, identity[key])
+        words.append(word)
+        if not exact:
+            inexact[key] = identity[key]
+    if inexact:
+        digest = hashlib.sha256(json.dumps(inexact, sort_keys=True, default=str).encode()).hexdigest()
+        words.append(digest[:6])
+    return "-" + "-".join(words)
 
 
 @dataclass(frozen=True)

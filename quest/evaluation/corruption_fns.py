@@ -27,7 +27,6 @@ imported with a stand-in that resolves its package files, removed again right af
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import math
 import sys
@@ -65,7 +64,7 @@ def _ic() -> types.ModuleType:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # scipy.ndimage.interpolation
-            return importlib.import_module("imagecorruptions.corruptions")
+            return require("imagecorruptions.corruptions", "eval", "the ImageNet-C corruptions")
     finally:
         if added:
             del sys.modules["pkg_resources"]
@@ -165,7 +164,7 @@ def fog(x: Image.Image, severity: int = 1) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def _frost_textures() -> tuple[np.ndarray, ...]:
-    import cv2
+    cv2 = require("cv2", "eval", "the ImageNet-C corruptions")
 
     names = ["frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg", "frost6.jpg"]
     textures = tuple(cv2.imread(str(_package_dir() / "frost" / n)) for n in names)  # BGR, alpha dropped
@@ -177,7 +176,7 @@ def _frost_textures() -> tuple[np.ndarray, ...]:
 @lru_cache(maxsize=64)
 def _frost_texture(idx: int, h: int, w: int) -> np.ndarray:
     """Frost image ``idx`` resized for an h x w image (deterministic, so cached; the crop is drawn per call)."""
-    import cv2
+    cv2 = require("cv2", "eval", "the ImageNet-C corruptions")
 
     texture = _frost_textures()[idx]
     shrink = min(1.0, max(h, w) / _IMAGENET_C_SIZE)
@@ -229,7 +228,7 @@ def motion_blur(x: Image.Image, severity: int = 1) -> np.ndarray:
 
 
 def snow(x: Image.Image, severity: int = 1) -> np.ndarray:
-    import cv2
+    cv2 = require("cv2", "eval", "the ImageNet-C corruptions")
 
     c = [(0.1, 0.3, 3, 0.5, 10, 4, 0.8), (0.2, 0.3, 2, 0.5, 12, 4, 0.7), (0.55, 0.3, 4, 0.9, 12, 8, 0.7),
          (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65), (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55)][severity - 1]

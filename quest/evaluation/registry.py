@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -40,6 +40,9 @@ class Evaluator:
     default: Callable[[], Any]  # the section's defaults (an instance of ``settings``)
     check: Callable[[Checks, str], None] | None  # value checks, given the section's key ('eval.<name>')
     module: str  # where it was registered
+    # the optional modules it imports, given its section: [(module, extra, what)] (quest.extras.require_all), checked
+    # for every evaluation of eval.run before any of them starts
+    needs: Callable[[Any], Iterable[tuple[str, str, str]]] = lambda section: ()
     # the data roots it reads (quest.evaluation.inputs.Input), each checked before the suite's first evaluation
     inputs: Callable[[Any, Any], list] | None = None
 
@@ -55,13 +58,15 @@ def registry_version() -> int:
 
 def register_evaluation(name: str, settings: type | None = None, *, default: Callable[[], Any] | None = None,
                         check: Callable[[Checks, str], None] | None = None,
+                        needs: Callable[[Any], Iterable[tuple[str, str, str]]] | Iterable[tuple[str, str, str]] = (),
                         inputs: Callable[[Any, Any], list] | None = None) -> Callable[[F], F]:
     """Decorator: ``fn(run, section) -> dict`` becomes the evaluation ``name``, its section ``eval.<name>`` typed by
     the dataclass ``settings`` (None: a section without keys) with the defaults ``default()`` (default:
     ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.validation.Checks`), run
-    at start with every other check; ``inputs(run, section)`` lists the data roots it reads
-    (:class:`quest.evaluation.inputs.Input`), checked before the suite's first evaluation runs and recorded in
-    eval_results.json. Returns ``fn`` unchanged."""
+    at start with every other check. ``needs``: the optional modules it imports as ``(module, extra, what)``, or a
+    function of its section that lists them; a missing one is named before any evaluation runs. ``inputs(run,
+    section)`` lists the data roots it reads (:class:`quest.evaluation.inputs.Input`), checked before the suite's
+    first evaluation runs and recorded in eval_results.json. Returns ``fn`` unchanged."""
     from .config import RESERVED_KEYS
 
     if not name.isidentifier() or name in RESERVED_KEYS:
@@ -77,7 +82,8 @@ def register_evaluation(name: str, settings: type | None = None, *, default: Cal
         old = _REGISTRY.get(name)
         if old is not None and old.module != module:
             raise ValueError(f"evaluation {name!r} is registered twice: by {old.module} and by {module}")
-        _REGISTRY[name] = Evaluator(name, fn, settings, default or settings, check, module, inputs)
+        wanted = needs if callable(needs) else (lambda section, fixed=tuple(needs): fixed)
+        _REGISTRY[name] = Evaluator(name, fn, settings, default or settings, check, module, wanted, inputs)
         _STATE["version"] += 1
         return fn
 

@@ -175,7 +175,9 @@ def log_wandb(logger_cfg: Any, report: dict[str, Any], out_dir: Path, group: str
     """One wandb run (job_type 'eval') in the training run's group; offline unless logger.mode says otherwise."""
     if not logger_cfg.wandb:
         return None
-    import wandb
+    from quest.extras import require
+
+    wandb = require("wandb", "wandb", "logger=wandb")
 
     target = report["target"]
     name = logger_cfg.name or f"eval-{report['suite']}-{target.get('attention')}"

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
 from quest.engine.logger import start_log_file, stop_log_file
+from quest.extras import require_all
 from quest.validation import ConfigError
 
 from .checks import check_eval_config
@@ -55,12 +56,21 @@ def _check_names(settings: Any) -> list[str]:
     return names
 
 
+def check_extras(settings: Any, names: list[str], also: list[tuple[str, str, str]] | None = None) -> None:
+    """Every optional package the evaluations ``names`` import, installed, or one MissingExtra naming each and the
+    extras that install them (before any evaluation runs: a missing one must not cost the results before it)."""
+    registered = evaluators()
+    needs = [need for name in names for need in registered[name].needs(settings[name])] + list(also or [])
+    require_all(needs, f"eval={settings.name}")
+
+
 def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext,
                     out_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Every evaluation of ``settings.run`` on ``target``, in order, after every data root they read was checked;
     the results by name (on every process). ``out_dir``: where evaluations that write files of their own (figures)
     put them."""
     names = _check_names(settings)
+    check_extras(settings, names)
     run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device),
                   out_dir=Path(out_dir) if out_dir is not None else None)
     check_inputs(run, names)
@@ -129,6 +139,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     check_eval_config(cfg, EVALUATIONS)  # every key and value, before any data or model is loaded
     settings = cfg.eval
     names = _check_names(settings)
+    check_extras(settings, names, [("wandb", "wandb", "logger=wandb")] if cfg.logger.wandb else [])
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     ctx = init_distributed(settings.device)

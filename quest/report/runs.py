@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 log = logging.getLogger("quest.report")
 
 __all__ = ["ReportInputError", "RunResult", "load_runs", "flatten", "number"]
+
+log = logging.getLogger("quest.report")
 
 
 class ReportInputError(ValueError):
@@ -154,8 +157,36 @@ def _load_run(run_dir: Path) -> RunResult:
 
 def _run_files(sweep: Path, name: str) -> list[Path]:
     """``name`` files of the runs under ``sweep``, not those under hidden directories (a replaced run's archive in
-    <run>/.replaced/, submitit's logs)."""
-    return [p for p in sweep.rglob(name) if not any(part.startswith(".") for part in p.relative_to(sweep).parts)]
+    <run>/.replaced/, submitit's logs). A directory removed while this walks is passed over (os.walk ignores it;
+    Path.rglob raised FileNotFoundError)."""
+    found = []
+    for folder, subdirs, files in os.walk(sweep):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        if name in files:
+            found.append(Path(folder) / name)
+    return found
+
+
+def _load_or_skip(run_dir: Path) -> RunResult | None:
+    """:func:`_load_run`; read once more when a file changed under it (a continued run moves its final summary.json
+    aside), or None with a warning when the run directory disappeared while it was read (removed or moved by
+    another process: nothing left to report)."""
+    for attempt in (1, 2):
+        try:
+            run = _load_run(run_dir)
+            if run_dir.is_dir():
+                return run
+            err: Exception = FileNotFoundError(f"{run_dir} no longer exists")
+        except (OSError, ReportInputError) as exc:
+            err = exc
+        if not run_dir.is_dir():
+            log.warning("%s: skipped, the run directory disappeared while it was read (%s)", run_dir, err)
+            return None
+        if attempt == 2:
+            if isinstance(err, ReportInputError):
+                raise err
+            raise ReportInputError(f"{run_dir}: cannot read ({err})") from err
+    return None
 
 
 def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
@@ -176,7 +207,10 @@ def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
                 if unfinished else ""
             raise ReportInputError(f"{sweep}: no summary.json under it (expected {expected}){more}")
         for run_dir in sorted(finished | unfinished):
-            runs.setdefault(run_dir.resolve(), _load_run(run_dir))  # overlapping arguments: each run once
+            if run_dir.resolve() not in runs:  # overlapping arguments: each run once
+                run = _load_or_skip(run_dir)
+                if run is not None:
+                    runs[run_dir.resolve()] = run
     return list(runs.values())
 
 

@@ -7,6 +7,7 @@ docs/report.md.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -19,6 +20,8 @@ from .stats import LRSensitivity, init_loss, lower_is_better, lr_sensitivity, me
 
 __all__ = ["Row", "LRSweep", "Report", "row_keys", "build_report", "DEFAULT_PRIMARY", "REPEAT_KEYS", "IGNORED_KEYS",
            "LR_KEYS", "EVAL_HEADLINE"]
+
+log = logging.getLogger("quest.report")
 
 DEFAULT_PRIMARY = "val/top1"
 #: Settings that repeat an experiment rather than define it: the seeds.
@@ -93,6 +96,7 @@ class Row:
     runs: list[RunResult] = field(default_factory=list)
     excluded: list[RunResult] = field(default_factory=list)
     incomplete: list[RunResult] = field(default_factory=list)
+    duplicates: list[RunResult] = field(default_factory=list)  # same setting and seed as a counted run: left out
     p_value: float | None = None  # Welch vs the best row of its table, on the primary metric
     best: bool = False
 
@@ -120,7 +124,8 @@ class Row:
         stopped = sum(r.status == "stopped" for r in self.runs)
         parts = [f"includes {stopped} stopped" if stopped else "",
                  f"{len(self.excluded)} stopped (excluded)" if self.excluded else "",
-                 f"{len(self.incomplete)} incomplete (no summary.json)" if self.incomplete else ""]
+                 f"{len(self.incomplete)} incomplete (no summary.json)" if self.incomplete else "",
+                 f"{len(self.duplicates)} duplicate seed (counted once)" if self.duplicates else ""]
         return "; ".join(p for p in parts if p)
 
 
@@ -222,6 +227,33 @@ def _lr_sweeps(rows: list[Row], num_classes: int | None) -> list[LRSweep]:
     return sweeps
 
 
+def _identity(r: RunResult) -> tuple:
+    """What makes two runs the same experiment repeated with the same seed: every setting that is not about where
+    and how it ran (the seeds included), or, without a config record, the summary's choices, lr, batch and seed."""
+    if r.config is not None:
+        return tuple(sorted((k, _hashable(v)) for k, v in r.config.items()
+                            if not any(k == i or k.startswith(i + ".") for i in IGNORED_KEYS)))
+    return tuple(_hashable(r.value(k)) for k in ("attention", "model", "choices.recipe", "choices.data", "lr",
+                                                 "global_batch", *REPEAT_KEYS))
+
+
+def _count_each_seed_once(row: Row) -> None:
+    """Runs of the same setting and seed (a run repeated in another directory, e.g. with diagnostics on) are one
+    repetition, not two: the first by path is counted, the others are named in a warning and in the row's notes."""
+    first: dict[tuple, RunResult] = {}
+    kept = []
+    for r in row.runs:
+        identity = _identity(r)
+        if identity in first:
+            row.duplicates.append(r)
+            log.warning("%s repeats %s (same setting, seed %s): counted once", r.path, first[identity].path,
+                        r.value("seed"))
+        else:
+            first[identity] = r
+            kept.append(r)
+    row.runs = kept
+
+
 def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None, by: Sequence[str] | None = None,
                  primary: str = DEFAULT_PRIMARY, include_stopped: bool = False, num_classes: int | None = None,
                  decimals: int = 2) -> Report:
@@ -241,6 +273,8 @@ def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None
         values = {k: r.value(k) for k in keys}
         row = rows.setdefault(tuple(_hashable(v) for v in values.values()), Row(values))
         (row.excluded if r.status == "stopped" and not include_stopped else row.runs).append(r)
+    for row in rows.values():
+        _count_each_seed_once(row)
     unmatched = []
     for r in runs:
         if r.status == "incomplete":

@@ -151,7 +151,13 @@ def _inputs(run: EvalRun, section: Any, name: str = "adversarial") -> list[Input
     return data_input(run, name)
 
 
-@register_evaluation("adversarial", AdversarialConfig, check=check_adversarial, inputs=_inputs)
+def adversarial_needs(section: Any) -> list[tuple[str, str, str]]:
+    """AutoAttack's package (the [eval] extra) when the section runs it; FGSM, PGD and SPSA are quest's own."""
+    return [("pyautoattack", "eval", "the autoattack attack")] if "autoattack" in section.attacks else []
+
+
+@register_evaluation("adversarial", AdversarialConfig, check=check_adversarial, needs=adversarial_needs,
+                     inputs=_inputs)
 def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[str, Any]:
     """The attacks of ``section`` (an AdversarialConfig node, ``eval.<name>``) on the configured data set."""
     check_section(section, name)
@@ -219,7 +225,8 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
 
 
 @register_evaluation("adversarial_paper", AdversarialConfig, default=paper_adversarial_config,
-                     check=check_adversarial, inputs=lambda run, section: _inputs(run, section, "adversarial_paper"))
+                     check=check_adversarial, needs=adversarial_needs,
+                     inputs=lambda run, section: _inputs(run, section, "adversarial_paper"))
 def adversarial_paper(run: EvalRun, section: Any) -> dict[str, Any]:
     """``adversarial`` under ``eval.adversarial_paper``, whose defaults are the authors' protocol."""
     return adversarial(run, section, "adversarial_paper")

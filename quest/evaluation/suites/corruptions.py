@@ -24,7 +24,7 @@ from ..registry import register_evaluation
 from ..transforms import describe, split_eval_transform
 from .classification import val_split
 
-__all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "check_grid", "corruptions"]
+__all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "check_grid", "corruptions", "CORRUPTION_NEEDS"]
 
 
 @dataclass
@@ -72,7 +72,12 @@ class CorruptedDataset(Dataset):
         return self.finish(image), target
 
 
-@register_evaluation("corruptions", CorruptionsConfig, check=_check,
+# what imagecorruptions and quest's ports of its functions import (the [eval] extra)
+CORRUPTION_NEEDS = [(module, "eval", "the ImageNet-C corruptions") for module in ("imagecorruptions", "cv2", "scipy",
+                                                                                   "skimage")]
+
+
+@register_evaluation("corruptions", CorruptionsConfig, check=_check, needs=CORRUPTION_NEEDS,
                      inputs=lambda run, section: data_input(run, "corruptions"))
 def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
     geometric, finish = split_eval_transform(run.target)

@@ -188,7 +188,14 @@ def _inputs(run: EvalRun, section: Any) -> list[Input]:
     return data_input(run, "explain")
 
 
-@register_evaluation("explain", ExplainConfig, check=_check, inputs=_inputs)
+def _needs(section: Any) -> list[tuple[str, str, str]]:
+    needs = [("scipy", "eval", "the localization metrics of eval=explain")]
+    if section.figure_images or section.figure_indices:
+        needs.append(("matplotlib", "report", "the explanation figure (explain.png)"))
+    return needs
+
+
+@register_evaluation("explain", ExplainConfig, check=_check, needs=_needs, inputs=_inputs)
 def explain(run: EvalRun, section: Any) -> dict[str, Any]:
     check_explainable(run.model)
     dataset, transform = _dataset(run, section)

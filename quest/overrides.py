@@ -1,0 +1,148 @@
+"""Command-line overrides checked before Hydra composes anything: a misspelt key or config group is answered with the
+nearest valid one, in one line, on the first try.
+
+Hydra answers ``atention=standard`` with "To append to your config use +atention=standard", which then fails again
+(quest refuses keys the schema does not define, quest.validation); ``trainer.epoch=3`` likewise. Here every override
+``[+|++|~]key[@package]=value`` is read with Hydra's own parser and its key walked down the app's schema
+dataclasses: a key that names neither a config group of the app nor a schema field is refused with the closest
+spelling, and a group option that does not exist with the closest option. Anything this cannot judge (Hydra's own
+``hydra.*`` keys, free-form ``Dict`` fields, sweeps, interpolations) is left to Hydra and the later checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+__all__ = ["override_problems", "exit_on_bad_overrides", "app_groups"]
+
+
+def _dataclass_of(annotation: Any) -> type | None:
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def app_groups(config_dir: Path, primary: str) -> dict[str, list[str]]:
+    """Config group -> its options, for the groups the primary config's defaults list names (``model``,
+    ``attention``, ...): the YAML files of configs/<group>/ plus the options stored in Hydra's ConfigStore."""
+    from omegaconf import OmegaConf
+
+    groups: dict[str, list[str]] = {}
+    defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{primary}.yaml")).get("defaults", [])
+    for entry in defaults:
+        if not isinstance(entry, dict):
+            continue
+        for key in entry:
+            group = str(key).split()[-1].split("@")[0]  # "override hydra/x" -> hydra/x; "group@pkg" -> group
+            if not group.startswith("hydra") and (config_dir / group).is_dir():
+                groups[group] = _options(config_dir, group)
+    return groups
+
+
+def _options(config_dir: Path, group: str) -> list[str]:
+    from hydra.core.config_store import ConfigStore
+
+    options = {p.stem for p in (config_dir / group).glob("*.yaml")}
+    try:
+        stored = ConfigStore.instance().list(group)
+    except (OSError, KeyError, ValueError):
+        stored = []
+    options.update(name.removesuffix(".yaml") for name in stored)
+    return sorted(options)
+
+
+def _closest(word: str, candidates: typing.Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _simple(value: Any) -> bool:
+    """A plain option name (not a sweep, a list, an interpolation or null)."""
+    return isinstance(value, str) and value.replace("_", "").replace("-", "").replace(".", "").isalnum()
+
+
+def override_problems(args: list[str], schema: type, groups: dict[str, list[str]]) -> list[str]:
+    """One line per override of ``args`` that names no config group of ``groups`` and no key of the ``schema``
+    dataclass tree, or an option its group does not have (a group with no options listed: not checked); each with
+    the closest valid spelling when there is one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    problems = []
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg.lstrip("~"):
+            continue
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:
+            continue  # a syntax error: Hydra's own message says where
+        key = override.key_or_group
+        if key.startswith("hydra") or (override.is_delete() and key in groups):
+            continue
+        value = override.value()
+        rest = arg.split("=", 1)[1]
+        if key in groups:
+            options = groups[key]
+            if options and _simple(value) and value not in options and value != "null":
+                near = _closest(str(value), options)
+                hint = f"did you mean {key}={near}? " if near else ""
+                problems.append(f"{arg}: config group {key} has no option {value!r}; {hint}(options: {', '.join(options)})")
+            continue
+        problem = _key_problem(key, schema, groups)
+        if problem:
+            where, near, known = problem
+            hint = f"did you mean {near}={rest}? " if near else ""
+            problems.append(f"{arg}: {where}; {hint}(known there: {', '.join(known)})")
+    return problems
+
+
+def _key_problem(key: str, schema: type, groups: dict[str, list[str]]) -> tuple[str, str | None, list[str]] | None:
+    """(what is wrong, the closest valid key, the keys known there) for a dotted key the schema does not define."""
+    if "/" in key:  # a nested group (toy/grid): the first part must be a group or a key
+        key = key.split("/")[0]
+    node: type | None = schema
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if node is None:
+            return None  # below a free-form field: checked where it is used
+        fields = {f.name for f in dataclasses.fields(node)}
+        if part in fields:
+            node = _dataclass_of(typing.get_type_hints(node).get(part))
+            continue
+        prefix = ".".join(parts[:depth])
+        known = sorted(fields | (set(groups) if depth == 0 else set()))
+        near = _closest(part, known)
+        full_near = f"{prefix}.{near}" if prefix and near else near
+        if near and depth + 1 < len(parts):
+            full_near += "." + ".".join(parts[depth + 1:])
+        where = f"no config group or key {part!r}" if depth == 0 else f"{prefix} has no key {part!r}"
+        return where, full_near, known
+    return None
+
+
+# flags after which the primary config or the search path is another one (or Hydra answers without composing)
+_UNCHECKED_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp", "--shell-completion", "-sc",
+                    "--help", "-h", "--hydra-help", "--version", "--experimental-rerun")
+
+
+def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: Path, primary: str) -> None:
+    """Print each problem of :func:`override_problems` as one line on stderr and exit 1, or return. Skipped when a
+    flag selects another primary config or search path."""
+    if any(a.split("=", 1)[0] in _UNCHECKED_FLAGS for a in args):
+        return
+    groups = app_groups(config_dir, primary)
+    if any(a.lstrip("+").startswith("hydra.searchpath") for a in args):
+        groups = {group: [] for group in groups}  # more options may come from the added search path
+    problems = override_problems(args, schema, groups)
+    if problems:
+        for line in problems:
+            print(f"{app}: error: {line}", file=sys.stderr)
+        sys.exit(1)

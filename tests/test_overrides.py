@@ -1,0 +1,98 @@
+"""Misspelt keys, groups and options get the nearest valid spelling on the first try, in one line, before Hydra
+composes anything; quest-eval without a target says what to pass and leaves no directory behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from quest.cli import config_root
+from quest.evaluation import register_eval_configs
+from quest.evaluation.config import eval_config_schema
+from quest.overrides import app_groups, override_problems
+from quest.schema import TrainConfig
+from quest.toy.config import ToyConfig
+
+from .helpers import ROOT
+
+register_eval_configs()
+TRAIN_GROUPS = app_groups(config_root(), "train")
+
+
+def train_problems(*args: str) -> list[str]:
+    return override_problems(list(args), TrainConfig, TRAIN_GROUPS)
+
+
+@pytest.mark.parametrize("arg, near", [
+    ("atention=standard", "did you mean attention=standard?"),
+    ("+atention=standard", "did you mean attention=standard?"),  # Hydra's own advice for the line above
+    ("++atention=standard", "did you mean attention=standard?"),
+    ("atention.name=quest", "did you mean attention.name=quest?"),
+    ("trainer.epoch=3", "did you mean trainer.epochs=3?"),
+    ("+trainer.epoch=3", "did you mean trainer.epochs=3?"),
+    ("trainr.epochs=3", "did you mean trainer.epochs=3?"),
+    ("recipe.lrr=0.1", "did you mean recipe.lr=0.1?"),
+    ("attention=standrd", "did you mean attention=standard?"),
+    ("modell=vit_pico", "did you mean model=vit_pico?"),
+])
+def test_a_typo_gets_the_nearest_valid_spelling(arg, near):
+    problems = train_problems("trainer.epochs=1", arg)
+    assert len(problems) == 1 and "\n" not in problems[0]
+    assert problems[0].startswith(f"{arg}: ") and near in problems[0]
+
+
+def test_valid_overrides_pass():
+    assert train_problems(
+        "attention=quest", "model=vit_pico", "recipe=light", "data=fake", "trainer.epochs=1", "+experiment=null",
+        "experiment=table1_ablation_cpu", "attention=path", "attention.name=my_pkg.mod:Cls", "attention=quest,standard",
+        "trainer.seed=range(3)", "model.kwargs.drop_rate=0.1", "+model.kwargs.foo=1", "~diagnostics",
+        "hydra.run.dir=x", "hydra/launcher=submitit_slurm", "experiment_values.epochs.vit_small=3",
+        "data.batch_size=${oc.env:BS,32}", "-m", "--cfg", "job") == []
+
+
+def test_every_problem_is_reported_and_nothing_is_guessed_wildly():
+    problems = train_problems("atention=standard", "trainer.epoch=3", "zzzzzz=1")
+    assert len(problems) == 3
+    assert "did you mean" not in problems[2] and "no config group or key 'zzzzzz'" in problems[2]
+
+
+def test_eval_and_toy_check_their_own_schema():
+    groups = app_groups(config_root(), "eval")
+    assert set(groups) >= {"eval", "model", "attention", "data", "logger"} and "trainer" not in groups
+    eval_problems = override_problems(["eval=clen", "eval.adversarial.atacks=[fgsm]", "checkpont=x.pt",
+                                       "eval.clean.max_samples=3", "checkpoint=x.pt"], eval_config_schema(), groups)
+    assert len(eval_problems) == 3
+    assert "did you mean eval=clean?" in eval_problems[0]
+    assert "did you mean eval.adversarial.attacks=[fgsm]?" in eval_problems[1]
+    assert "did you mean checkpoint=x.pt?" in eval_problems[2]
+    toy = override_problems(["gird=quick", "grid=quick", "workers=2"], ToyConfig, app_groups(config_root() / "toy", "toy"))
+    assert len(toy) == 1 and "did you mean grid=quick?" in toy[0]
+
+
+def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_command_line_answers_in_one_line_without_a_traceback(tmp_path):
+    proc = _run(tmp_path, str(ROOT / "train.py"), "atention=standard")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("quest-train: error: atention=standard: ") and "attention=standard?" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    # quest-eval with nothing to evaluate: what to pass, and no outputs/eval/None-None/ left behind
+    proc = _run(tmp_path, str(ROOT / "eval.py"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("quest-eval: error: nothing to evaluate: pass checkpoint=")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_options_from_an_added_search_path_are_not_judged(tmp_path, monkeypatch):
+    from quest.overrides import exit_on_bad_overrides
+
+    args = [f"hydra.searchpath=[file://{tmp_path}]", "eval=my_suite", "model=vit_pico"]
+    exit_on_bad_overrides("quest-eval", args, eval_config_schema(), config_root(), "eval")  # returns: nothing to say
+    with pytest.raises(SystemExit):
+        exit_on_bad_overrides("quest-eval", ["eval=my_suite"], eval_config_schema(), config_root(), "eval")
