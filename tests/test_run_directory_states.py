@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -124,9 +124,14 @@ def _kept(data: bytes, run_dir: Path) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("name", FILES)
-@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(mode=st.sampled_from(["crash", "stopped"]), step=st.integers(1, STEPS - 1),
        cut=st.floats(0, 1, exclude_max=True), seed=st.integers(0, 2**16))
+# the states every file is damaged in, besides the one hypothesis picks: killed right after the epoch-1 checkpoint
+# (last.pt and best.pt the same state, rows of step 5 logged after it), and stopped at step 7 (last.pt at 7, best.pt
+# at 4, a final summary.json)
+@example(mode="crash", step=5, cut=0.5, seed=1)
+@example(mode="stopped", step=7, cut=0.3, seed=2)
 def test_any_file_missing_cut_or_garbage_resumes_exactly_or_is_refused_naming_it(
         tmp_path_factory, reference, stopped, name, fault, mode, step, cut, seed):
     if mode == "stopped" and step < 3:
@@ -134,8 +139,7 @@ def test_any_file_missing_cut_or_garbage_resumes_exactly_or_is_refused_naming_it
     run_dir = tmp_path_factory.mktemp("case") / "run"
     shutil.copytree(stopped(mode, step), run_dir)
     target = run_dir / name
-    if not target.exists():  # e.g. best.pt before the first epoch ended: nothing to damage
-        return
+    assume(target.exists())  # e.g. best.pt before the first epoch ended: nothing to damage
     before = _files(run_dir)
     _damage(target, fault, cut, seed)
     damaged = target.read_bytes() if target.exists() else None
