@@ -8,8 +8,10 @@ toy study.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import logging
 import math
 import os
 import tempfile
@@ -18,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-__all__ = ["DamagedFile", "atomic_write", "new_file_mode", "open_records", "read_json", "readable", "save_figure",
-           "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table"]
+__all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "new_file_mode", "open_records", "read_json",
+           "readable", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
+           "json_text", "markdown_table"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -128,6 +131,31 @@ def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
     path = Path(path)
     fmt = path.suffix[1:].lower() or None
     return atomic_write(path, lambda f: fig.savefig(f, format=fmt, **savefig_kwargs))
+
+
+class LockHeld(OSError):
+    """Another process holds the lock; ``holder`` is what it wrote into the lock file (its pid and host)."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path} is locked by {holder}")
+        self.path, self.holder = path, holder
+
+
+def lock_file(path: Path, what: str) -> int:
+    """An exclusive lock on ``path`` (created if missing), held until the returned descriptor is closed or the
+    process ends, however it ends. Raises :class:`LockHeld` when another process holds it; on a file system without
+    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LockHeld(path, holder) from None
+    except OSError as exc:
+        logging.getLogger("quest").warning("cannot lock %s (%s); make sure no other process uses %s", path, exc, what)
+    return fd
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

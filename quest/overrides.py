@@ -17,16 +17,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from quest.validation import dataclass_of
+
 __all__ = ["override_problems", "exit_on_bad_overrides", "app_groups"]
-
-
-def _dataclass_of(annotation: Any) -> type | None:
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
 
 
 def app_groups(config_dir: Path, primary: str) -> dict[str, list[str]]:
@@ -115,7 +108,7 @@ def _key_problem(key: str, schema: type, groups: dict[str, list[str]]) -> tuple[
             return None  # below a free-form field: checked where it is used
         fields = {f.name for f in dataclasses.fields(node)}
         if part in fields:
-            node = _dataclass_of(typing.get_type_hints(node).get(part))
+            node = dataclass_of(typing.get_type_hints(node).get(part))
             continue
         prefix = ".".join(parts[:depth])
         known = sorted(fields | (set(groups) if depth == 0 else set()))

@@ -15,14 +15,14 @@ from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ConfigError", "check_known_keys", "Checks", "float_keys"]
+__all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "float_keys"]
 
 
 class ConfigError(ValueError):
     """A config key or value that cannot run; the message names every offending key."""
 
 
-def _dataclass_of(annotation: Any) -> type | None:
+def dataclass_of(annotation: Any) -> type | None:
     """The dataclass an annotation names (unwrapping Optional[...]), else None."""
     if dataclasses.is_dataclass(annotation):
         return annotation
@@ -41,7 +41,7 @@ def _unknown(node: DictConfig, schema: type, prefix: str) -> list[tuple[str, lis
         if key not in known:
             found.append((prefix + key, sorted(known)))
             continue
-        child_schema = _dataclass_of(hints.get(key))
+        child_schema = dataclass_of(hints.get(key))
         if child_schema is not None and OmegaConf.is_dict(node._get_node(key)) and node[key] is not None:
             found.extend(_unknown(node[key], child_schema, f"{prefix}{key}."))
     return found
@@ -81,7 +81,7 @@ def float_keys(schema: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(schema)
     keys: list[str] = []
     for f in dataclasses.fields(schema):
-        child = _dataclass_of(hints[f.name])
+        child = dataclass_of(hints[f.name])
         if child is not None:
             keys.extend(float_keys(child, f"{prefix}{f.name}."))
         elif _is_float_type(hints[f.name]) and f.metadata.get("finite", True):

@@ -13,7 +13,6 @@ is never rewritten, and a replaced run is archived first (docs/training.md, "Run
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import hashlib
 import json
 import logging
@@ -25,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from quest.io import DamagedFile, read_json, write_json_atomic
+from quest.io import DamagedFile, LockHeld, lock_file, read_json, write_json_atomic
 from quest.schema import OPERATIONAL_KEYS, RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.validation import ConfigError
 
@@ -214,17 +213,11 @@ class RunDirectory:
         than left to overwrite the first one's checkpoints. Released when the process ends, however it ends."""
         if not self.is_main:
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RuntimeError(f"run directory {self.path} is in use by another process ({holder}); wait for it "
-                               "to end, or give this run its own directory (hydra.run.dir=...)") from None
-        except OSError as exc:  # a file system without flock (some network mounts): go on unprotected
-            log.warning("cannot lock %s (%s); make sure no other run uses this directory", self.path, exc)
+            fd = lock_file(self.path / ".lock", "this run directory")
+        except LockHeld as exc:
+            raise RuntimeError(f"run directory {self.path} is in use by another process ({exc.holder}); wait for "
+                               "it to end, or give this run its own directory (hydra.run.dir=...)") from None
         # name the holder for a second process; a command refused before claim() puts the old content back
         self._lock_before = os.pread(fd, 4096, 0)
         self._write_lock(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())

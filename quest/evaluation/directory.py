@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from quest.io import json_text, write_text_atomic
+from quest.io import LockHeld, json_text, lock_file, write_text_atomic
 
 log = logging.getLogger("quest.eval")
 
@@ -152,17 +152,11 @@ class EvalDirectory:
     def lock(self) -> None:
         if not self.is_main:
             return
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise EvalDirectoryError(f"{self.path} is being written by another eval.py ({holder}); wait for it to "
+            fd = lock_file(self.path / LOCK, "this evaluation directory")
+        except LockHeld as exc:
+            raise EvalDirectoryError(f"{self.path} is being written by another eval.py ({exc.holder}); wait for it to "
                                      "end, or give this evaluation its own directory (hydra.run.dir=...)") from None
-        except OSError as exc:  # a file system without flock (some network mounts): go on unprotected
-            log.warning("cannot lock %s (%s); make sure no other evaluation writes this directory", self.path, exc)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
         self._lock_fd = fd
