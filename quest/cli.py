@@ -8,6 +8,7 @@
 | ``quest-report`` | ``python -m quest.report`` | tables from sweeps of runs |
 | ``quest-plot`` | ``python -m quest.report.plot`` | diagnostics figures |
 | ``quest-export`` | ``python -m quest.engine.export`` | a run as a timm / Hugging Face model folder |
+| ``quest-data`` | ``python -m quest.data.check`` | ``quest-data check ROOT``: the data pre-flight on its own |
 
 The configs are found as the package ``quest.configs`` (an install ships them; an editable install maps the
 checkout's configs/ there), or, in a checkout that is only on sys.path, in its configs/ folder.
@@ -25,7 +26,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["train", "evaluate", "toy", "report", "plot", "export", "config_root", "rewrite_attention_override"]
+__all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
+           "rewrite_attention_override"]
 
 _IMPORT_PATH = re.compile(r"^attention=([A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 
@@ -188,5 +190,13 @@ def plot() -> None:
 def export() -> None:
     """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: docs/interop.md."""
     from quest.engine.export import main
+
+    sys.exit(main())
+
+
+# --- data ----------------------------------------------------------------------------------------------------------
+def data() -> None:
+    """``quest-data check ROOT``: docs/data.md."""
+    from quest.data.check import main
 
     sys.exit(main())

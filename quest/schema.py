@@ -76,7 +76,7 @@ class DataConfig:
     bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
     max_skipped_fraction: float = 0.01  # docs/data.md
-    preflight: bool = True  # image folders: decode every file before the first step (docs/data.md)
+    preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)
     fake_train_size: int = 256
     fake_val_size: int = 64
     pin_memory: bool = True

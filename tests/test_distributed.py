@@ -84,3 +84,30 @@ def test_fsdp_trains_like_ddp_and_resumes_from_sharded_checkpoints(tmp_path):
         torch.testing.assert_close(resumed["model"][key], full["model"][key], atol=0, rtol=0, msg=key)
     s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "fsdp"))
     assert abs(s1["val/top1"] - s2["val/top1"]) < 1e-4 and abs(s1["val/loss"] - s2["val/loss"]) < 1e-3
+
+
+def test_ranks_that_see_different_data_are_refused_naming_each_ranks_counts(tmp_path):
+    """Rank 1's copy of the data root holds more training images than rank 0's (data.root resolves per rank
+    through ${oc.env:RANK}): refused before the first collective of training, with every rank's counts, instead of
+    a collective mismatch (gloo) or a hang (NCCL)."""
+    from PIL import Image
+
+    for rank, per_class in ((0, 4), (1, 6)):
+        for split, count in (("train", per_class), ("val", 2)):
+            for c in ("a", "b"):
+                d = tmp_path / f"rank{rank}" / split / c
+                d.mkdir(parents=True)
+                for i in range(count):
+                    Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(d / f"{i}.png")
+    args = ["data=imagefolder", f"data.root='{tmp_path}/rank${{oc.env:RANK}}'", "data.num_classes=2",
+            "data.img_size=16", "data.batch_size=2", "data.num_workers=0", "model=vit_pico", "recipe=light",
+            "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_free_port()}", str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert "rank 0: train samples 8, val samples 4; rank 1: train samples 12, val samples 4" in out.stderr, \
+        out.stderr[-3000:]
+    assert "RankDataMismatch" in out.stderr and "ollective" not in out.stderr  # not gloo's mismatch abort
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

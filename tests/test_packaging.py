@@ -45,7 +45,7 @@ def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     assert not any(n.startswith(("tests/", "configs/", "bench/")) for n in names)  # nothing but the package
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(meta).decode()
-    for script in ("quest-train", "quest-eval", "quest-toy", "quest-report", "quest-plot", "quest-export"):
+    for script in ("quest-train", "quest-eval", "quest-toy", "quest-report", "quest-plot", "quest-export", "quest-data"):
         assert f"{script} = quest.cli:" in scripts, script
 
 

@@ -13,6 +13,7 @@ from .digits import DigitsDataset
 from .digits_canvas import DigitsCanvasDataset
 from .folder import SafeImageFolder, check_image_folder
 from .preflight import apply_preflight
+from .shard_preflight import apply_shard_preflight
 from .shards import SHARD_DATASETS, build_shards, shard_num_classes
 
 __all__ = ["build_dataset", "class_balanced_subset", "dataset_targets", "known_num_classes", "check_split_classes",
@@ -93,6 +94,8 @@ def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
                 "(cifar-10-batches-py / cifar-100-python) or pass data.download=true"
             ) from exc
     if name in SHARD_DATASETS:  # an IterableDataset that splits itself by rank and worker (quest/data/shards.py)
+        if data.get("preflight", True):  # every shard header and label checked before the first step
+            apply_shard_preflight(data, split)
         return build_shards(data, split, transform)
     if name == "fake":
         size = data.fake_train_size if split == "train" else data.fake_val_size

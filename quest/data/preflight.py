@@ -124,9 +124,10 @@ def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
 
 
 def check_image_folder_files(root: str | Path, workers: int | None = None, use_cache: bool = True,
-                             progress: Callable[[Iterable], Iterable] | None = None) -> Report:
+                             progress: Callable[[Iterable, int], Iterable] | None = None) -> Report:
     """Decode every file under ``root``'s class folders in ``workers`` processes (default: the CPU count, at most
-    8) and report each that is not a usable image, with its reason; cached by the folder's fingerprint."""
+    8) and report each that is not a usable image, with its reason; cached by the folder's fingerprint.
+    ``progress(iterable, total)`` wraps the per-file results (a progress bar)."""
     root = Path(root).expanduser()
     files = _files(root)
     fingerprint = _fingerprint(files)
@@ -138,9 +139,9 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
     if workers > 1 and len(names) > 64:
         with ProcessPoolExecutor(workers) as pool:
             results: Iterable = pool.map(check_file, names, chunksize=64)
-            results = list(progress(results) if progress else results)
+            results = list(progress(results, len(names)) if progress else results)
     else:
-        results = [check_file(n) for n in (progress(names) if progress else names)]
+        results = [check_file(n) for n in (progress(names, len(names)) if progress else names)]
     for name, reason in zip(names, results):
         if reason is None:
             report.images += 1

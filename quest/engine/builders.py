@@ -29,7 +29,7 @@ from quest.data import (
 )
 from quest.models import create_model, uniform_drop_path
 
-from .distributed import DistContext
+from .distributed import DistContext, agree_on_sample_counts
 from .signals import ignore_stop_signals
 from .validate import check_patch_size
 
@@ -155,6 +155,8 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, Dat
     train_tf, val_tf = build_transforms(cfg.recipe, data, img_size)
     train_ds = class_balanced_subset(build_dataset(data, "train", train_tf), data.subset_fraction, data.subset_seed)
     val_ds = build_dataset(data, "val", val_tf)
+    # before the first collective of training: ranks that see other data would step out of lockstep
+    agree_on_sample_counts({"train samples": len(train_ds), "val samples": len(val_ds)}, ctx)
     if len(train_ds) < data.batch_size * ctx.world_size:
         raise ValueError(
             f"the training set has {len(train_ds)} images, fewer than one global batch "

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_max", "barrier", "gather_objects"]
+__all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_max", "barrier", "gather_objects",
+           "RankDataMismatch", "agree_on_sample_counts"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,19 @@ def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+class RankDataMismatch(ValueError):
+    """The processes of one run see data sets of different sizes (docs/data.md, "Ranks agree on sample counts")."""
+
+
+def agree_on_sample_counts(counts: dict[str, int], ctx: DistContext) -> None:
+    """Every rank must see the same sample count per split before the first collective of training: ranks whose
+    data differ (another copy of the data set on one node, a file missing there) would run different numbers of
+    steps and end in a collective mismatch (gloo) or a hang (NCCL). One all_gather of the counts; on a difference
+    every rank raises the same error, naming each rank's counts."""
+    everyone = gather_objects(dict(counts), ctx)
+    if any(c != everyone[0] for c in everyone[1:]):
+        per_rank = "; ".join(f"rank {r}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for r, c in enumerate(everyone))
+        raise RankDataMismatch(f"the {ctx.world_size} processes see different data sets (sample counts {per_rank}); "
+                               "every process must read the same data.root content (docs/data.md)")

@@ -1,0 +1,123 @@
+"""``quest-data check ROOT`` (``python -m quest.data.check ROOT``): the data pre-flight on its own (docs/data.md).
+
+ROOT is an image folder (its ``train/`` and ``val/`` splits, or one split folder of ``<class>/<image>``) or a
+directory of WebDataset shards (an ``_info.json``, or ``*.tar`` files): every image is decoded, or every shard
+header and label read, with a progress bar; what was found is printed per reason. Exit status 0 when every file
+is usable, 1 when there are problems, 2 when ROOT is not a data set.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TextIO
+
+from .preflight import Problem, Report, check_image_folder_files
+from .shard_preflight import check_shard_split
+from .shards import _info_lengths, load_info
+
+__all__ = ["check_root", "main", "reason_kind"]
+
+FOLDER_SPLITS = ("train", "val")
+
+
+_KINDS = (("holds ", "sample count differs from _info.json"), ("label ", "bad label"), ("cut short", "cut short"),
+          ("split ", "_info.json inconsistent"))
+
+
+def reason_kind(reason: str) -> str:
+    """The kind of a problem, without what is particular to one file: "undecodable (broken data stream ...)" ->
+    "undecodable", "label 7 is outside the classes 0..2 ..." -> "bad label"."""
+    for start, kind in _KINDS:
+        if reason.startswith(start):
+            return kind
+    return reason.split(" (")[0].split(";")[0]
+
+
+def _progress_bar(desc: str, stream: TextIO) -> Callable[[Iterable, int], Iterable]:
+    def wrap(items: Iterable, total: int) -> Iterable:
+        try:
+            from tqdm import tqdm
+        except ImportError:  # a counter line instead
+            return _counter(items, total, desc, stream)
+        return tqdm(items, total=total, desc=desc, file=stream, unit="file", mininterval=0.5)
+    return wrap
+
+
+def _counter(items: Iterable, total: int, desc: str, stream: TextIO) -> Iterable:
+    for i, item in enumerate(items, 1):
+        if i == total or i % 1000 == 0:
+            print(f"\r{desc}: {i}/{total}", end="\n" if i == total else "", file=stream, flush=True)
+        yield item
+
+
+def _is_shard_dir(root: Path) -> bool:
+    return load_info(root)[1] is not None or any(root.glob("*.tar"))
+
+
+def _shard_reports(root: Path, workers: int | None, progress) -> list[tuple[str, Report]]:
+    info, info_path = load_info(root)
+    splits = sorted((info.get("splits") or {}))
+    num_classes = info.get("num_classes") or (len(info["classes"]) if info.get("classes") else None)
+    out = [(f"shards {s}", check_shard_split(root, s, num_classes, workers, progress(f"shards {s}")))
+           for s in splits]
+    listed = set(_info_lengths(info)) | {f for s in splits for f in info["splits"][s].get("filenames", [])}
+    unlisted = sorted(str(p.relative_to(root)) for p in root.glob("*.tar") if str(p.relative_to(root)) not in listed)
+    if unlisted and info_path is None:  # no _info.json: every tar, counted, labels unchecked against a class count
+        out.append(("shards *.tar", check_shard_split(root, "*.tar", None, workers, progress("shards *.tar"))))
+    elif unlisted:
+        out.append(("unlisted", Report(str(root), 0, [Problem(str(root / n), f"a tar file no split of {info_path.name}"
+                                                              " lists") for n in unlisted])))
+    return out
+
+
+def check_root(root: str | Path, workers: int | None = None, use_cache: bool = True, progress: bool = True,
+               out: TextIO = sys.stdout, err: TextIO = sys.stderr, limit: int = 50) -> int:
+    """Run the pre-flight on ``root``, print what it found per reason to ``out`` (the progress bar to ``err``) and
+    return the exit status: 0 clean, 1 problems, 2 not a data set."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        print(f"quest-data check: {root} does not exist or is not a directory", file=err)
+        return 2
+    bar = (lambda desc: _progress_bar(desc, err)) if progress else (lambda desc: None)
+    if _is_shard_dir(root):
+        reports = _shard_reports(root, workers, bar)
+        unit = "samples (headers and labels read, images not decoded):"
+    else:
+        splits = [s for s in FOLDER_SPLITS if (root / s).is_dir()]
+        folders = [(s, root / s) for s in splits] or [(root.name, root)]
+        if not any(p.is_dir() for _, folder in folders for p in folder.iterdir()):
+            print(f"quest-data check: {root} is neither an image folder (<split>/<class>/<image> or <class>/<image>) "
+                  "nor a shard directory (_info.json or *.tar)", file=err)
+            return 2
+        reports = [(s, check_image_folder_files(folder, workers, use_cache, bar(s))) for s, folder in folders]
+        unit = "usable images,"
+    problems = 0
+    for name, report in reports:
+        problems += len(report.problems)
+        cached = " (cached result)" if report.cached else ""
+        print(f"{name}: {report.images} {unit} {len(report.problems)} problem(s){cached}", file=out)
+        for kind, n in sorted(Counter(reason_kind(p.reason) for p in report.problems).items()):
+            print(f"  {n:>8}  {kind}", file=out)
+        if report.problems:
+            print(report.describe(limit), file=out)
+    print(f"{root}: {'clean' if not problems else f'{problems} problem(s)'}", file=out)
+    return 1 if problems else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="quest-data", description="Data set tools (docs/data.md).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="run the data pre-flight on an image folder or a shard directory")
+    check.add_argument("root", type=Path)
+    check.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs, at most 8)")
+    check.add_argument("--no-cache", action="store_true", help="check again even if the cached result matches")
+    check.add_argument("--no-progress", action="store_true")
+    check.add_argument("--limit", type=int, default=50, help="problems listed per split (all are counted)")
+    args = parser.parse_args(argv)
+    return check_root(args.root, args.workers, not args.no_cache, not args.no_progress, limit=args.limit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
