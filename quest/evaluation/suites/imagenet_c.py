@@ -21,7 +21,7 @@ __all__ = ["ImageNetCConfig", "imagenet_c"]
 
 @dataclass
 class ImageNetCConfig(CorruptionGridConfig):
-    pass
+    """ImageNet-C from its files (eval.roots.c): error per corruption and severity, and mCE."""
 
 
 def _clean_error(run: EvalRun) -> tuple[Fraction | None, str]:
