@@ -91,9 +91,37 @@ def train() -> None:
     from quest.schema import TrainConfig, register_configs
 
     register_configs()
+    _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")
     sys.argv = rewrite_attention_override(sys.argv)
     exit_on_bad_overrides("quest-train", sys.argv[1:], TrainConfig, config_root(), "train")
     _train_app()
+
+
+TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the chosen attention (python train.py is the "
+               "same; docs/training.md). With no arguments: vit_pico with QUEST attention on the built-in digits, on CPU.")
+EVAL_USAGE = ("checkpoint=<run>/checkpoints/last.pt [eval=<suite>] [key=value ...] | model=<configs/model option or any "
+              "timm name> attention=<name> [weights=<state_dict.pt>] ...  evaluate a trained model (python eval.py is "
+              "the same; docs/evaluation.md).")
+_HELP_FLAGS = ("--help", "-h")
+_COMPLETION_FLAGS = ("--shell-completion", "-sc")
+
+
+def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) -> None:
+    """``--help``: the app's own config groups and every key with its description (quest.config_help), instead of
+    Hydra's page, which lists every config folder (the toy's too) and no key's meaning. ``schema`` None: built here
+    (quest-eval's imports its evaluations)."""
+    if not any(a in _HELP_FLAGS for a in sys.argv[1:]):
+        return
+    from quest.config_help import app_help
+    from quest.overrides import app_groups
+
+    if schema is None:
+        from quest.evaluation.config import eval_config_schema, register_eval_configs
+
+        register_eval_configs()
+        schema = eval_config_schema()
+    print(app_help(app, usage, app_groups(config_root(), primary), schema), end="")
+    sys.exit(0)
 
 
 # --- evaluation ----------------------------------------------------------------------------------------------------
@@ -121,6 +149,14 @@ def _eval_app(cfg: DictConfig) -> None:
 
 def evaluate() -> None:
     """``quest-eval checkpoint=<run>/checkpoints/last.pt eval=<suite>``: docs/evaluation.md."""
+    if any(a.split("=", 1)[0] in _COMPLETION_FLAGS for a in sys.argv[1:]):
+        # a TAB: the config without the evaluation modules (each imports torch); the suite files still complete
+        from quest.evaluation.config import register_completion_config
+
+        register_completion_config()
+        _eval_app()
+        return
+    _exit_after_help("quest-eval", EVAL_USAGE, None, "eval")
     from quest.evaluation import register_eval_configs, rewrite_model_override
     from quest.evaluation.config import eval_config_schema
     from quest.overrides import exit_on_bad_overrides

@@ -21,13 +21,17 @@ NON_FINITE_OK = {"finite": False}
 
 @dataclass
 class AttentionConfig:
-    name: str = "quest"
+    """The attention=<option> group: which formulation replaces timm's attention."""
+
+    name: str = "quest"  # the attention formulation (configs/attention/*.yaml; quest.attention.list_attentions)
     # initial values of learnable scales and other formulation options (see docs/attention.md)
     options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ModelConfig:
+    """The model=<option> group: the timm ViT and its size options."""
+
     name: str = MISSING  # a timm model name (configs/model/*.yaml for the curated ones)
     img_size: Optional[int] = None  # None: the model's own default
     # per-recipe, size-dependent values (drop path, DeiT-III lr and input size), read by the recipe configs
@@ -48,7 +52,7 @@ class CanvasConfig:
 
     size: int = 32  # canvas side in pixels
     scale_min: int = 12  # the digit's side is uniform in [scale_min, scale_max] pixels
-    scale_max: int = 22
+    scale_max: int = 22  # largest digit side in pixels
     clutter: int = 3  # fragments of other digits, away from the digit's box
     noise: float = 0.05  # Gaussian noise std as a fraction of 255
     copies: int = 2  # draws of every training digit (the validation split draws each once)
@@ -57,19 +61,21 @@ class CanvasConfig:
 
 @dataclass
 class DataConfig:
+    """The data=<option> group: the data set, its splits and loaders."""
+
     name: str = MISSING  # digits | digits_canvas | imagenet | imagefolder | cifar10 | cifar100 | fake | imagenet_wds | wds
-    root: Optional[str] = None
+    root: Optional[str] = None  # where the data set lives (null: the built-in digits need none)
     batch_size: int = 64  # per process
     eval_batch_size: Optional[int] = None  # None: 2 x batch_size
-    num_workers: int = 0
-    num_classes: int = MISSING
+    num_workers: int = 0  # DataLoader worker processes
+    num_classes: int = MISSING  # classes of the data set (set by the data option)
     img_size: Optional[int] = None  # native resolution when the model does not set one
-    mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
-    std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
-    train_split: str = "train"
-    val_split: str = "val"
+    mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # per-channel normalisation mean
+    std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])  # per-channel normalisation std
+    train_split: str = "train"  # the split trained on (a folder, or a shard pattern for wds)
+    val_split: str = "val"  # the split validated on
     subset_fraction: float = 1.0  # class-balanced subset of the training set (paper Table A2)
-    subset_seed: int = 0
+    subset_seed: int = 0  # seed of the subset_fraction draw
     val_fraction: float = 0.2  # digits: held-out stratified share
     split_seed: int = 0  # digits: the fixed train/val split
     download: bool = False  # torchvision data sets: download only when asked
@@ -77,9 +83,9 @@ class DataConfig:
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
     max_skipped_fraction: float = 0.01  # docs/data.md
     preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)
-    fake_train_size: int = 256
-    fake_val_size: int = 64
-    pin_memory: bool = True
+    fake_train_size: int = 256  # data=fake: training images
+    fake_val_size: int = 64  # data=fake: validation images
+    pin_memory: bool = True  # DataLoader pin_memory (CUDA)
     canvas: CanvasConfig = field(default_factory=CanvasConfig)
     # tar shards (imagenet_wds | wds; quest/data/shards.py): train_split / val_split name a split of
     # ${root}/_info.json or a shard pattern such as imagenet1k-train-{0000..1023}.tar
@@ -89,58 +95,60 @@ class DataConfig:
 
 @dataclass
 class RecipeConfig:
-    name: str = MISSING
-    epochs: int = MISSING
+    """The recipe=<option> group: optimiser, schedule, regularisation and augmentation."""
+
+    name: str = MISSING  # the recipe's name (in the run directory's name)
+    epochs: int = MISSING  # epochs the schedule spans
     # optimiser (timm create_optimizer_v2)
-    opt: str = "adamw"
+    opt: str = "adamw"  # optimiser name (timm create_optimizer_v2)
     lr: Optional[float] = None  # absolute lr; if None, base_lr * global_batch / lr_base_size
-    base_lr: Optional[float] = None
-    lr_base_size: int = 512
-    weight_decay: float = 0.05
-    opt_eps: float = 1e-8
-    opt_betas: Optional[List[float]] = None
-    momentum: float = 0.9
+    base_lr: Optional[float] = None  # lr per lr_base_size images of global batch, scaled linearly
+    lr_base_size: int = 512  # the global batch base_lr is given for
+    weight_decay: float = 0.05  # decoupled weight decay
+    opt_eps: float = 1e-8  # the optimiser's epsilon
+    opt_betas: Optional[List[float]] = None  # Adam betas (null: the optimiser's default)
+    momentum: float = 0.9  # SGD momentum
     # cosine schedule (timm create_scheduler_v2), stepped on: updates (every optimizer step) | epochs (after each
     # epoch, epoch e at the schedule's value for e, as timm's train.py) | deit (as DeiT's main.py: step(epoch) after
     # epoch `epoch`, so epoch e trains at the value for e - 1; docs/training.md)
     sched: str = "cosine"
-    sched_on: str = "updates"
-    warmup_epochs: float = 5.0
-    warmup_lr: float = 1e-6
-    min_lr: float = 1e-5
+    sched_on: str = "updates"  # when the schedule steps: updates | epochs | deit (see sched)
+    warmup_epochs: float = 5.0  # linear warm-up length
+    warmup_lr: float = 1e-6  # lr at the start of the warm-up
+    min_lr: float = 1e-5  # lr at the end of the cosine
     # regularisation
-    drop_path: float = 0.0
+    drop_path: float = 0.0  # stochastic depth rate
     drop_path_schedule: str = "linear"  # linear (timm: 0 at the first block, drop_path at the last) | uniform (DeiT-III)
     # the class token's initialisation: None keeps the timm model's own (timm 1.0: normal, std 1e-6); a value draws it
     # from trunc_normal_(std=value) (DeiT's models.py via timm 0.3.2 and DeiT-III's models_v2.py: std 0.02)
     cls_token_std: Optional[float] = None
-    drop_rate: float = 0.0
-    smoothing: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    mixup_prob: float = 1.0
-    mixup_switch_prob: float = 0.5
-    mixup_mode: str = "batch"
-    bce_loss: bool = False
-    bce_target_thresh: Optional[float] = None
-    clip_grad: Optional[float] = None
+    drop_rate: float = 0.0  # dropout before the classifier head
+    smoothing: float = 0.0  # label smoothing
+    mixup: float = 0.0  # mixup alpha (0 = off)
+    cutmix: float = 0.0  # cutmix alpha (0 = off)
+    mixup_prob: float = 1.0  # probability of mixup or cutmix per batch
+    mixup_switch_prob: float = 0.5  # probability of cutmix instead of mixup when both are on
+    mixup_mode: str = "batch"  # batch | pair | elem (timm Mixup)
+    bce_loss: bool = False  # binary cross-entropy instead of softmax cross-entropy (DeiT-III)
+    bce_target_thresh: Optional[float] = None  # with bce_loss: binarise the targets at this value
+    clip_grad: Optional[float] = None  # clip the gradient norm to this (null: no clipping)
     # augmentation (timm create_transform)
     img_size: Optional[int] = None  # recipe-specific input size (DeiT-III first phase), else the model's
-    scale: List[float] = field(default_factory=lambda: [0.08, 1.0])
-    ratio: List[float] = field(default_factory=lambda: [0.75, 1.3333333333])
-    hflip: float = 0.5
-    color_jitter: Optional[float] = 0.4
+    scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
+    ratio: List[float] = field(default_factory=lambda: [0.75, 1.3333333333])  # RandomResizedCrop aspect ratio range
+    hflip: float = 0.5  # horizontal flip probability
+    color_jitter: Optional[float] = 0.4  # colour jitter strength (null: off)
     auto_augment: Optional[str] = None  # e.g. rand-m9-mstd0.5-inc1, or 3a (3-Augment)
-    train_interpolation: str = "bicubic"
-    reprob: float = 0.0
-    remode: str = "pixel"
-    recount: int = 1
+    train_interpolation: str = "bicubic"  # resampling of the training crops
+    reprob: float = 0.0  # random erasing probability
+    remode: str = "pixel"  # random erasing fill: const | rand | pixel
+    recount: int = 1  # random erasing: regions per image
     crop_pct: float = 0.875  # eval resize/crop ratio
-    eval_interpolation: str = "bicubic"
+    eval_interpolation: str = "bicubic"  # resampling of the validation resize
     repeated_aug: int = 0  # RepeatAugSampler repeats (0 = off)
     # EMA (timm ModelEmaV3)
     ema: bool = True
-    ema_decay: float = 0.99996
+    ema_decay: float = 0.99996  # EMA decay per update
     reference_global_batch: Optional[int] = None  # the batch the recipe was published with (documentation)
     # the autocast precision the recipe's authors trained with; trainer.precision=auto uses it on CUDA (else bf16)
     precision: Optional[str] = None  # null | fp32 | bf16 | fp16 (fp16: with a dynamic loss scaler)
@@ -151,44 +159,51 @@ class RecipeConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = II("recipe.epochs")
+    """The trainer=<option> group: length, device, precision, checkpoints and resume."""
+
+    epochs: int = II("recipe.epochs")  # epochs to train (default: the recipe's)
     max_steps: Optional[int] = None  # optional cap on optimizer steps (the schedule still spans `epochs`)
-    seed: int = 0
+    seed: int = 0  # seed of the weights, data order and augmentation
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (on CUDA the recipe's precision, else bf16; fp32 on CPU) | fp32 | bf16 | fp16
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
     strategy: str = "ddp"  # ddp (also for one process) | fsdp (FSDP2 fully_shard, sharded checkpoints)
-    accum_steps: int = 1
-    log_every_n_steps: int = 20
-    checkpoint_every_n_steps: Optional[int] = None
-    eval_every_n_epochs: int = 1
+    accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
+    log_every_n_steps: int = 20  # a progress line and a metrics.jsonl row every N steps
+    checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (null: at epoch ends only)
+    eval_every_n_epochs: int = 1  # validate every N epochs (and after the last)
     resume: str = "auto"  # auto | never | <path to a checkpoint>
     overwrite: bool = False  # with resume=never: archive the run already in the directory, then start afresh
     init_from: Optional[str] = None  # weights to start from (e.g. the DeiT-III first phase); pos_embed resized
     max_loss: Optional[float] = None  # a loss above this counts as divergence (besides non-finite); None: the default
     # guard, max_loss_factor x the chance loss (ln num_classes; ln 2 with recipe.bce_loss); docs/training.md
     max_loss_factor: Optional[float] = 10.0  # null: no default guard (non-finite values still count)
+    # CPU intra-op threads (null: 1 for the CPU presets, else torch's default; docs/training.md)
     torch_threads: Optional[int] = None
 
 
 @dataclass
 class LoggerConfig:
-    wandb: bool = False
-    project: str = "quest"
-    entity: Optional[str] = None
+    """The logger=<option> group: metrics.jsonl always; wandb when asked."""
+
+    wandb: bool = False  # also log to Weights & Biases (the [wandb] extra)
+    project: str = "quest"  # wandb project
+    entity: Optional[str] = None  # wandb entity (null: your default)
     mode: str = "offline"  # offline unless the user configures wandb (online | offline | disabled)
     group: Optional[str] = None  # None: derived from the Hydra choices
-    name: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
+    name: Optional[str] = None  # wandb run name (null: the run directory's name)
+    tags: List[str] = field(default_factory=list)  # wandb tags
 
 
 @dataclass
 class DiagnosticsConfig:
+    """The diagnostics=<option> group: attention statistics during training (docs/diagnostics.md)."""
+
     every_n_steps: int = 0  # 0 = off
-    num_samples: int = 8
-    per_head: bool = False
-    entropy_threshold: float = 0.5
-    max_logit_warning: Optional[float] = None
+    num_samples: int = 8  # validation images the attention statistics are measured on
+    per_head: bool = False  # also record every head's statistics (else the mean over heads)
+    entropy_threshold: float = 0.5  # attention entropy (nats) below which a head counts as collapsed
+    max_logit_warning: Optional[float] = None  # warn when the largest attention logit exceeds this (null: never)
 
 
 @dataclass
@@ -229,11 +244,20 @@ def register_configs() -> None:
     from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    # quest.engine imports torch: only when a run directory's name is resolved (not for --help or tab completion)
     if not OmegaConf.has_resolver("quest_run_suffix"):
-        from quest.engine.run_dir import run_name_suffix
-
-        OmegaConf.register_new_resolver("quest_run_suffix", run_name_suffix)
+        OmegaConf.register_new_resolver("quest_run_suffix", _run_name_suffix)
     if not OmegaConf.has_resolver("quest_safe_name"):
-        from quest.engine.run_dir import safe_name
+        OmegaConf.register_new_resolver("quest_safe_name", _safe_name)
 
-        OmegaConf.register_new_resolver("quest_safe_name", safe_name)
+
+def _run_name_suffix(*, _root_: Any) -> str:  # OmegaConf passes _root_ to a resolver that names it
+    from quest.engine.run_dir import run_name_suffix
+
+    return run_name_suffix(_root_=_root_)
+
+
+def _safe_name(text: Any) -> str:
+    from quest.engine.run_dir import safe_name
+
+    return safe_name(text)

@@ -1,4 +1,4 @@
-"""Every config composes; recipes resolve to the published values (recipes.md); bad keys fail at start."""
+"""Every config composes; recipes resolve to the published values (docs/training.md, Recipes); bad keys fail at start."""
 from __future__ import annotations
 
 import pytest

@@ -117,8 +117,12 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         run.on_checkpoint = directory.note_checkpoint
         run.logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
         run.state.wandb_id = run.logger.wandb_id
-        log.info("%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, cfg.attention.name,
-                 sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
+        # the input size the model was built for: a timm name's trailing number is its default (vit_pico_patch4_16
+        # at model.img_size=32 takes 32 x 32 images)
+        size = getattr(getattr(run.model, "patch_embed", None), "img_size", None)
+        shown = f" at {size[0]}x{size[1]} px" if isinstance(size, (tuple, list)) and len(size) == 2 else ""
+        log.info("%s%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, shown,
+                 cfg.attention.name, sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
         try:
             status, val, ending = _train(run)
             summary = {**_summary(run, status, val, start, plan.checkpoint is not None, plan.changes), **ending}

@@ -5,31 +5,26 @@ Each evaluation is registered where it is defined (:func:`register_evaluation`; 
 ``quest/evaluation/suites/``) with the dataclass of its config section; :data:`EVALUATIONS` is the registry by name.
 What an evaluation works with: :class:`EvalRun` and the passes of :mod:`quest.evaluation.context`.
 """
+from __future__ import annotations
+
+import importlib
 from typing import Any
 
-from .cli import rewrite_model_override
-from .config import eval_config_schema, eval_settings_schema, register_eval_configs
-from .context import (
-    Counts,
-    EvalRun,
-    batches,
-    classify,
-    error_fraction,
-    error_grid,
-    evenly_spaced,
-    fixed_subset,
-    make_loader,
-    ordered_topk,
-    percent,
-    shard_batches,
-    sum_over_processes,
-)
-from .imagenet_data import ImageList
-from .inputs import Input, listed
-from .registry import EVALUATIONS, Evaluator, evaluators, load_evaluations, register_evaluation, unregister_evaluation
-from .runner import run_evaluation, run_evaluations
-from .target import EvalTarget, load_target
-from .transforms import eval_transform
+# name -> the module that defines it, imported when the name is first asked for: the modules of the passes import
+# torch, which quest-eval's --help and tab completion must not pay for
+_WHERE = {
+    "rewrite_model_override": "cli",
+    "eval_config_schema": "config", "eval_settings_schema": "config", "register_eval_configs": "config",
+    "EvalConfig": "config", "EvalSettings": "config",
+    **dict.fromkeys(["Counts", "EvalRun", "batches", "classify", "error_fraction", "error_grid", "evenly_spaced",
+                     "fixed_subset", "make_loader", "ordered_topk", "percent", "shard_batches", "sum_over_processes"],
+                    "context"),
+    "ImageList": "imagenet_data", "Input": "inputs", "listed": "inputs",
+    **dict.fromkeys(["EVALUATIONS", "Evaluator", "evaluators", "load_evaluations", "register_evaluation",
+                     "unregister_evaluation"], "registry"),
+    "run_evaluation": "runner", "run_evaluations": "runner",
+    "EvalTarget": "target", "load_target": "target", "eval_transform": "transforms",
+}
 
 __all__ = ["EVALUATIONS", "EvalConfig", "EvalSettings", "EvalTarget", "Evaluator", "EvalRun", "Counts", "ImageList",
            "Input", "listed",
@@ -41,9 +36,12 @@ __all__ = ["EVALUATIONS", "EvalConfig", "EvalSettings", "EvalTarget", "Evaluator
 
 
 def __getattr__(name: str) -> Any:
-    # built from the registry when asked for, so that importing this package imports no evaluation module
-    if name in ("EvalConfig", "EvalSettings"):
-        from . import config
-
-        return getattr(config, name)
+    # EvalConfig / EvalSettings are built from the registry when asked for: importing this package imports no
+    # evaluation module
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

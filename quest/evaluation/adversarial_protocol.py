@@ -36,26 +36,32 @@ ONE_OVER_255 = 1.0 / 255.0
 
 @dataclass
 class FGSMConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
+    """FGSM: one signed-gradient step."""
+
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
     max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
 
 
 @dataclass
 class PGDConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
-    steps: int = 20
+    """PGD: projected gradient descent in the eps-ball."""
+
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
+    steps: int = 20  # PGD iterations
     step_size: float = 0.15  # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
-    random_start: bool = True
+    random_start: bool = True  # start from a uniform point in the eps-ball
     max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
 
 
 @dataclass
 class SPSAConfig:
-    eps: List[float] = field(default_factory=lambda: [0.1])
+    """SPSA: a gradient-free attack (gradient estimated by random perturbations)."""
+
+    eps: List[float] = field(default_factory=lambda: [0.1])  # L-inf radii, each a result
     lr: float = 0.01  # Adam
-    delta: float = 0.01
-    nb_sample: int = 128
-    nb_iter: int = 40
+    delta: float = 0.01  # finite-difference perturbation size
+    nb_sample: int = 128  # perturbations per gradient estimate
+    nb_iter: int = 40  # SPSA iterations
     random_start: bool = True  # uniform in the eps-ball, as cleverhans' SPSA (the authors' code) starts
     # iterate: the gradient estimated at x + perturbation (the algorithm); cleverhans_torch: at 2x, where cleverhans'
     # torch SPSA and the authors' copy of it estimate it (quest/evaluation/spsa.py)
@@ -66,14 +72,19 @@ class SPSAConfig:
 
 @dataclass
 class AutoAttackConfig:
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])
+    """AutoAttack (the autoattack package): an ensemble of parameter-free attacks."""
+
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
     version: str = "standard"  # APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)
-    norm: str = "Linf"
+    norm: str = "Linf"  # threat model: Linf | L2
     max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
 
 
 @dataclass
 class AdversarialConfig:
+    """Adversarial attacks on the val split: which attacks, on which images, in which space."""
+
+    # attacks run, in order: fgsm | pgd | spsa | autoattack
     attacks: List[str] = field(default_factory=lambda: ["fgsm", "pgd", "spsa", "autoattack"])
     # pixel: [0, 1] images, normalisation inside the model (sound); normalized: the tensor after mean/std, eps in
     # normalised units, FGSM/PGD/SPSA unclipped (the Elliptical-attention code's convention, QUEST Tables 3/4)
@@ -92,7 +103,7 @@ class AdversarialConfig:
     score_precision: str = "fp32"
     max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
     batch_size: Optional[int] = None  # None: eval.batch_size
-    seed: int = 0
+    seed: int = 0  # seed of the attacks' randomness
     fgsm: FGSMConfig = field(default_factory=FGSMConfig)
     pgd: PGDConfig = field(default_factory=PGDConfig)
     spsa: SPSAConfig = field(default_factory=SPSAConfig)

@@ -11,9 +11,10 @@ are restated in the suite files for visibility.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -24,24 +25,31 @@ from .registry import evaluators, load_evaluations, registry_version
 
 __all__ = [
     "EvalSettingsBase", "EvalConfigBase", "RootsConfig", "RESERVED_KEYS",
-    "eval_settings_schema", "eval_config_schema", "register_eval_configs", "default_eval_dir", "evaluated_name",
+    "eval_settings_schema", "eval_config_schema", "register_eval_configs", "register_completion_config",
+    "default_eval_dir", "evaluated_name",
 ]
 
 
 @dataclass
 class EvalModelConfig(ModelConfig):
+    """The model evaluated (model mode); a checkpoint names its own."""
+
     # Unset in checkpoint mode (the checkpoint names its model); model=<group or timm name> sets it otherwise.
     name: Optional[str] = None
 
 
 @dataclass
 class EvalAttentionConfig(AttentionConfig):
+    """The attention of the model evaluated (model mode); a checkpoint names its own."""
+
     # No default: evaluating a timm model with the wrong attention would give silently wrong numbers.
     name: Optional[str] = None
 
 
 @dataclass
 class RootsConfig:
+    """Folders of the ImageNet test sets (docs/evaluation.md)."""
+
     val: Optional[str] = None  # ImageNet val: <val>/<wnid>/<image>.JPEG (1000 wnid folders)
     v2: Optional[str] = None  # folder holding imagenetv2-<variant>-format-val/<0..999>/<image>.jpeg
     real: Optional[str] = None  # ILSVRC2012_val_*.JPEG (flat or in wnid folders); None: roots.val
@@ -60,12 +68,12 @@ class EvalSettingsBase:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the forward passes (attacks always run in fp32)
     batch_size: int = 128  # per process
-    num_workers: int = 0
+    num_workers: int = 0  # DataLoader worker processes
     torch_threads: Optional[int] = None  # None: torch's default
     # progress lines (quest.eval logger): first and last batch of each pass, every log_every_n-th batch (cell of a
     # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
     log_every_n: int = 0
-    log_every_s: float = 30.0
+    log_every_s: float = 30.0  # seconds between progress lines (0: off)
     crop_pct: Optional[float] = None  # None: the training recipe's (checkpoint) or timm's pretrained config
     interpolation: Optional[str] = None  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)
@@ -107,11 +115,24 @@ def _build() -> None:
     version = registry_version()
     if _SCHEMAS["version"] == version:
         return
-    sections = [(name, ev.settings, field(default_factory=ev.default)) for name, ev in evaluators().items()]
+    sections = [(name, ev.settings, field(default_factory=ev.default, metadata={"doc": _section_doc(name, ev)}))
+                for name, ev in evaluators().items()]
     settings = _named(dataclasses.make_dataclass("EvalSettings", sections, bases=(EvalSettingsBase,)), "EvalSettings")
-    config = _named(dataclasses.make_dataclass("EvalConfig", [("eval", settings, field(default_factory=settings))],
-                                               bases=(EvalConfigBase,)), "EvalConfig")
+    suite_doc = {"doc": "the suite (eval=<option>, configs/eval/*.yaml): what runs, and each evaluation's settings"}
+    config = _named(dataclasses.make_dataclass(
+        "EvalConfig", [("eval", settings, field(default_factory=settings, metadata=suite_doc))],
+        bases=(EvalConfigBase,)), "EvalConfig")
     _SCHEMAS.update(version=version, EvalSettings=settings, EvalConfig=config)
+
+
+def _section_doc(name: str, evaluator: Any) -> str:
+    """eval.<name>'s description in --help: the first paragraph of its settings class's docstring, else of its run
+    function's."""
+    for obj in (evaluator.settings, evaluator.run):
+        doc = inspect.getdoc(obj) if inspect.isclass(obj) or inspect.isfunction(obj) else None
+        if doc and not doc.startswith(f"{getattr(obj, '__name__', '')}("):  # not a dataclass's generated signature
+            return " ".join(doc.split("\n\n")[0].split())
+    return f"settings of the {name} evaluation ({evaluator.module})"
 
 
 def eval_settings_schema() -> type:
@@ -164,11 +185,33 @@ def default_eval_dir(checkpoint: Any, model_name: Any, attention_name: Any, suit
     return f"outputs/eval/{model_name}-{attention_name}/{suite}/{name}"
 
 
+def completion_config_schema() -> type:
+    """eval.py's config for tab completion only: :class:`EvalConfigBase` with an untyped ``eval`` node holding the
+    keys of :class:`EvalSettingsBase`, so that no evaluation module (each imports torch) is imported to answer a TAB;
+    the suite files' sections (eval.<evaluation>) compose into it, and complete with the keys they set."""
+    if "completion" not in _SCHEMAS:
+        shared = OmegaConf.to_container(OmegaConf.structured(EvalSettingsBase))
+        _SCHEMAS["completion"] = dataclasses.make_dataclass(
+            "EvalCompletionConfig", [("eval", Dict[str, Any], field(default_factory=lambda: dict(shared)))],
+            bases=(EvalConfigBase,))
+    return _SCHEMAS["completion"]
+
+
 def register_eval_configs(modules: tuple[str, ...] | list[str] = ()) -> None:
     """Store ``eval_schema`` (the current :func:`eval_config_schema`) in Hydra's ConfigStore, after importing the
     evaluation modules (the built-in suites, ``QUEST_EVAL_MODULES``, entry points, ``modules``). Call it again after
     registering an evaluation later."""
     load_evaluations(modules)
     ConfigStore.instance().store(name="eval_schema", node=eval_config_schema())
+    _register_eval_dir_resolver()
+
+
+def register_completion_config() -> None:
+    """Store :func:`completion_config_schema` as ``eval_schema``: for a completion query (quest.cli)."""
+    ConfigStore.instance().store(name="eval_schema", node=completion_config_schema())
+    _register_eval_dir_resolver()
+
+
+def _register_eval_dir_resolver() -> None:
     if not OmegaConf.has_resolver("quest_eval_dir"):
         OmegaConf.register_new_resolver("quest_eval_dir", default_eval_dir)

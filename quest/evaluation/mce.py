@@ -23,8 +23,8 @@ IMAGENET_C_CORRUPTIONS = [
 ]
 IMAGENET_C_EXTRA = ["speckle_noise", "gaussian_blur", "spatter", "saturate"]
 
-# AlexNet's error on each of the 15 corruptions, averaged over the 5 severities (evaluation.md, Hendrycks' repo),
-# as the exact decimals published.
+# AlexNet's error on each of the 15 corruptions, averaged over the 5 severities (Hendrycks' ImageNet-C repository;
+# docs/evaluation.md), as the exact decimals published.
 ALEXNET_MEAN_ERROR = dict(zip(IMAGENET_C_CORRUPTIONS, [
     0.886428, 0.894468, 0.922640, 0.819880, 0.826268, 0.785948, 0.798360, 0.866816, 0.826572, 0.819324, 0.564592,
     0.853204, 0.646056, 0.717840, 0.606500,

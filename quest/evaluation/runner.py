@@ -185,7 +185,8 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
         paths = _save(directory, report, run, start, ctx)
         if ctx.is_main:
             report["wandb_run"] = log_wandb(cfg.logger, report, Path(output_dir), target.wandb_group)
-            log.info("results in %s", ", ".join(str(p) for p in paths.values()))
+            figures = [Path(output_dir) / n for n in ("explain.png", "explain_maps.pt") if (Path(output_dir) / n).is_file()]
+            log.info("results in %s", ", ".join(str(p) for p in [*paths.values(), *figures]))
         return report
     finally:
         stop_log_file(handler)

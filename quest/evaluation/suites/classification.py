@@ -31,22 +31,28 @@ V2_VARIANTS = ("matched-frequency", "threshold0.7", "top-images")
 
 @dataclass
 class ImageNetValConfig:
-    pass
+    """ImageNet val top-1 / top-5 (eval.roots.val)."""
 
 
 @dataclass
 class ImageNetV2Config:
-    variants: List[str] = field(default_factory=lambda: list(V2_VARIANTS))
+    """ImageNetV2 top-1 / top-5, each variant on its own (eval.roots.v2)."""
+
+    variants: List[str] = field(default_factory=lambda: list(V2_VARIANTS))  # ImageNetV2 variants scored, each on its own
 
 
 @dataclass
 class ImageNetSubsetConfig:
+    """ImageNet-A / ImageNet-R: top-1 on their 200 classes (eval.roots.a / eval.roots.r)."""
+
     # also report the "ImageNet-200" clean number: val restricted to the same 200 classes (needs eval.roots.val)
     clean_subset: bool = True
 
 
 @dataclass
 class CleanConfig:
+    """Top-1 / top-5 on the configured data set's val split."""
+
     max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
 
 

@@ -29,13 +29,16 @@ __all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "che
 
 @dataclass
 class CorruptionGridConfig:
+    # the standard corruptions run (they enter the means)
     corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS))
-    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))
-    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))  # the extra corruptions, reported apart
+    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # severities run, 1..5
 
 
 @dataclass
 class CorruptionsConfig(CorruptionGridConfig):
+    """Corruptions computed on the fly (imagecorruptions) on the configured data set's val split."""
+
     max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
     seed: int = 0  # each sample's corruption randomness is seeded from (seed, corruption, severity, index)
 

@@ -40,6 +40,9 @@ SQUASH_INTERPOLATIONS = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.
 
 @dataclass
 class ExplainConfig:
+    """Explanation maps (attention, rollout, AG-CAM) scored against true boxes (localization)."""
+
+    # explanation methods: attention | rollout | agcam
     methods: List[str] = field(default_factory=lambda: ["attention", "rollout", "agcam"])
     threshold: float = 0.5  # on the min-max normalised map (the authors' --threshold 0.5)
     classes: str = "predicted"  # predicted | label (the data set's): the class each map explains

@@ -21,7 +21,7 @@ __all__ = ["ImageNetCConfig", "imagenet_c"]
 
 @dataclass
 class ImageNetCConfig(CorruptionGridConfig):
-    pass
+    """ImageNet-C from its files (eval.roots.c): error per corruption and severity, and mCE."""
 
 
 def _clean_error(run: EvalRun) -> tuple[Fraction | None, str]:
@@ -85,6 +85,6 @@ def imagenet_c(run: EvalRun, section: Any) -> dict[str, Any]:
     result = corruption_summary(errors, list(section.corruptions), list(section.extra_corruptions), clean_error)
     result.update(mce(errors, clean_error))
     result.update({"clean_error_source": clean_source, "root": str(root), "transform": describe(transform),
-                   "normaliser": "AlexNet mean errors over severities (evaluation.md); AlexNet clean error 0.43478 "
+                   "normaliser": "AlexNet mean errors over severities (docs/evaluation.md); AlexNet clean error 0.43478 "
                                  "(1 - 0.56522, torchvision's AlexNet top-1)"})
     return result

@@ -23,6 +23,8 @@ __all__ = ["ImageNetRealConfig", "imagenet_real"]
 
 @dataclass
 class ImageNetRealConfig:
+    """ImageNet ReaL top-1 / top-5 (eval.roots.real)."""
+
     real_json: Optional[str] = None  # None: the real.json timm ships (timm/data/_info/imagenet_real_labels.json)
 
 
