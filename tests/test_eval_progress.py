@@ -144,16 +144,36 @@ def test_ordered_passes_log_progress_too(lines):
 
 
 def test_every_done_line_shows_the_headline_numbers(lines, model):
+    # fgsm at 2/255 on 4 of the 8 attacked samples, pgd at 0.01 (not a whole grey level) on all 8; the corruption
+    # suite's clean pass runs on 8 samples, the main clean pass on 20
     cfg = settings(run=["clean", "corruptions", "adversarial"], log_every_s=0, clean__max_samples=20,
                    corruptions__corruptions=["fog"], corruptions__extra_corruptions=[], corruptions__severities=[1],
                    corruptions__max_samples=8, adversarial__attacks=["fgsm", "pgd"], adversarial__max_samples=8,
+                   adversarial__fgsm__eps=[2 / 255], adversarial__fgsm__max_samples=4, adversarial__pgd__eps=[0.01],
                    adversarial__pgd__steps=1)
     results = run_evaluations(digits_target(model), cfg, DistContext())
     done = {m.split(" done in ")[0]: m.split(": ", 1)[1] for m in lines() if " done in " in m}
     assert set(done) == {"clean", "corruptions", "adversarial"}
-    c, adv = results["clean"], results["adversarial"]
+    c, adv, corr = results["clean"], results["adversarial"], results["corruptions"]
     assert done["clean"] == f"top1 {c['top1']:.2f}%, top5 {c['top5']:.2f}%, nll {c['nll']:.3f}"
-    assert f"mean_error {results['corruptions']['mean_error']:.2f}%" in done["corruptions"]
-    assert done["adversarial"] == (f"clean top1 {adv['clean']['top1']:.2f}%, "
-                                   f"fgsm@0.00392157 top1 {adv['fgsm@0.00392157']['top1']:.2f}%, "
-                                   f"pgd@0.00392157 top1 {adv['pgd@0.00392157']['top1']:.2f}%")
+    assert f"mean_error {corr['mean_error']:.2f}%" in done["corruptions"]
+    # the corruption suite's own clean top-1 says on how many samples it was measured
+    assert corr["clean"]["n"] == 8
+    assert done["corruptions"].endswith(f", clean (8 samples) top1 {corr['clean']['top1']:.2f}%")
+    # each attack says its eps and its sample count
+    assert adv["fgsm@0.00784314"]["n"] == 4 and adv["pgd@0.01"]["n"] == 8
+    assert done["adversarial"] == (f"clean (8 samples) top1 {adv['clean']['top1']:.2f}%, "
+                                   f"fgsm eps 2/255 (4 samples) top1 {adv['fgsm@0.00784314']['top1']:.2f}%, "
+                                   f"pgd eps 0.01 (8 samples) top1 {adv['pgd@0.01']['top1']:.2f}%")
+
+
+def test_the_done_line_names_an_attack_eps_in_normalised_units():
+    from quest.evaluation.report import headline_numbers
+
+    result = {"clean": {"top1": 90.0, "n": 24},
+              "spsa@0.1": {"attack": "spsa", "space": "normalized", "eps": 0.1, "n": 16, "top1": 50.0},
+              "autoattack@0.00392157": {"attack": "autoattack", "space": "pixel", "eps": 1 / 255, "n": 24,
+                                        "top1": 40.0}}
+    assert headline_numbers(result) == {"clean (24 samples) top1": 90.0,
+                                        "spsa eps 0.1 normalised (16 samples) top1": 50.0,
+                                        "autoattack eps 1/255 (24 samples) top1": 40.0}

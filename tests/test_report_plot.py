@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
 
 from quest.report.plot import (
     FORMULATION_COLORS,
@@ -20,6 +23,7 @@ from quest.report.plot import (
     layer_series,
     load_metrics,
     main,
+    plain_log_axis,
     plot_diagnostics,
     run_label,
 )
@@ -251,3 +255,42 @@ def test_log_axes_read_as_plain_numbers(tmp_path, growth):
         assert not axis.get_offset_text().get_text()  # no '1e4' offset
     shown = [t for t in ax.yaxis.get_majorticklocs() if low <= t <= high]
     assert len(shown) >= 2  # even within less than a decade the axis has labelled ticks
+
+
+@pytest.mark.parametrize("low, high", [(0.13, 1.1), (0.8, 6.3), (1.0, 8.8), (7.0, 62.0), (40.0, 350.0), (3.0, 3.2),
+                                       (0.5, 40.0), (0.01, 300.0), (4.0, 4.0)])
+def test_both_ends_of_a_log_axis_have_labelled_ticks(low, high):
+    """Within a decade, evenly spaced ticks (2, 4, 6, 8 on 0.9..8.8) left the stretched low end of a log axis
+    without a label; every range now has a labelled tick in the lowest and in the highest third (log space), and
+    no two labels overlap (4..4: a constant line, drawn with about a decade around it)."""
+    fig = Figure(figsize=(5.0, 3.8))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    values = list(np.geomspace(low, high, 30))
+    ax.plot(range(30), values)
+    plain_log_axis(ax, values)
+    fig.canvas.draw()
+    bottom, top = (math.log10(v) for v in ax.get_ylim())
+    labels = [t for t in ax.yaxis.get_ticklabels() if t.get_text() and t.get_visible()
+              and bottom <= math.log10(t.get_position()[1]) <= top]
+    where = [(math.log10(t.get_position()[1]) - bottom) / (top - bottom) for t in labels]
+    assert len(labels) >= 2 and min(where) <= 1 / 3 and max(where) >= 2 / 3, [t.get_text() for t in labels]
+    boxes = sorted((t.get_window_extent(fig.canvas.get_renderer()) for t in labels), key=lambda b: b.y0)
+    assert all(a.y1 <= b.y0 for a, b in zip(boxes, boxes[1:]))  # no two labels overlap
+
+
+def test_long_panel_titles_are_wrapped_not_cut(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "diag/layer00/head01/low_entropy_head_frac": 0.1 * step,
+                    "diag/layer00/max_logit": 1.0 + step}) + "\n" for step in range(0, 30, 10)))
+    fig = diagnostics_figure([run], keys=["head01/low_entropy_head_frac", "max_logit"])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    long_title, short_title = fig.axes[0].title, fig.axes[1].title
+    assert long_title.get_text().replace("\n", " ") == "head01/low_entropy_head_frac (min over layers)"
+    assert "\n" in long_title.get_text() and "\n" not in short_title.get_text()
+    for ax in fig.axes[:2]:  # each title within its own panel's width, so neither cut nor over its neighbour
+        title, panel = ax.title.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert panel.x0 - 1 <= title.x0 and title.x1 <= panel.x1 + 1

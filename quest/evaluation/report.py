@@ -87,17 +87,38 @@ _DONE_LINE = ("top1", "top5", "nll", "mce", "relative_mce", "mean_error", "relat
 _NESTED_DONE_LINE = ("top1", "miou")
 
 
+def _eps_text(eps: float, space: str) -> str:
+    """'1/255' for a pixel budget that is a whole number of grey levels, '0.1' for another, '0.1 normalised' in the
+    normalised space."""
+    if space != "pixel":
+        return f"{eps:.4g} normalised"
+    levels = eps * 255
+    return f"{round(levels)}/255" if round(levels) >= 1 and abs(levels - round(levels)) < 1e-6 else f"{eps:.4g}"
+
+
+def _nested_label(key: str, value: dict[str, Any]) -> str:
+    """How a nested accuracy is named on the done line: with its sample count (a suite's own clean pass or an
+    attack may run on fewer samples than the main clean pass) and, for an attack budget, its eps in its units, e.g.
+    'clean (200 samples)', 'autoattack eps 1/255 (24 samples)', 'spsa eps 0.1 (16 samples)'."""
+    count = value.get("n")
+    samples = f" ({count} samples)" if isinstance(count, int) and not isinstance(count, bool) else ""
+    if "attack" in value and isinstance(value.get("eps"), (int, float)):
+        return f"{value['attack']} eps {_eps_text(float(value['eps']), value.get('space', 'pixel'))}{samples}"
+    return key + samples
+
+
 def headline_numbers(result: dict[str, Any]) -> dict[str, float]:
-    """The headline numbers of one evaluation's result, e.g. {'top1': ..} for clean, {'clean top1': ..,
-    'pgd@0.00392157 top1': ..} for adversarial, {'matched-frequency top1': ..} for ImageNet-v2, {'agcam miou': ..}
-    for explain."""
+    """The headline numbers of one evaluation's result, e.g. {'top1': ..} for clean, {'clean (24 samples) top1': ..,
+    'pgd eps 1/255 (24 samples) top1': ..} for adversarial, {'matched-frequency (10000 samples) top1': ..} for
+    ImageNet-v2, {'agcam miou': ..} for explain."""
     out = {k: float(result[k]) for k in _DONE_LINE if isinstance(result.get(k), (int, float))}
     for key, value in result.items():
         if not isinstance(value, dict) or key == "protocol":
             continue
         for name in _NESTED_DONE_LINE:
             if isinstance(value.get(name), (int, float)):
-                out[f"{key} {name}"] = float(value[name])
+                label = _nested_label(key, value) if name == "top1" else key  # mIoU: one sample set for all
+                out[f"{label} {name}"] = float(value[name])
                 break
     return out
 

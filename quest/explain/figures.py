@@ -11,13 +11,25 @@ import torch
 from quest.extras import require
 from quest.io import save_figure
 
-__all__ = ["explanation_grid"]
+__all__ = ["explanation_grid", "grid_figure"]
 
 
 def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Tensor]], out: str | Path,
                      boxes: Sequence[np.ndarray] | None = None, row_labels: Sequence[str] | None = None,
-                     title: str | None = None) -> Path:
-    """``images``: (K, 3, H, W) in [0, 1]; ``columns``: (title, (K, H, W) maps in [0, 1]) each; writes a PNG."""
+                     title: str | None = None, row_key: str | None = None) -> Path:
+    """``images``: (K, 3, H, W) in [0, 1]; ``columns``: (title, (K, H, W) maps in [0, 1]) each; writes a PNG.
+    ``row_key``: one line under the grid saying how to read the row labels."""
+    fig = grid_figure(images, columns, boxes, row_labels, title, row_key)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_figure(fig, out, dpi=110)
+    return out
+
+
+def grid_figure(images: torch.Tensor, columns: Sequence[tuple[str, torch.Tensor]],
+                boxes: Sequence[np.ndarray] | None = None, row_labels: Sequence[str] | None = None,
+                title: str | None = None, row_key: str | None = None):
+    """The matplotlib Figure of :func:`explanation_grid`."""
     require("matplotlib", "report", "the explanation figures")
     from matplotlib import patches
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -46,10 +58,9 @@ def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Te
                 ax.set_ylabel(row_labels[r], fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, out, dpi=110)
-    return out
+    if row_key and row_labels is not None:
+        fig.supxlabel(row_key, fontsize=7)  # a figure-level label: constrained layout keeps room for it
+    return fig
 
 
 def load_maps(run_dir: str | Path, suite: str | None = None) -> tuple[Path, dict]:
@@ -79,4 +90,5 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = 
     images = first["images"].float() / 255.0
     rows = [f"#{i} {lab}" for i, lab in zip(first["indices"], first["labels"])]
     boxes = [b.numpy() for b in first["boxes"]]
-    return explanation_grid(images, columns, out, boxes, rows, title=f"{method} maps")
+    return explanation_grid(images, columns, out, boxes, rows, title=f"{method} maps",
+                            row_key="row label: #sample index, true class")

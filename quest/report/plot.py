@@ -17,6 +17,7 @@ import logging
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ __all__ = ["PlotInputError", "FORMULATION_COLORS", "formulation_color", "axis_la
            "main"]
 
 logger = logging.getLogger("quest.report")
+
+_TITLE_CHARS = 40  # a panel title's line length
 
 #: The panels of the QUEST paper's Figure A6: the max attention logit and the query / key norms of its pair.
 DEFAULT_KEYS = ("max_logit", "q_norm_at_max", "k_norm_at_max")
@@ -104,13 +107,22 @@ def _plain(value: float, _pos: Any = None) -> str:
 
 
 def plain_log_axis(ax: Axes, values: Sequence[float]) -> None:
-    """Log-scale y with plain-number ticks instead of matplotlib's 10^x labels: decades when the values span
-    several, 1-2-5 within a few decades, evenly spaced ticks within less than one decade."""
+    """Log-scale y with plain-number ticks instead of matplotlib's 10^x labels, chosen by the decades the view
+    spans: decades past three, 1-2-5 within three, 1-2-3-5 within two, 1-1.5-2-3-5-7 within one (evenly spaced ticks
+    would leave the stretched low end of a log axis unlabelled: 2, 4, 6, 8 on 0.9..8.8), evenly spaced ticks within
+    half a decade (where log and linear spacing nearly agree)."""
     ax.set_yscale("log")
     finite = [v for v in values if math.isfinite(v) and v > 0]
     span = math.log10(max(finite) / min(finite)) if finite else 0.0
-    if span < 1:
+    low, high = ax.get_ylim()  # the view (with the lines drawn): a constant line gets about a decade around it
+    if 0 < low < high:
+        span = max(span, math.log10(high / low))
+    if span < 0.5:
         ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
+    elif span < 1:
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    elif span < 2:
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
     elif span < 3:
         ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     else:
@@ -328,7 +340,8 @@ def diagnostics_figure(
         _plain_linear_axis(ax.xaxis)
         reduction = "" if layers is not None else (" (layer of the max logit)" if key in _AT_MAX else
                                                    " (min over layers)" if "entropy" in key else " (max over layers)")
-        ax.set_title(key + reduction)
+        # wrapped, never cut: a panel is 5 inches, about 40 characters of the title font
+        ax.set_title(textwrap.fill(key + reduction, width=_TITLE_CHARS))
         ax.set_xlabel(STEP_LABEL)
         ax.set_ylabel(axis_label(key))
         ax.grid(True, which="both", alpha=0.3)

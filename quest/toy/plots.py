@@ -17,16 +17,18 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from quest.io import save_figure  # noqa: E402
 from quest.report.plot import formulation_color  # noqa: E402
 
-__all__ = ["plot_heatmaps", "plot_key_norms", "plot_sensitivity"]
+__all__ = ["plot_heatmaps", "plot_key_norms", "key_norms_figure", "plot_sensitivity"]
 
 GROUPS = ("biased answer tokens", "unbiased answer tokens", "other tokens")
 
 
-def _panels(n: int, size: tuple[float, float], cols: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
+def _panels(n: int, size: tuple[float, float], cols: int = 3,
+            sharey: bool = False) -> tuple[plt.Figure, list[plt.Axes]]:
     """Up to ``cols`` panels a row; unused ones are hidden."""
     cols = min(cols, n)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows + 0.6), squeeze=False,
+                             sharey=sharey)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -77,38 +79,58 @@ def plot_heatmaps(rates: Sequence[Mapping[str, Any]], grid: Mapping[str, Any], p
 def plot_key_norms(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.Tensor], path: Path,
                    labels: Mapping[str, str] | None = None) -> None:
     """Per formulation: median raw key norm per epoch of biased answer / unbiased answer / other tokens, for the runs
-    that ended biased (solid; the paper's "failed trainings") and for those that ended correct (dashed). Only what is
-    drawn gets a legend entry."""
+    that ended biased (solid; the paper's "failed trainings") and for those that ended correct (dashed)."""
+    fig, axes = key_norms_figure(rows, norms, labels)
+    _finish(fig, axes, "median raw key norm ‖k‖₂ (unitless)",
+            "Toy study: key norms during training (biased runs solid, correct runs dashed)", path)
+
+
+def key_norms_figure(rows: Sequence[Mapping[str, Any]], norms: Mapping[str, torch.Tensor],
+                     labels: Mapping[str, str] | None = None) -> tuple[plt.Figure, list[plt.Axes]]:
+    """The panels of :func:`plot_key_norms` on one y-scale (formulations compare at a glance), each titled with its
+    run counts, and one legend below the panels (never over the data). Only what is drawn gets a legend entry."""
+    from matplotlib.lines import Line2D
+
     labels = labels or {}
     attentions = list(norms)
-    fig, axes = _panels(len(attentions), (4.0, 3.0))
+    fig, axes = _panels(len(attentions), (4.0, 3.0), sharey=True)
     colors = ("tab:red", "tab:blue", "tab:gray")
+    styles = {"biased": "-", "correct": "--"}
+    drawn_groups: set[int] = set()
+    drawn_outcomes: set[str] = set()
     for ax, attention in zip(axes, attentions):
         outcomes = [r["outcome"] for r in rows if r["attention"] == attention]
         traj = norms[attention].numpy()  # (runs, epochs + 1, 3)
-        for outcome, style in (("biased", "-"), ("correct", "--")):
+        counts = []
+        for outcome, style in styles.items():
             pick = np.array([o == outcome for o in outcomes], dtype=bool)
+            counts.append(f"{outcome} n={pick.sum()}")
             if not pick.any():
                 continue
-            for g, (name, color) in enumerate(zip(GROUPS, colors)):
+            for g, color in enumerate(colors):
                 values = traj[pick, :, g]
                 if np.isnan(values).all():
                     continue
                 with np.errstate(all="ignore"):
                     curve = np.nanmedian(values, axis=0)
-                ax.plot(np.arange(len(curve)), curve, style, color=color, lw=1.2,
-                        label=f"{name} ({outcome}, n={pick.sum()})")
-        ax.set_title(labels.get(attention, attention), fontsize=9)
+                ax.plot(np.arange(len(curve)), curve, style, color=color, lw=1.2)
+                drawn_groups.add(g)
+                drawn_outcomes.add(outcome)
+        ax.set_title(f"{labels.get(attention, attention)} ({', '.join(counts)})", fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
-        if ax.lines:
-            ax.legend(fontsize=5, loc="upper left")
-        else:
+        if not ax.lines:
             ax.text(0.5, 0.5, "no biased or correct runs", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    handles = [Line2D([], [], color=colors[g], lw=1.2, label=GROUPS[g]) for g in sorted(drawn_groups)]
+    handles += [Line2D([], [], color="black", ls=styles[o], lw=1.2, label=f"{o} runs (median)")
+                for o in styles if o in drawn_outcomes]
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    _finish(fig, axes, "median raw key norm ‖k‖₂ (unitless)",
-            "Toy study: key norms during training (biased runs solid, correct runs dashed)", path)
+    if handles:
+        # below the figure's panels; the tight bounding box of the saved image takes it in
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5),
+                   fontsize=7, frameon=False)
+    return fig, axes
 
 
 def _errorbar(ax: plt.Axes, x, rows: Sequence[Mapping[str, Any]], **kwargs) -> None:

@@ -180,7 +180,8 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     }, f))
     png = explanation_grid(pictures, [(m, maps[m]) for m in section.methods], run.out_dir / "explain.png", boxes,
                            [f"#{i} {lab}->{pred}" for i, lab, pred in zip(indices, labels, predicted.tolist())],
-                           title=f"{run.target.info.get('attention')} ({run.target.info.get('evaluated', '')})")
+                           title=f"{run.target.info.get('attention')} ({run.target.info.get('evaluated', '')})",
+                           row_key="row label: #sample index, true class -> predicted class")
     return {"maps_file": str(maps_path), "figure": str(png)}
 
 
