@@ -306,7 +306,7 @@ def test_overwrite_archives_only_what_eval_py_wrote(ckpt, run_dir, tmp_path):
     run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE), out)
     run_evaluation(eval_cfg(f"checkpoint={ckpt}", *BASE, "eval.crop_pct=0.5", "eval.overwrite=true"), out)
     (archive,) = (out / ".replaced").iterdir()
-    assert sorted(p.name for p in archive.iterdir()) == ["eval_results.csv", "eval_results.json", "eval_results.md"]
+    assert sorted(p.name for p in archive.iterdir()) == ["eval.log", "eval_results.csv", "eval_results.json", "eval_results.md"]
     assert (out / "metrics.jsonl").read_text() == "{}\n" and (out / "checkpoints" / "last.pt").is_file()
 
 

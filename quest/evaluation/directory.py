@@ -28,6 +28,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from quest.io import LockHeld, json_text, lock_file, write_text_atomic
 
 log = logging.getLogger("quest.eval")
@@ -43,10 +45,10 @@ RUNNING, COMPLETE, PARTIAL, INTERRUPTED = "running", "complete", "partial", "int
 #: process count; the device changes at most float rounding): not part of the key, recorded in the results
 NOT_NUMBERS = frozenset({"device", "num_workers", "torch_threads", "log_every_n", "log_every_s", "overwrite"})
 # what eval.py writes into the directory, moved aside when results are archived (never anything else: a directory
-# given with hydra.run.dir=... may hold other files, a training run's own among them); eval.log stays (Hydra is
-# appending to it), as do the lock and the archive
+# given with hydra.run.dir=... may hold other files, a training run's own among them), its log too (quest starts
+# eval.log only after this decision); the lock and the archive stay
 RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "wandb",
-                ".hydra")
+                ".hydra", "eval.log")
 
 
 class EvalDirectoryError(RuntimeError):
@@ -56,6 +58,17 @@ class EvalDirectoryError(RuntimeError):
 def file_sha256(path: str | Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def state_dict_sha256(state: dict[str, Any]) -> str:
+    """The weights by content, whatever holds them (a .pth or .safetensors file, an exported folder, the Hub's
+    cache): names, dtypes, shapes and bytes of every tensor, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
 
 
 def fingerprint(settings: dict[str, Any], target: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from quest.models import create_model
 from quest.schema import DataConfig
 
 from .config import evaluated_name
-from .directory import file_sha256
+from .directory import file_sha256, state_dict_sha256
 from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
 from .torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
@@ -260,7 +260,7 @@ def _from_timm(cfg: DictConfig) -> EvalTarget:
     info = {"source": "timm", "model": name, "attention": attention,
             "attention_options": OmegaConf.to_container(cfg.attention.options, resolve=True),
             "weights": str(cfg.weights) if cfg.weights else "none: randomly initialised",
-            "weights_sha256": file_sha256(Path(cfg.weights).expanduser()) if cfg.weights else None,
+            "weights_sha256": state_dict_sha256(state) if state is not None else None,
             "evaluated": evaluated_name(None, False, cfg.weights)}
     return EvalTarget(model, num_classes, img_size, mean, std, crop_pct, interpolation,
                       cfg.data if chosen else None, info, cfg.logger.group)
