@@ -127,6 +127,7 @@ def model_card(config: dict[str, Any], ckpt: dict[str, Any], metrics: dict[str, 
         "only after `import quest`; without it timm refuses the folder instead of building a model with other "
         "attention.", "",
         "```python", "import quest  # registers the quest_vit architecture and quest's attn_layer names with timm",
+        # the card's usage example for a folder pushed to the Hub (a reader's choice to download), not a default
         "import timm", "", "model = timm.create_model(\"hf-hub:<user>/<repo>\", pretrained=True).eval()",
         "config = timm.data.resolve_data_config({}, model=model)",
         "transform = timm.data.create_transform(**config)", "```", "",

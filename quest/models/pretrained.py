@@ -7,7 +7,7 @@ classifier with another class count is dropped and starts from the model's own i
 ``load_pretrained`` does. Position embeddings and patch embeddings are resampled to the model's size by
 timm's ``checkpoint_filter_fn``.
 
-Nothing is downloaded unless asked (``download=True``, ``model.pretrained_download=true``): the Hub and timm's URL
+Nothing is downloaded unless asked (the ``download`` argument, ``model.pretrained_download=true``): the Hub and timm's URL
 weights are read from the local caches, and ``HF_HUB_OFFLINE=1`` forbids a download even then.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``quest_vit``: the timm model entry point of an exported quest model (``quest-export``, docs/interop.md).
 
 An exported folder's config.json names the architecture ``quest_vit.<attention>`` and keeps the timm model, the
-attention and its options in ``model_args``. After ``import quest``, ``timm.create_model("local-dir:DIR",
-pretrained=True)`` (or ``hf-hub:``) reaches :func:`quest_vit`, which builds the model exactly as quest does
+attention and its options in ``model_args``. After ``import quest``, timm.create_model of ``"local-dir:DIR"``
+(or ``hf-hub:``) with its pretrained weights reaches :func:`quest_vit`, which builds the model exactly as quest does
 (:func:`quest.models.create_model`: every layer told its place, then the weights) and keeps the folder's
 pretrained_cfg, so ``timm.data.resolve_data_config`` gives the run's preprocessing.
 
