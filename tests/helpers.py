@@ -21,9 +21,15 @@ FAST = [
 ]
 
 
-def compose_cfg(*overrides: str, config_name: str = "train") -> DictConfig:
+def compose_cfg(*overrides: str, config_name: str = "train", hydra: bool = False) -> DictConfig:
+    """The config an app composes from these command-line overrides (``hydra``: with the ``hydra`` node)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra)
+
+
+def eval_cfg(*overrides: str, hydra: bool = False) -> DictConfig:
+    """eval.py's config for these overrides."""
+    return compose_cfg(*overrides, config_name="eval", hydra=hydra)
 
 
 def bf16_sdpa_unavailable() -> str | None:

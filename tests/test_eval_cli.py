@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from quest.engine import fit, load_checkpoint
 from quest.evaluation import register_eval_configs, rewrite_model_override, run_evaluation
 
-from .helpers import CONFIGS, ROOT, compose_cfg
+from .helpers import CONFIGS, ROOT, compose_cfg, eval_cfg
 
 register_eval_configs()
 
@@ -27,10 +26,6 @@ SMALL = ["eval.clean.max_samples=40", "eval.corruptions.max_samples=6", "eval.co
          "eval.adversarial.spsa.nb_sample=4", "eval.adversarial.autoattack.max_samples=2",
          "eval.adversarial.autoattack.eps=[0.3]"]
 
-
-def eval_cfg(*overrides: str, hydra: bool = False):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="eval", overrides=list(overrides), return_hydra_config=hydra)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from quest.evaluation.directory import (
     fingerprint_key,
 )
 
-from .helpers import CONFIGS, ROOT, compose_cfg
+from .helpers import CONFIGS, ROOT, compose_cfg, eval_cfg
 
 register_eval_configs()
 
@@ -55,10 +55,6 @@ STEPS = textwrap.dedent('''
         return {"top1": 25.0, "n": 4, "correct": 1}
 ''')
 
-
-def eval_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="eval", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import stat
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from quest.engine import fit
 from quest.evaluation import register_eval_configs, run_evaluation
@@ -19,7 +18,7 @@ from quest.evaluation.imagenet_data import subset_classes
 from quest.validation import ConfigError
 
 from .eval_helpers import wnid, write_image
-from .helpers import CONFIGS, compose_cfg
+from .helpers import compose_cfg, eval_cfg
 
 register_eval_configs()
 
@@ -30,10 +29,6 @@ READS = {"imagenet_val": ["val"], "imagenet_v2": ["v2"], "imagenet_real": ["val"
          "imagenet_suite": ["val", "v2", "a", "r", "c"]}
 BREAKS = ("missing", "empty", "no_images", "unreadable")
 
-
-def eval_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="eval", overrides=list(overrides))
 
 
 def imagenet_roots(base: Path) -> dict[str, Path]:

@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -21,7 +20,7 @@ from quest.engine import fit, load_checkpoint, save_checkpoint
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.evaluation.target import check_stored_code
 
-from .helpers import CONFIGS, ROOT, compose_cfg
+from .helpers import ROOT, compose_cfg, eval_cfg
 
 register_eval_configs()
 
@@ -37,10 +36,6 @@ MODULE = textwrap.dedent('''
 DIGITS = ["data=digits", "model=vit_pico", "recipe=light", "data.batch_size=32", "trainer.epochs=1",
           "trainer.max_steps=2", "trainer.log_every_n_steps=1"]
 
-
-def eval_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="eval", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")

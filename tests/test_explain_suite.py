@@ -9,21 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from quest.data import DigitsCanvasDataset
 from quest.engine import fit
 from quest.evaluation import register_eval_configs, run_evaluation
 
-from .helpers import CONFIGS, compose_cfg
+from .helpers import compose_cfg, eval_cfg
 
 register_eval_configs()
 
-
-def eval_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose(config_name="eval", overrides=list(overrides))
 
 
 # --- the data set ---------------------------------------------------------------------------------------------------
