@@ -32,7 +32,7 @@ from typing import Any
 from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.validation import ConfigError
 
-from .checkpoint import ZIP_MAGIC, damaged_member, load_checkpoint
+from .checkpoint import ZIP_MAGIC, check_compatible, damaged_member, load_checkpoint
 from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
 
 log = logging.getLogger("quest.train")
@@ -93,8 +93,6 @@ def _size(path: Path) -> int:
 def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta: dict[str, Any]) -> Plan:
     """Read the run directory and decide what this start does (see the module docstring); raise ConfigError for a
     state that cannot continue exactly. Writes nothing."""
-    from .checkpoint import check_compatible
-
     tr, run_dir, plan = cfg.trainer, directory.path, Plan()
     last, best = run_dir / "checkpoints" / "last.pt", run_dir / "checkpoints" / "best.pt"
     if tr.resume == "never":
