@@ -15,15 +15,20 @@ from quest.toy.workers import share_tasks
 
 def test_every_task_runs_once_here_or_in_the_pool():
     pool_ran, here_ran, done = [], [], []
-    pool_finished_one = threading.Event()
+    pool_finished_one, here_started = threading.Event(), threading.Event()
     active = [0]
 
     def run_in_pool(t: int) -> int:
+        # the pool's first task ends at once; later ones wait until this thread has started one, so that however
+        # the threads are scheduled the pool cannot take every task before this thread takes its first
+        if pool_finished_one.is_set():
+            assert here_started.wait(60), "this thread never took a task"
         pool_ran.append(t)
         pool_finished_one.set()
         return t * t
 
     def run_here(t: int) -> int:
+        here_started.set()
         if not here_ran:  # hold this thread's first task until the pool has finished one: both take part
             assert pool_finished_one.wait(60), "the pool was never given a task"
         here_ran.append(t)
@@ -66,11 +71,20 @@ def test_a_pool_failure_is_raised_and_stops_handing_out_tasks():
 
 
 def test_a_failure_here_is_raised():
+    here_started = threading.Event()
+
     def run_here(t: int) -> int:
+        here_started.set()
         raise RuntimeError("out of memory here")
 
+    def run_in_pool(t: int) -> int:
+        # holds the pool's task until this thread has taken one: otherwise, on a busy machine, the pool could
+        # finish all three before this thread takes any, and there would be no failure here to raise
+        assert here_started.wait(60), "this thread never took a task"
+        return t
+
     with ThreadPool(1) as pool, pytest.raises(RuntimeError, match="out of memory here"):
-        share_tasks([0, 1, 2], run_here, pool, lambda t: t, 1, lambda t, r: None)
+        share_tasks([0, 1, 2], run_here, pool, run_in_pool, 1, lambda t, r: None)
 
 
 def test_one_task_and_no_tasks():
