@@ -53,8 +53,8 @@ def deit_transform():
     """quest's own training transform of configs/recipe/deit.yaml (quest.data.build_transforms)."""
     from hydra import compose, initialize_config_dir
 
+    from quest.config_store import register_configs
     from quest.data import build_transforms
-    from quest.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):

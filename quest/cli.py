@@ -87,8 +87,9 @@ def _remove_if_empty(path: Path) -> None:
 
 def train() -> None:
     """``quest-train [group=option ...] [key=value ...]``: docs/training.md."""
+    from quest.config_store import register_configs
     from quest.overrides import exit_on_bad_overrides
-    from quest.schema import TrainConfig, register_configs
+    from quest.schema import TrainConfig
 
     register_configs()
     _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")

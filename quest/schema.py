@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 #: field metadata of a float field whose value may be infinite or NaN (none today; see the module docstring)
@@ -237,27 +236,3 @@ RESUME_SAFE_KEYS = (*OPERATIONAL_KEYS, "data.root", "trainer.epochs", "trainer.e
 def matches_key(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
     """``key`` equals a pattern, or lies under a ``prefix.*`` pattern."""
     return any(key == p or (p.endswith(".*") and (key == p[:-2] or key.startswith(p[:-1]))) for p in patterns)
-
-
-def register_configs() -> None:
-    """The schema in Hydra's ConfigStore, and the ``${quest_run_suffix:}`` resolver of the run directory's name."""
-    from omegaconf import OmegaConf
-
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    # quest.engine imports torch: only when a run directory's name is resolved (not for --help or tab completion)
-    if not OmegaConf.has_resolver("quest_run_suffix"):
-        OmegaConf.register_new_resolver("quest_run_suffix", _run_name_suffix)
-    if not OmegaConf.has_resolver("quest_safe_name"):
-        OmegaConf.register_new_resolver("quest_safe_name", _safe_name)
-
-
-def _run_name_suffix(*, _root_: Any) -> str:  # OmegaConf passes _root_ to a resolver that names it
-    from quest.engine.run_dir import run_name_suffix
-
-    return run_name_suffix(_root_=_root_)
-
-
-def _safe_name(text: Any) -> str:
-    from quest.engine.run_dir import safe_name
-
-    return safe_name(text)

@@ -22,6 +22,8 @@ from typing import Any, Callable, TypeVar
 
 from quest.validation import Checks
 
+from .settings import RESERVED_KEYS
+
 __all__ = ["Evaluator", "register_evaluation", "unregister_evaluation", "evaluators", "load_evaluations",
            "registry_version", "EVALUATIONS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
 
@@ -67,8 +69,6 @@ def register_evaluation(name: str, settings: type | None = None, *, default: Cal
     function of its section that lists them; a missing one is named before any evaluation runs. ``inputs(run,
     section)`` lists the data roots it reads (:class:`quest.evaluation.inputs.Input`), checked before the suite's
     first evaluation runs and recorded in eval_results.json. Returns ``fn`` unchanged."""
-    from .config import RESERVED_KEYS
-
     if not name.isidentifier() or name in RESERVED_KEYS:
         raise ValueError(f"evaluation name {name!r} must be an identifier and not one of eval's own keys "
                          f"{sorted(RESERVED_KEYS)}")
