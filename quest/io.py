@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from omegaconf import OmegaConf
+
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "new_file_mode", "open_records", "read_json",
            "readable", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
-           "json_text", "markdown_table"]
+           "json_text", "markdown_table", "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -162,25 +164,26 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda f: f.write(text.encode()))
 
 
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy / torch scalars
-        return _finite(value.item())
-    return str(value)
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such floats become the strings 'nan', 'inf', '-inf' (readable and parseable)."""
+def plain(value: Any) -> Any:
+    """Plain JSON values: OmegaConf configs as resolved containers, torch / numpy scalars as numbers, tuples as
+    lists, and non-finite floats as the strings 'nan', 'inf', '-inf' (JSON has no NaN or infinity; the strings stay
+    readable and parseable)."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
     return value
 
 
 def json_text(obj: Any, indent: int | None = 2) -> str:
-    return json.dumps(_finite(obj), indent=indent, default=_jsonable, allow_nan=False) + "\n"
+    """``obj`` as JSON (through :func:`plain`; anything else JSON cannot hold as its text), ending in a newline."""
+    return json.dumps(plain(obj), indent=indent, default=str, allow_nan=False) + "\n"
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> Path:

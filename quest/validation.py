@@ -10,12 +10,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "float_keys"]
+__all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "float_keys", "is_int", "DEVICE_PATTERN",
+           "PRECISIONS"]
+
+#: what trainer.device and eval.device accept
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: autocast precisions of training (recipe.precision, trainer.precision besides auto) and evaluation (eval.precision)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (YAML's true is an int to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ConfigError(ValueError):

@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from quest.engine.distributed import DistContext
+from quest.engine.precision import autocast_for
 from quest.evaluation.config import eval_settings_schema
 from quest.evaluation.context import EvalRun
-from quest.evaluation.runner import autocast_for
 from quest.evaluation.target import EvalTarget
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

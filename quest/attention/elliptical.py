@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from quest.validation import is_int
+
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
 from .registry import register_attention
 
@@ -47,10 +49,6 @@ def elliptical_weights(
     return (m / m.amax(dim=-1, keepdim=True).clamp_min(eps)).to(v.dtype)
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 class _Elliptical(QKAttention):
     """Shared body: option checks, linking, recording v and estimating m. Subclasses give :meth:`transform_qkm`."""
 
@@ -67,7 +65,7 @@ class _Elliptical(QKAttention):
                     f"{self.attention_name} option layers={layers!r}: expected null (every layer but the first) "
                     "or a list of layer indices >= 1"
                 )
-            bad = [i for i in layers if not _is_int(i) or i < 1]
+            bad = [i for i in layers if not is_int(i) or i < 1]
             if bad:
                 raise ValueError(
                     f"{self.attention_name} option layers={list(layers)!r}: {bad!r} are not layer indices >= 1 "

@@ -7,7 +7,7 @@ from typing import Any
 
 from quest.io import json_text, open_records, write_json_atomic
 
-__all__ = ["RunLogger", "LOG_FORMAT", "start_log_file", "stop_log_file"]
+__all__ = ["RunLogger", "LOG_FORMAT", "start_log_file", "stop_log_file", "wandb_group"]
 
 #: the log file's lines (train.log, eval.log), as Hydra's default job logging writes them
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -29,6 +29,12 @@ def stop_log_file(handler: logging.Handler | None) -> None:
 
 log = logging.getLogger("quest.train")
 
+
+
+def wandb_group(choices: dict[str, str]) -> str:
+    """The wandb group of a run (unless logger.group names one): ``<data>-<model>-<recipe>``, so that one group holds
+    the attentions and seeds of one comparison; the evaluations of a run join its group."""
+    return "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
 
 class RunLogger:
     """Appends one JSON object per log call to ``metrics.jsonl``; mirrors to wandb when configured.
@@ -53,7 +59,7 @@ class RunLogger:
 
         wandb = require("wandb", "wandb", "logger=wandb")
 
-        group = lc.group or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
+        group = lc.group or wandb_group(choices)
         name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"
         return wandb.init(
             project=lc.project, entity=lc.entity, mode=lc.mode, group=group, name=name, tags=list(lc.tags),

@@ -7,7 +7,6 @@ allowed. The input size against the model's patch size is checked once the model
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,12 @@ from omegaconf import OmegaConf
 from quest.attention import get_attention
 from quest.data import DATASETS, SHARD_DATASETS, check_split_classes, known_num_classes
 from quest.schema import TrainConfig
-from quest.validation import Checks, ConfigError, check_known_keys, float_keys
+from quest.validation import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys
 
 __all__ = ["validate_train_config", "check_patch_size", "ConfigError"]
 
 #: attention.name of configs/attention/path.yaml until the command line names the class
 PATH_PLACEHOLDER = "<package.module:Class>"
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
 _TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
 _EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
@@ -54,7 +52,7 @@ def _recipe(c: Checks) -> None:
     c.one_of("recipe.sched", _SCHEDULERS)
     c.one_of("recipe.sched_on", ("updates", "epochs", "deit"))
     c.one_of("recipe.drop_path_schedule", ("linear", "uniform"))
-    c.one_of("recipe.precision", ("fp32", "bf16", "fp16"), optional=True)
+    c.one_of("recipe.precision", PRECISIONS, optional=True)
     c.one_of("recipe.init_weights", ("ema", "model"))
     c.one_of("recipe.mixup_mode", ("batch", "pair", "elem"))
     c.one_of("recipe.remode", ("const", "rand", "pixel"))
@@ -94,8 +92,8 @@ def _trainer(c: Checks) -> None:
     c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
     c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", "trainer.torch_threads", optional=True)
     c.check("trainer.seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-    c.check("trainer.device", lambda v: _DEVICE.match(v), "auto, cpu, cuda or cuda:N")
-    c.one_of("trainer.precision", ("auto", "fp32", "bf16", "fp16"))
+    c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
+    c.one_of("trainer.precision", ("auto", *PRECISIONS))
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
     c.positive("trainer.max_loss", "trainer.max_loss_factor", optional=True)
     resume = c.value("trainer.resume")

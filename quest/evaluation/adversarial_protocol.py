@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 
 from quest.attention.elliptical import ESTIMATORS
-from quest.validation import Checks
+from quest.validation import Checks, is_int
 
 from .attack_space import SPACES, AttackSpace
-from .checks import is_int, sublist
+from .checks import sublist
 from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
 __all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "SCORE_PRECISIONS", "AdversarialConfig",

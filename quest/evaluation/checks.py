@@ -9,29 +9,22 @@ past it, and a negative batch size or an unknown precision would only fail (or s
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from quest.validation import Checks, check_known_keys
+from quest.validation import DEVICE_PATTERN, PRECISIONS, Checks, check_known_keys, is_int
 
 from .config import eval_config_schema
 from .registry import evaluators
 
-__all__ = ["check_eval_config", "is_int", "sublist", "severities", "PRECISIONS", "INTERPOLATIONS"]
+__all__ = ["check_eval_config", "sublist", "severities", "INTERPOLATIONS"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
 # transform must be deterministic
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def sublist(checks: Checks, key: str, allowed: Iterable[Any], what: str) -> None:
@@ -52,7 +45,7 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
     checks.positive_int("eval.batch_size")
     checks.check("eval.num_workers", lambda v: is_int(v) and v >= 0, "an integer >= 0")
     checks.positive_int("eval.torch_threads", optional=True)
-    checks.check("eval.device", lambda v: bool(_DEVICE.match(str(v))), "auto, cpu, cuda or cuda:N")
+    checks.check("eval.device", lambda v: bool(DEVICE_PATTERN.match(str(v))), "auto, cpu, cuda or cuda:N")
     checks.one_of("eval.precision", PRECISIONS)
     if cfg.eval.precision == "fp16" and (cfg.eval.device == "cpu"
                                          or (cfg.eval.device == "auto" and not torch.cuda.is_available())):

@@ -3,31 +3,13 @@ eval_results.md (tables for people), plus an optional wandb run in the training 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from quest.io import json_text, markdown_table, plain, write_csv_atomic, write_text_atomic
 
-from quest.io import json_text, markdown_table, write_csv_atomic, write_text_atomic
-
-__all__ = ["write_reports", "jsonable", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers",
+__all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers",
            "format_headline"]
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON values: configs as containers, tensors and numpy scalars as numbers, non-finite floats as text."""
-    if isinstance(value, (DictConfig, ListConfig)):
-        value = OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN / inf
-    return value
 
 
 def flatten_numbers(tree: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -158,7 +140,7 @@ def _section(name: str, result: dict[str, Any]) -> list[str]:
         lines += _table(["corruption", *[f"s{s}" for s in severities], "mean", "CE"], rows) + [""]
     for key in ("subset", "protocol", "note", "transform", "pipeline", "masking", "label", "clean_error_source"):
         if key in result:
-            text = json.dumps(jsonable(result[key])) if isinstance(result[key], dict) else str(result[key])
+            text = json.dumps(plain(result[key])) if isinstance(result[key], dict) else str(result[key])
             lines.append(f"- {key}: {text}")
     return lines + [""]
 
@@ -166,7 +148,7 @@ def _section(name: str, result: dict[str, Any]) -> list[str]:
 def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path]:
     """Write the three files, each atomically (quest.io); return their paths."""
     out_dir = Path(out_dir)
-    report = jsonable(report)
+    report = plain(report)
     paths = {ext: out_dir / f"eval_results.{ext}" for ext in ("json", "csv", "md")}
     rows = [(evaluation, metric, value) for evaluation, result in report["results"].items()
             for flatten in (flatten_numbers, flatten_texts) for metric, value in flatten(result)]
@@ -204,10 +186,10 @@ def log_wandb(logger_cfg: Any, report: dict[str, Any], out_dir: Path, group: str
     name = logger_cfg.name or f"eval-{report['suite']}-{target.get('attention')}"
     run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=logger_cfg.mode,
                      group=logger_cfg.group or group, name=name, job_type="eval", tags=list(logger_cfg.tags),
-                     dir=str(out_dir), config={"target": jsonable(target), "settings": report["settings"]},
+                     dir=str(out_dir), config={"target": plain(target), "settings": report["settings"]},
                      reinit="finish_previous")
     metrics = {f"eval/{evaluation}/{metric}": value for evaluation, result in report["results"].items()
-               for metric, value in flatten_numbers(jsonable(result))}
+               for metric, value in flatten_numbers(plain(result))}
     run.log(metrics)
     run.summary.update(metrics)
     run_id = run.id

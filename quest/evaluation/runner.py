@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,30 +14,29 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.distributed import DistContext, init_distributed
 from quest.engine.logger import start_log_file, stop_log_file
+from quest.engine.precision import autocast_for
 from quest.extras import require_all
+from quest.io import plain
 from quest.validation import ConfigError
 
 from .checks import check_eval_config
 from .context import EvalRun
 from .directory import COMPLETE, PARTIAL, RUNNING, EvalDirectory, EvalDirectoryError, fingerprint, fingerprint_key
 from .registry import EVALUATIONS, evaluators
-from .report import format_headline, headline_numbers, jsonable, log_wandb, write_reports
+from .report import format_headline, headline_numbers, log_wandb, write_reports
 from .target import EvalTarget, load_target
 
 log = logging.getLogger("quest.eval")
 
-__all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "autocast_for", "check_inputs",
+__all__ = ["EVALUATIONS", "run_evaluations", "run_evaluation", "eval_autocast", "check_inputs",
            "check_ignored_overrides"]
 
 
-def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
-    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if precision not in dtypes:
-        raise ValueError(f"eval.precision must be fp32, bf16 or fp16, got {precision!r}")
+def eval_autocast(precision: str, device: torch.device) -> Callable[[], Any]:
+    """eval.precision's autocast; fp16 only on CUDA (on the CPU it is slow and untested for evaluation)."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("eval.precision=fp16 needs CUDA; use bf16 or fp32 on CPU")
-    dtype = dtypes[precision]
-    return partial(torch.autocast, device_type=device.type, dtype=dtype) if dtype else nullcontext
+    return autocast_for(precision, device)
 
 
 def _check_names(settings: Any) -> list[str]:
@@ -71,7 +68,7 @@ def run_evaluations(target: EvalTarget, settings: Any, ctx: DistContext,
     put them."""
     names = _check_names(settings)
     check_extras(settings, names)
-    run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device),
+    run = EvalRun(target, ctx, settings, eval_autocast(settings.precision, ctx.device),
                   out_dir=Path(out_dir) if out_dir is not None else None)
     check_inputs(run, names)
     for name in names:
@@ -148,7 +145,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     handler = None
     try:
         target = load_target(cfg, ctx.device)
-        run = EvalRun(target, ctx, settings, autocast_for(settings.precision, ctx.device), out_dir=Path(output_dir))
+        run = EvalRun(target, ctx, settings, eval_autocast(settings.precision, ctx.device), out_dir=Path(output_dir))
         inputs = check_inputs(run, names)
         check_ignored_overrides(overrides or [], names, inputs)
         resolved = OmegaConf.to_container(settings, resolve=True)
@@ -158,7 +155,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
             "world_size": ctx.world_size, "device": str(ctx.device), "precision": settings.precision,
             "versions": _versions(), "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        report["fingerprint"] = fp = fingerprint(resolved, jsonable(report["target"]), inputs)
+        report["fingerprint"] = fp = fingerprint(resolved, plain(report["target"]), inputs)
         report["key"] = fingerprint_key(fp)
         action, stored = _decide(directory, fp, settings.overwrite, ctx)
         if action == "done":

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import FORMAT, load_checkpoint
+from quest.engine.logger import wandb_group
 from quest.models import create_model
 from quest.schema import DataConfig
 
@@ -161,7 +162,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     crop_pct, interpolation = _eval_transform_overrides(settings, stored.recipe.crop_pct,
                                                         stored.recipe.eval_interpolation)
     choices = dict(ckpt.get("choices") or {})
-    group = stored.logger.get("group") or "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
+    group = stored.logger.get("group") or wandb_group(choices)
     info = {
         "source": "checkpoint", "checkpoint": str(path), "checkpoint_file": path.name, "weights": which,
         "evaluated": evaluated_name(path, which == "ema"),

@@ -13,9 +13,9 @@ from typing import Any, Callable, List, Optional
 from PIL import Image
 from torch.utils.data import Dataset
 
-from quest.validation import Checks
+from quest.validation import Checks, is_int
 
-from ..checks import is_int, severities, sublist
+from ..checks import severities, sublist
 from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset
 from ..corruption_fns import corrupt, sample_seed
 from ..inputs import data_input
