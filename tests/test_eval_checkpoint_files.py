@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from quest.engine import fit, load_checkpoint
 from quest.evaluation import run_evaluation
-from quest.evaluation.torch_files import inspect_torch_file
+from quest.torch_files import inspect_torch_file
 
 from .helpers import FAST, compose_cfg
 from .test_eval_cli import eval_cfg

@@ -11,7 +11,6 @@ import logging
 import os
 import random
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,15 @@ import torch
 import torch.nn as nn
 
 from quest.io import atomic_write
+from quest.torch_files import FORMAT
 
 from .distributed import DistContext, gather_objects
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["FORMAT", "ZIP_MAGIC", "CheckpointWriteError", "damaged_member", "save_checkpoint", "load_checkpoint",
+__all__ = ["CheckpointWriteError", "save_checkpoint", "load_checkpoint",
            "check_compatible", "replace_with_link", "rng_state", "set_rng_state", "Checkpointer"]
 
-FORMAT = "quest-checkpoint-v1"
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default (zip) format since torch 1.6
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -106,19 +104,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
     return ckpt
-
-
-def damaged_member(path: str | Path) -> str | None:
-    """The first member of a zip-format torch file whose CRC does not match its bytes, else None. torch.load reads
-    zip members without checking their CRCs, so a damaged tensor payload loads silently as wrong numbers."""
-    with open(path, "rb") as f:
-        if f.read(4) != ZIP_MAGIC:
-            return None  # the legacy format has no checksums
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError):
-        return "the zip directory"
 
 
 def check_compatible(ckpt: dict[str, Any], expected: dict[str, Any], path: str | Path) -> None:

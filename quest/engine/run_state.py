@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from quest.io import DamagedFile, read_json, write_text_atomic
+from quest.torch_files import ZIP_MAGIC, damaged_member
 from quest.validation import ConfigError
 
-from .checkpoint import ZIP_MAGIC, check_compatible, damaged_member, load_checkpoint
+from .checkpoint import check_compatible, load_checkpoint
 from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
 
 log = logging.getLogger("quest.train")

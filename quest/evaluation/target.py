@@ -12,15 +12,15 @@ import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
-from quest.engine.checkpoint import FORMAT, load_checkpoint
+from quest.engine.checkpoint import load_checkpoint
 from quest.engine.logger import wandb_group
 from quest.models import create_model
 from quest.schema import DataConfig
+from quest.torch_files import FORMAT, checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 from .config import evaluated_name
 from .directory import file_sha256, state_dict_sha256
 from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
-from .torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 log = logging.getLogger("quest.eval")
 

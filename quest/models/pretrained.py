@@ -70,7 +70,7 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path), device="cpu")
-    from quest.evaluation.torch_files import inspect_torch_file, state_dict_of, weights_problem
+    from quest.torch_files import inspect_torch_file, state_dict_of, weights_problem
 
     found = inspect_torch_file(path)
     problem = weights_problem(path, found)

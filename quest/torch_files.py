@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
-from quest.engine.checkpoint import FORMAT, ZIP_MAGIC, damaged_member
+__all__ = ["FORMAT", "ZIP_MAGIC", "TorchFile", "inspect_torch_file", "state_dict_of", "checkpoint_problem",
+           "weights_problem", "damaged_member"]
 
-__all__ = ["TorchFile", "inspect_torch_file", "state_dict_of", "checkpoint_problem", "weights_problem",
-           "damaged_member"]
+#: the "format" entry of every checkpoint train.py writes (quest.engine.checkpoint)
+FORMAT = "quest-checkpoint-v1"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default (zip) format since torch 1.6
 
 # torch's legacy format starts with its magic number pickled with protocol 2
 LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."
@@ -177,3 +179,16 @@ def weights_problem(path: str | Path, found: TorchFile | None = None) -> str | N
         return common if found.kind == "truncated" else \
             f"{common}. weights= takes a state_dict saved with torch.save(model.state_dict(), path)"
     return f"weights={path} is not a state_dict (a dict of tensors): {found.detail}"
+
+
+def damaged_member(path: str | Path) -> str | None:
+    """The first member of a zip-format torch file whose CRC does not match its bytes, else None. torch.load reads
+    zip members without checking their CRCs, so a damaged tensor payload loads silently as wrong numbers."""
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_MAGIC:
+            return None  # the legacy format has no checksums
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return "the zip directory"
