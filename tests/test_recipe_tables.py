@@ -93,3 +93,11 @@ def test_a_run_stored_with_model_recipe_values_resumes(tmp_path):
     stored["recipe"]["lr"] = 4e-3
     with pytest.raises(ConfigError, match="recipe.lr"):
         check_resume(stored, new, tmp_path)
+
+
+def test_the_documented_overrides_change_one_value_or_one_row():
+    """docs/training.md (Recipes): recipe.lr=... replaces the value; recipe.by_model_size.large.drop_path=... a row."""
+    row = compose_cfg("recipe=deit3", "model=deit3_large", "recipe.by_model_size.large.drop_path=0.5").recipe
+    assert (row.drop_path, row.lr, row.img_size) == (0.5, 3e-3, 192)
+    assert compose_cfg("recipe=deit3", "model=vit_tiny", "recipe.lr=1e-3", "recipe.img_size=224",
+                       "recipe.drop_path=0.1").recipe.lr == 1e-3  # a size with no row, every value given
