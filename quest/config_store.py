@@ -3,15 +3,18 @@ name run directories. A module of its own so that the schema (quest.schema) stay
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from quest.run_names import register_resolvers
-from quest.schema import TrainConfig
+from quest.schema import TrainConfig, model_size_value
 
 __all__ = ["register_configs"]
 
 
 def register_configs() -> None:
-    """``train_schema`` in Hydra's ConfigStore, and the ``${quest_run_suffix:}`` / ``${quest_safe_name:...}``
-    resolvers of ``hydra.run.dir``."""
+    """``train_schema`` in Hydra's ConfigStore, the ``${quest_run_suffix:}`` / ``${quest_safe_name:...}``
+    resolvers of ``hydra.run.dir``, and ``${quest_model_size:KEY}``, the row of a recipe's per-model-size table."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     register_resolvers()
+    if not OmegaConf.has_resolver("quest_model_size"):
+        OmegaConf.register_new_resolver("quest_model_size", model_size_value)

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
+from quest.validation import ConfigError
+
 #: field metadata of a float field whose value may be infinite or NaN (none today; see the module docstring)
 NON_FINITE_OK = {"finite": False}
 
@@ -33,8 +35,6 @@ class ModelConfig:
 
     name: str = MISSING  # a timm model name (configs/model/*.yaml for the curated ones)
     img_size: Optional[int] = None  # None: the model's own default
-    # per-recipe, size-dependent values (drop path, DeiT-III lr and input size), read by the recipe configs
-    recipe_values: Dict[str, Any] = field(default_factory=dict)
     # LayerScale's initial value (timm's init_values); None: the timm model's own (1e-6 for timm's deit3_*, whose
     # authors' models_v2.py uses 1e-4: configs/model/deit3_*.yaml set that)
     layer_scale_init: Optional[float] = None
@@ -98,6 +98,10 @@ class RecipeConfig:
 
     name: str = MISSING  # the recipe's name (in the run directory's name)
     epochs: int = MISSING  # epochs the schedule spans
+    # the recipe's values that depend on the model's size, one row per size word of the timm model name
+    # (deit3_base_patch16_224 -> base; a row named "default" serves every other size), read by the recipe's own
+    # keys as ${quest_model_size:lr} (docs/training.md, Recipes)
+    by_model_size: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     # optimiser (timm create_optimizer_v2)
     opt: str = "adamw"  # optimiser name (timm create_optimizer_v2)
     lr: Optional[float] = None  # absolute lr; if None, base_lr * global_batch / lr_base_size
@@ -214,7 +218,8 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    # Values an experiment overlay (configs/experiment/) looks up by model, e.g. Table 2's epochs per ViT size:
+    # The experiment's own values (configs/experiment/) looked up by model, not the recipe's (those are rows of
+    # recipe.by_model_size), e.g. Table 2's epochs per ViT size (its compute budget):
     # trainer.epochs: ${experiment_values.epochs.${model.name}}. Unused otherwise.
     experiment_values: Dict[str, Any] = field(default_factory=dict)
 
@@ -230,9 +235,36 @@ OPERATIONAL_KEYS = (
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the
 #: new length; a shorter one is refused), validation cadence and diagnostics (outputs only).
-RESUME_SAFE_KEYS = (*OPERATIONAL_KEYS, "data.root", "trainer.epochs", "trainer.eval_every_n_epochs", "diagnostics.*")
+#: A recipe's per-size table (and model.recipe_values, where older quest kept those numbers) only looks values up:
+#: the values it gives (recipe.lr, ...) are compared themselves.
+RESUME_SAFE_KEYS = (*OPERATIONAL_KEYS, "data.root", "trainer.epochs", "trainer.eval_every_n_epochs", "diagnostics.*",
+                    "recipe.by_model_size.*", "model.recipe_values.*")
 
 
 def matches_key(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
     """``key`` equals a pattern, or lies under a ``prefix.*`` pattern."""
     return any(key == p or (p.endswith(".*") and (key == p[:-2] or key.startswith(p[:-1]))) for p in patterns)
+
+
+def model_size(model_name: str) -> str:
+    """The size word of a timm model name, the key of a recipe's ``by_model_size`` table: the word after the
+    family (``vit_base_patch16_224`` -> ``base``, ``deit3_huge_patch14_224`` -> ``huge``, ``vit_pico_patch4_16`` ->
+    ``pico``)."""
+    words = str(model_name).split("_")
+    return words[1] if len(words) > 1 else words[0]
+
+
+def model_size_value(key: str, *, _root_: Any) -> Any:
+    """OmegaConf resolver ``${quest_model_size:KEY}``: ``recipe.by_model_size[<size of model.name>][KEY]``, else the
+    ``default`` row's KEY; a size the table lacks is a clear error naming the model and the sizes the recipe has."""
+    recipe, model_name = _root_.recipe, _root_.model.name
+    table = recipe.get("by_model_size") or {}
+    size = model_size(model_name)
+    for row in (size, "default"):
+        if row in table and key in table[row]:
+            return table[row][key]
+    sizes = ", ".join(sorted(str(s) for s in table)) or "none"
+    raise ConfigError(
+        f"recipe {recipe.get('name')!r} has no {key} for model {model_name!r} (size {size!r}); its table "
+        f"recipe.by_model_size has rows for: {sizes}. Choose a model of one of those sizes, or give the value: "
+        f"recipe.{key}=<value> (or recipe.by_model_size.{size}.{key}=<value>)")

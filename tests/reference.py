@@ -35,4 +35,9 @@ def reference_logits(name: str, layer, q: torch.Tensor, k: torch.Tensor) -> torc
         return s * (l2n(q) @ l2n(k).transpose(-2, -1))
     if name == "qknorm_ds":
         return layer_norm(q, layer.q_norm) @ layer_norm(k, layer.k_norm).transpose(-2, -1) / math.sqrt(d)
-    raise AssertionError(f"no reference for {name}")
+    if name in ("elliptical", "elliptical_quest"):
+        # a layer outside a model (no previous block) has no m: the formulation without it (docs/attention.md);
+        # the weighted logits are written out in tests/test_elliptical.py
+        assert not layer.uses_m, "a linked elliptical layer needs the previous block's values (tests/test_elliptical.py)"
+        return reference_logits("standard" if name == "elliptical" else "quest", layer, q, k)
+    raise AssertionError(f"no reference for {name}: write its logits out here")

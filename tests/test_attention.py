@@ -13,13 +13,14 @@ from quest.attention import get_attention, list_attentions
 from .reference import l2n as _l2n
 from .reference import reference_logits
 
-FORMULATIONS = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
+PAPER_FORMULATIONS = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
+FORMULATIONS = list_attentions()  # every registered one: a new one fails until tests/reference.py writes it out
 B, N, DIM, HEADS = 2, 7, 24, 3
 D = DIM // HEADS
 
 
 def test_registry_holds_the_paper_formulations():
-    assert set(FORMULATIONS) <= set(list_attentions())
+    assert set(PAPER_FORMULATIONS) <= set(list_attentions())
 
 
 def reference_forward(name, layer, x, mask=None, causal=False):
@@ -163,3 +164,30 @@ def test_l2_normalize_gradient_matches_autograd_including_below_eps():
         s = torch.rand(shape, dtype=torch.float64, requires_grad=True) + 0.5
         assert gradcheck(lambda t, s: l2_normalize(t, 1e-3, s), (x, s))
     torch.testing.assert_close(l2_normalize(x, 1e-3), torch.nn.functional.normalize(x, dim=-1, eps=1e-3))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "causal"])
+@pytest.mark.parametrize("name", FORMULATIONS)
+def test_attention_hook_sees_the_probabilities_the_layer_applies(name, mask_kind):
+    """register_attention_hook: the hook gets softmax(reference logits + mask), the output is the fused one, and
+    after remove() no hook is called again."""
+    layer = make_layer(name)
+    mask, causal = masks()[mask_kind]
+    x = torch.randn(B, N, DIM, dtype=torch.float64)
+    fused = layer(x, attn_mask=mask, is_causal=causal)
+    seen = []
+    handle = layer.register_attention_hook(lambda module, logits, probs: seen.append((module, logits, probs)))
+    hooked = layer(x, attn_mask=mask, is_causal=causal)
+    handle.remove()
+    layer(x, attn_mask=mask, is_causal=causal)
+    assert len(seen) == 1 and seen[0][0] is layer
+    qkv = x @ layer.qkv.weight.T + layer.qkv.bias
+    q, k, _ = (t.reshape(B, N, HEADS, D).transpose(1, 2) for t in qkv.split(DIM, dim=-1))
+    z = reference_logits(name, layer, q, k)
+    if causal:
+        z = z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask
+    torch.testing.assert_close(seen[0][1], z, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(seen[0][2], torch.softmax(z, dim=-1), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(hooked, fused, atol=1e-10, rtol=1e-10)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from quest.engine.builders import resolve_img_size, resolve_lr
+from quest.schema import model_size
 
 from .helpers import CONFIGS, compose_cfg
 
@@ -31,16 +32,27 @@ def test_every_model_and_data_config_composes(model, data):
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
-@pytest.mark.parametrize("recipe, models", [
-    ("light", ["vit_pico", "vit_nano", "vit_micro", "vit_tiny"]),
-    ("deit", ["vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge", "deit3_base"]),
-    ("deit3", ["deit3_small", "deit3_base", "deit3_large", "deit3_huge"]),
-    ("deit3_finetune", ["deit3_small", "deit3_base", "deit3_large", "deit3_huge"]),
-])
-def test_every_recipe_resolves_with_its_models(recipe, models):
-    for model in models:
-        cfg = compose_cfg(f"recipe={recipe}", f"model={model}")
+@pytest.mark.parametrize("model", _options("model"))
+@pytest.mark.parametrize("recipe", _options("recipe"))
+def test_every_recipe_resolves_with_every_model_of_a_size_it_has(recipe, model):
+    """A recipe with no per-size table, or with a row for the model's size (or a default row), resolves; any
+    other model is refused naming the model and the sizes the recipe has (docs/training.md, Recipes)."""
+    cfg = compose_cfg(f"recipe={recipe}", f"model={model}")
+    table = cfg.recipe.by_model_size
+    if not table or "default" in table or model_size(cfg.model.name) in table:
         OmegaConf.to_container(cfg.recipe, resolve=True, throw_on_missing=True)
+    else:
+        sizes = ", ".join(sorted(table))
+        with pytest.raises(InterpolationResolutionError, match=f"model '{cfg.model.name}'.*rows for: {sizes}"):
+            OmegaConf.to_container(cfg.recipe, resolve=True, throw_on_missing=True)
+
+
+def test_the_paper_models_have_rows_in_their_recipes():
+    for recipe, models in (("deit", ["vit_tiny", "vit_small", "vit_base"]),
+                           ("deit3", ["deit3_small", "deit3_base", "deit3_large", "deit3_huge"]),
+                           ("deit3_finetune", ["deit3_base", "deit3_large", "deit3_huge"])):
+        for model in models:
+            OmegaConf.to_container(compose_cfg(f"recipe={recipe}", f"model={model}").recipe, resolve=True)
 
 
 def test_deit_vit_base_values():

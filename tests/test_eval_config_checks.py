@@ -12,6 +12,7 @@ import quest.evaluation.runner as runner
 from quest.evaluation import run_evaluation
 from quest.evaluation.checks import check_eval_config
 from quest.evaluation.config import EvalConfig
+from quest.evaluation.registry import evaluators, load_evaluations
 from quest.validation import ConfigError
 
 from .helpers import CONFIGS
@@ -78,6 +79,22 @@ USER_GIVEN = {"imagenet_explain": ["eval.explain.boxes=/datasets/imagenet/LOC_va
 @pytest.mark.parametrize("suite", sorted(p.stem for p in (CONFIGS / "eval").glob("*.yaml")))
 def test_every_suite_passes_the_checks(suite):
     check_eval_config(eval_cfg(*BASE, f"eval={suite}", *USER_GIVEN.get(suite, [])), runner.EVALUATIONS)
+
+
+load_evaluations()  # the built-in evaluations, as eval.py registers them
+REGISTERED = sorted(n for n, e in evaluators().items() if e.module.startswith("quest."))  # not a test's own
+
+
+@pytest.mark.parametrize("name", REGISTERED)
+def test_every_registered_evaluation_alone_passes_the_checks(name):
+    """Derived from the evaluation registry: a new built-in evaluation is checked here without being listed."""
+    check_eval_config(eval_cfg(*BASE, "eval=clean", f"eval.run=[{name}]"), runner.EVALUATIONS)
+
+
+def test_every_registered_evaluation_is_run_by_a_suite_config():
+    suites = sorted(p.stem for p in (CONFIGS / "eval").glob("*.yaml"))
+    run = {name for suite in suites for name in eval_cfg(*BASE, f"eval={suite}", *USER_GIVEN.get(suite, [])).eval.run}
+    assert set(REGISTERED) <= run, f"no configs/eval/*.yaml runs {sorted(set(REGISTERED) - run)}"
 
 
 @pytest.mark.parametrize("suite", sorted(USER_GIVEN))

@@ -50,8 +50,7 @@ def test_timm_keeps_its_attn_layer_table_where_quest_registers():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("attention", ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds",
-                                       "elliptical", "elliptical_quest"])
+@pytest.mark.parametrize("attention", list_attentions())
 def test_timm_attn_layer_name_builds_quests_model(attention):
     """timm.create_model(name, attn_layer=<quest name>) computes what quest.models.create_model does with the same
     weights (float64, so only the arithmetic's own order could differ: the code paths are the same)."""

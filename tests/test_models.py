@@ -7,10 +7,10 @@ import pytest
 import timm
 import torch
 
-from quest.attention import QKAttention
+from quest.attention import QKAttention, list_attentions
 from quest.models import CPU_PRESETS, attention_layers, convert_attention, create_model
 
-FORMULATIONS = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
+FORMULATIONS = list_attentions()
 
 
 @pytest.mark.parametrize(

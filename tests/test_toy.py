@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 
+from quest.attention import list_attentions
 from quest.toy import (
     OUTCOMES,
     RunSpec,
@@ -30,7 +31,7 @@ from quest.toy.study import PAPER_OUTCOMES, classify_paper, stop_size, wilson_in
 
 from .helpers import ROOT
 
-PAPER_SIX = ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"]
+ALL = list_attentions()  # every registered one: a new formulation is tested here without being listed
 
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def test_bad_data_config_is_refused():
 
 
 # --- model -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("attention", PAPER_SIX)
+@pytest.mark.parametrize("attention", ALL)
 def test_cls_row_forward_equals_a_full_timm_block(attention):
     """The model computes only the [CLS] row; a full timm Block (SDPA, every row) must give the same output."""
     torch.manual_seed(1)
@@ -116,7 +117,6 @@ def test_qknorm_scale_uses_the_toy_sequence_length():
 
 
 # --- the engine ----------------------------------------------------------------------------------------------------
-ALL = PAPER_SIX + ["elliptical", "elliptical_quest"]
 KW = dict(seq_len=20, dim=20, num_classes=10)
 
 
@@ -167,7 +167,7 @@ def _one_by_one(attention, run, data, epochs, dtype, frozen=(), param_init=None)
 RUNS = [RunSpec(1e-2, 0.0, 0), RunSpec(5e-3, 0.1, 1), RunSpec(2.5e-3, 0.05, 0)]
 
 
-@pytest.mark.parametrize("attention", ["standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds"])
+@pytest.mark.parametrize("attention", ALL)
 def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
     """float64, so that nothing hides in the tolerance: every parameter of every run to 1e-9 after 9 steps
     (tiles of 2 runs: 2 + 1, so the tiling is exercised too), and the reported accuracies and loss exactly."""

@@ -5,19 +5,29 @@ logits (:meth:`QKAttention.transform_qk`). The forward pass hands exactly those 
 ``F.scaled_dot_product_attention``, so every formulation runs on the fused kernels, and diagnostics and tests read
 the logits from the same definition instead of re-deriving each formula.
 
+Explanations that need the attention probabilities (which the fused kernel never materialises) register an
+attention hook (:meth:`QKAttention.register_attention_hook`): while one is registered, the layer computes
+``softmax(logits + mask)`` explicitly and hands the logits and probabilities to the hook before applying them.
+
 Parameter names follow timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``proj``) so timm's
 initialisation, ``no_weight_decay`` handling and checkpoints apply unchanged.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
 
-__all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize"]
+__all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"]
+
+#: ``hook(layer, logits, probs)``, both (B, H, N, M): the pre-softmax logits (mask added) and the probabilities the
+#: layer applies to v (before attention dropout); ``probs`` keeps its autograd graph
+AttentionHook = Callable[[nn.Module, torch.Tensor, torch.Tensor], None]
 
 
 class _L2Normalize(torch.autograd.Function):
@@ -86,6 +96,10 @@ class QKAttention(nn.Module):
     options: ClassVar[dict[str, Any]] = {}
     #: True when the constructor's ``qk_norm`` flag is honoured (timm's per-head LayerNorm on q and k).
     supports_qk_norm: ClassVar[bool] = False
+    #: which inputs of :meth:`attend` may be scaled by a positive constant per token ("queries", "keys") without
+    #: changing its output, in exact arithmetic (docs/attention.md); tests/test_invariances.py checks each declared
+    #: one and that every other scaling changes the output
+    scale_invariant_in: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -128,6 +142,7 @@ class QKAttention(nn.Module):
         self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        self._attention_hooks: OrderedDict[int, AttentionHook] = OrderedDict()
         self._init_formulation(**dd)
 
     # --- what a formulation overrides -------------------------------------------------------------------------
@@ -169,6 +184,15 @@ class QKAttention(nn.Module):
         """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels."""
         return self._sdpa(*self.transform_qk(q, k), v, attn_mask, is_causal)
 
+    def register_attention_hook(self, hook: AttentionHook) -> RemovableHandle:
+        """Call ``hook(layer, logits, probs)`` at every forward (see :data:`AttentionHook`) until the returned
+        handle's ``remove()``. While any hook is registered the layer computes its softmax explicitly instead of
+        through the fused kernel (the same values; slower, and the (N, M) matrices are held): the seam through which
+        explanations read attention (quest.explain)."""
+        handle = RemovableHandle(self._attention_hooks)
+        self._attention_hooks[handle.id] = hook
+        return handle
+
     def _sdpa(
         self,
         q: torch.Tensor,
@@ -178,12 +202,15 @@ class QKAttention(nn.Module):
         attn_mask: torch.Tensor | None,
         is_causal: bool,
     ) -> torch.Tensor:
-        """softmax(scale * q k^T + mask) @ v for transformed q, k, through the fused SDPA kernels."""
+        """softmax(scale * q k^T + mask) @ v for transformed q, k: through the fused SDPA kernels, or written out
+        when an attention hook asks for the probabilities."""
         if isinstance(scale, torch.Tensor):
             # SDPA takes a Python float scale; a learnable (per-layer or per-head) scale is folded into q instead,
             # which is exact and keeps the gradient w.r.t. the scale. Cast to q's dtype so that under bf16 autocast
             # the fp32 parameter does not promote q to fp32 (and SDPA cast it back).
             q, scale = q * scale.to(q.dtype), 1.0
+        if self._attention_hooks:
+            return self._explicit_attention(q, k, scale, v, attn_mask, is_causal)
         return F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=attn_mask,
@@ -191,6 +218,20 @@ class QKAttention(nn.Module):
             is_causal=is_causal,
             scale=scale,
         )
+
+    def _explicit_attention(self, q, k, scale: float, v, attn_mask, is_causal: bool) -> torch.Tensor:
+        """What SDPA computes, written out so that the attention hooks see the logits and probabilities."""
+        logits = scale * (q @ k.transpose(-2, -1))
+        if is_causal:
+            n, m = logits.shape[-2:]
+            keep = torch.ones(n, m, dtype=torch.bool, device=logits.device).tril()
+            logits = logits.masked_fill(~keep, float("-inf"))
+        if attn_mask is not None:
+            logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+        probs = logits.softmax(dim=-1)
+        for hook in tuple(self._attention_hooks.values()):
+            hook(self, logits, probs)
+        return self.attn_drop(probs) @ v
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False

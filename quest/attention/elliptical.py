@@ -173,6 +173,8 @@ class EllipticalQuestAttention(_Elliptical):
     also QUEST's key-norm floor.
     """
 
+    scale_invariant_in = frozenset({"keys"})  # m weights the query's dimensions, keys stay l2-normalised
+
     def transform_qkm(self, q, k, m):
         return (q if m is None else q * m), l2_normalize(k, self.options["eps"]), 1.0
 

@@ -44,6 +44,8 @@ class QuestAttention(QKAttention):
     the sharpness of its own row, so no single key with a large norm can take attention from every query.
     """
 
+    scale_invariant_in = frozenset({"keys"})
+
     options = {"eps": NORM_EPS}
 
     def transform_qk(self, q, k):
@@ -53,6 +55,8 @@ class QuestAttention(QKAttention):
 @register_attention("qnorm")
 class QNormAttention(QKAttention):
     """QNorm: softmax(l2n(q) . k), scale 1; the mirror image of QUEST (QUEST paper, section 2.1)."""
+
+    scale_invariant_in = frozenset({"queries"})
 
     options = {"eps": NORM_EPS}
 
@@ -68,6 +72,8 @@ class QKNormAttention(QKAttention):
     ``seq_len=None`` means "this model's token count": :meth:`bind` fills it in when the model is built; a layer
     built outside a model uses 197.
     """
+
+    scale_invariant_in = frozenset({"queries", "keys"})
 
     options = {"seq_len": None, "eps": NORM_EPS}
     DEFAULT_SEQ_LEN = 197
@@ -106,6 +112,8 @@ class QKNormHeadScaleAttention(QKAttention):
     It is 1-d, so timm's optimizer factory keeps weight decay off it, as Swin-V2 does.
     """
 
+    scale_invariant_in = frozenset({"queries", "keys"})
+
     options = {"init_scale": 10.0, "max_scale": 100.0, "eps": NORM_EPS}
 
     def _init_formulation(self, device=None, dtype=None) -> None:
@@ -126,6 +134,8 @@ class QKNormDimScaleAttention(StandardAttention):
     Exactly timm's ``qk_norm=True`` (gains init 1, biases 0, shared across heads), so it loads timm checkpoints
     of qk-normed ViTs. With ||LN(x)|| = sqrt(d) the logit at initialisation is sqrt(d) * cos(q, k).
     """
+
+    scale_invariant_in = frozenset({"queries", "keys"})
 
     def __init__(self, dim: int, num_heads: int = 8, qk_norm: bool = True, norm_layer: Any = None, **kwargs: Any):
         if norm_layer is None:

@@ -1,15 +1,14 @@
 """Attention probabilities, computed explicitly so that explanations can read them (and their gradients).
 
-The fused SDPA kernel never materialises softmax(logits). :func:`explicit_attention` swaps, for the duration of a
-``with`` block, every quest attention layer's SDPA call (``QKAttention._sdpa``, the one call every formulation's
-``attend`` ends in: standard, QUEST, QKNorm, Elliptical with its m, and out-of-tree formulations) for the same
-computation written out: logits = scale * q' k'^T (+ mask), probs = softmax(logits), out = probs @ v. The logits
-and probabilities are those the layer uses, the same definition the diagnostics use (``effective_qk``); nothing
-of it runs unless an explanation asks.
+The fused SDPA kernel never materialises softmax(logits). :func:`explicit_attention` registers, for the duration
+of a ``with`` block, an attention hook on every quest attention layer (``QKAttention.register_attention_hook``, the
+public seam of the one call every formulation's ``attend`` ends in: standard, QUEST, QKNorm, Elliptical with its m,
+and out-of-tree formulations); while it is registered the layer writes its softmax out and hands the hook its
+logits = scale * q' k'^T (+ mask) and probs = softmax(logits), the ones it applies to v. Nothing of it runs unless
+an explanation asks.
 """
 from __future__ import annotations
 
-import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -50,26 +49,6 @@ def check_explainable(model: nn.Module) -> int:
     return int(getattr(model, "num_prefix_tokens", 1))
 
 
-def _explicit_sdpa(record: AttentionRecord):
-    def sdpa(self: QKAttention, q, k, scale, v, attn_mask, is_causal):
-        if isinstance(scale, torch.Tensor):
-            q, scale = q * scale.to(q.dtype), 1.0
-        logits = scale * (q @ k.transpose(-2, -1))
-        if is_causal:
-            n, m = logits.shape[-2:]
-            keep = torch.ones(n, m, dtype=torch.bool, device=logits.device).tril()
-            logits = logits.masked_fill(~keep, float("-inf"))
-        if attn_mask is not None:
-            logits = (logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
-                      else logits + attn_mask)
-        probs = logits.softmax(dim=-1)
-        record.logits.append(logits)
-        record.probs.append(probs)
-        return self.attn_drop(probs) @ v
-
-    return sdpa
-
-
 def _detached_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     # a fresh leaf: the layer's probabilities keep a graph (even with frozen weights) that ends at its own input
     def leaf(x: torch.Tensor) -> torch.Tensor:
@@ -87,17 +66,18 @@ def explicit_attention(model: nn.Module, detach_inputs: bool = False) -> Iterato
     (``x = x.detach()`` at the top of their ``Attention.forward``), so no gradient flows back through an attention
     layer into the blocks before it; the forward values are unchanged."""
     record = AttentionRecord()
-    layers = _layers(model)
-    patched, hooks = [], []
+
+    def keep(layer: nn.Module, logits: torch.Tensor, probs: torch.Tensor) -> None:
+        record.logits.append(logits)
+        record.probs.append(probs)
+
+    handles = []
     try:
-        for layer in layers:
-            layer._sdpa = types.MethodType(_explicit_sdpa(record), layer)
-            patched.append(layer)
+        for layer in _layers(model):
+            handles.append(layer.register_attention_hook(keep))
             if detach_inputs:
-                hooks.append(layer.register_forward_pre_hook(_detached_input, with_kwargs=True))
+                handles.append(layer.register_forward_pre_hook(_detached_input, with_kwargs=True))
         yield record
     finally:
-        for hook in hooks:
-            hook.remove()
-        for layer in patched:
-            del layer._sdpa  # the class's fused method again
+        for handle in handles:
+            handle.remove()  # the fused kernel again
