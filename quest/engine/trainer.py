@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from quest.validation import ConfigError
 
 from .builders import Components, build_components, model_meta, scheduler_epoch
-from .checkpoint import Checkpointer, load_checkpoint
+from .checkpoint import Checkpointer, CheckpointRecord, load_record
 from .distributed import DistContext
 from .evaluate import evaluate
 from .logger import RunLogger
@@ -116,10 +116,15 @@ class Run:
         return {"global_batch": p.global_batch, "lr": p.lr, "steps_per_epoch": p.steps_per_epoch,
                 "precision": self.precision}
 
-    def save(self, best: bool = False) -> None:
+    @property
+    def stateful(self) -> dict[str, Any]:
+        """The run's stateful parts by name, as Checkpointer.save/restore take them (CheckpointRecord's fields)."""
         p = self.parts
-        self.checkpointer.save(self.model, p.ema.module if p.ema is not None else None, p.optimizer, p.scheduler,
-                               self.scaler, best=best, record={
+        return {"model": self.model, "ema": p.ema.module if p.ema is not None else None, "optimizer": p.optimizer,
+                "scheduler": p.scheduler, "scaler": self.scaler}
+
+    def save(self, best: bool = False) -> None:
+        self.checkpointer.save(self.stateful, best=best, record={
             "state": asdict(self.state),
             # plain containers only: a ListConfig option (elliptical's `layers`) would not load with weights_only=True
             "meta": {**model_meta(self.cfg),
@@ -137,11 +142,11 @@ class Run:
         if self.on_checkpoint is not None:
             self.on_checkpoint(self.state.step)
 
-    def restore(self, ckpt: dict[str, Any], path: Path, extended: bool) -> None:
-        """Continue from ``ckpt``; ``extended``: the run was given more epochs, so the schedule built for the new
+    def restore(self, saved: CheckpointRecord, path: Path, extended: bool) -> None:
+        """Continue from ``saved``; ``extended``: the run was given more epochs, so the schedule built for the new
         length continues from the current step instead of the stored (shorter) one."""
-        check_data(ckpt.get("data"), self.data, self.run_dir)
-        stored = ckpt.get("derived") or {}
+        check_data(saved.data, self.data, self.run_dir)
+        stored = saved.derived or {}
         changed = {k: (stored[k], v) for k, v in self.derived.items() if k in stored and k != "steps_per_epoch"
                    and stored[k] != v}
         if changed:
@@ -150,9 +155,8 @@ class Run:
                 f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes, or trainer.precision="
                 "auto on another kind of device): resume it as it was started, or set trainer.precision explicitly")
         p = self.parts
-        self.checkpointer.restore(ckpt, path, self.model, p.ema.module if p.ema is not None else None, p.optimizer,
-                                  p.scheduler, self.scaler, schedule=not extended)
-        self.state = TrainState(**ckpt["state"])
+        self.checkpointer.restore(saved, path, self.stateful, schedule=not extended)
+        self.state = TrainState(**saved.state)
         self.saved_step = self.state.step
         if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
@@ -163,11 +167,11 @@ class Run:
         """Start from another run's weights (e.g. DeiT-III's low-resolution phase), resizing pos_embed."""
         from timm.models.vision_transformer import checkpoint_filter_fn
 
-        ckpt = load_checkpoint(path)
+        saved = load_record(path)
         which = self.cfg.recipe.get("init_weights", "ema")
-        source = ckpt["ema"] if which == "ema" and ckpt.get("ema") is not None else ckpt["model"]
+        source = saved.ema if which == "ema" and saved.ema is not None else saved.model
         log.info("trainer.init_from=%s: starting from its %s weights", path,
-                 "EMA" if source is ckpt.get("ema") else "model")
+                 "EMA" if source is saved.ema else "model")
         weights = checkpoint_filter_fn(source, self.model)
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if not k.startswith("head")]:
