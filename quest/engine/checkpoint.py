@@ -14,7 +14,7 @@ import random
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -177,10 +177,25 @@ def _plain(value: Any) -> Any:
 
 class Checkpointer:
     """``checkpoints/last.pt`` (and ``best.pt``) of one run directory, for DDP (one file) and FSDP (a small file
-    beside a sharded ``<name>.dcp/`` directory)."""
+    beside a sharded ``<name>.dcp/`` directory). ``every_n_steps`` (trainer.checkpoint_every_n_steps; 0: at epoch
+    ends only) is its cadence inside an epoch (:meth:`due`); ``on_save`` is told the step of every checkpoint
+    written."""
 
-    def __init__(self, ckpt_dir: Path, ctx: DistContext, sharded: bool):
+    def __init__(self, ckpt_dir: Path, ctx: DistContext, sharded: bool, every_n_steps: int = 0,
+                 on_save: Callable[[int], None] | None = None):
         self.dir, self.ctx, self.sharded = Path(ckpt_dir), ctx, sharded
+        self.every_n_steps, self.on_save = every_n_steps or 0, on_save
+        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is written after optimizer step ``step`` inside an epoch."""
+        return bool(self.every_n_steps) and step % self.every_n_steps == 0
+
+    def saved(self) -> str | None:
+        """``last.pt`` and the step it holds, when this run wrote or resumed from one."""
+        if self.saved_step is None or not self.last.is_file():
+            return None
+        return f"{self.last} (step {self.saved_step})"
 
     @property
     def last(self) -> Path:
@@ -206,6 +221,12 @@ class Checkpointer:
         scheduler, scaler; an absent EMA or scaler is None), ``record`` the CheckpointRecord's other fields. With
         ``best``, to ``best.pt`` first and then ``last.pt`` as the same file, so that no ``last.pt`` ever records a
         best epoch whose ``best.pt`` is missing. Collective under DDP/FSDP."""
+        self._write(parts, record, best)
+        self.saved_step = record["state"]["step"]
+        if self.on_save is not None:
+            self.on_save(self.saved_step)
+
+    def _write(self, parts: dict[str, Any], record: dict[str, Any], best: bool) -> None:
         _check_parts(parts)
         model, optimizer = parts["model"], parts["optimizer"]
         rngs = gather_objects(rng_state(), self.ctx)  # every rank draws its own augmentation randomness
@@ -218,9 +239,10 @@ class Checkpointer:
             weights = full_model_state_dict(model)
         if not self.ctx.is_main:
             return
-        states = {name: part.state_dict() if part is not None else None for name, part in parts.items()}
-        states["model"] = weights if self.sharded else states["model"]
-        states["optimizer"] = None if self.sharded else states["optimizer"]
+        # under FSDP the gathered weights, and the optimizer state only in the shards
+        local = {"model": weights, "optimizer": None} if self.sharded else {}
+        states = {name: local[name] if name in local else part.state_dict() if part is not None else None
+                  for name, part in parts.items()}
         saved = CheckpointRecord(**states, rng=rngs, sharded=sharded_dir, **record)
         if best:
             save_checkpoint(self.best, saved)
@@ -260,6 +282,7 @@ class Checkpointer:
             log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",
                         len(rngs), self.ctx.world_size)
         set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
+        self.saved_step = saved.state["step"]
 
 
 def _check_parts(parts: dict[str, Any]) -> None:
