@@ -111,3 +111,79 @@ def test_ranks_that_see_different_data_are_refused_naming_each_ranks_counts(tmp_
         out.stderr[-3000:]
     assert "RankDataMismatch" in out.stderr and "ollective" not in out.stderr  # not gloo's mismatch abort
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# Run inside each process of a 2-process run: counts the collectives (torch.distributed.all_reduce) and quest's host
+# reads (Tensor.item / tolist / bool / float / int called from quest's code, as in test_train.py's one-process
+# test: torch's own optimizer reads its CPU step counters) from the start of one optimizer step to the start of the
+# next, everything the loop does between them included (the stop-signal check, logging, the checkpoint cadence),
+# except drawing the next batch. DDP's gradient all-reduce runs in its C++ reducer, not through
+# torch.distributed.all_reduce: it is not counted.
+_COUNTING = '''
+import atexit, json, os, sys
+sys.path.insert(0, {root!r})
+import torch
+import torch.distributed as dist
+from quest.engine.trainer import Run
+
+windows, on = [], [False]
+
+def counted(kind, original, quests_only):
+    def wrapper(*args, **kwargs):
+        if on[0] and windows and (not quests_only or
+                                  sys._getframe(1).f_globals.get("__name__", "").startswith("quest.")):
+            windows[-1][kind] += 1
+        return original(*args, **kwargs)
+    return wrapper
+
+for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+    setattr(torch.Tensor, name, counted("reads", getattr(torch.Tensor, name), True))
+dist.all_reduce = counted("all_reduce", dist.all_reduce, False)
+step, batches_of = Run.train_step, Run.step_batches
+
+def train_step(self, batches, **kw):
+    windows.append({{"reads": 0, "all_reduce": 0}})
+    return step(self, batches, **kw)
+
+def step_batches(self):
+    for batches in batches_of_paused(self):
+        on[0] = True
+        yield batches
+
+def batches_of_paused(self):
+    it = batches_of(self)
+    while True:
+        on[0] = False  # drawing the next batch is not counted
+        try:
+            batches = next(it)
+        except StopIteration:
+            return
+        yield batches
+
+Run.train_step, Run.step_batches = train_step, step_batches
+atexit.register(lambda: open(f"counts{{os.environ['RANK']}}.json", "w").write(json.dumps(windows)))
+sys.argv[0] = "train.py"
+from quest.cli import train
+train()
+'''
+
+
+def test_one_collective_and_one_host_read_per_optimizer_step_under_ddp(tmp_path):
+    """docs/training.md, "The training loop": under DDP each optimizer step makes exactly one collective and one
+    device-to-host read, the stop-signal check included (this rank's stop request rides in the step's flags), with
+    gradient accumulation and a log row every step."""
+    (tmp_path / "counting.py").write_text(_COUNTING.format(root=str(ROOT)))
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["data=fake", "data.img_size=16", "data.fake_train_size=256", "data.fake_val_size=16", "data.batch_size=8",
+            "model=vit_pico", "recipe=light", "trainer.epochs=1", "trainer.accum_steps=2", "trainer.max_steps=6",
+            "trainer.log_every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_free_port()}", str(tmp_path / "counting.py"), *args], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 6
+    for rank in (0, 1):
+        windows = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        assert len(windows) == 6, windows  # steps 1..6 of 8 in the epoch: no validation inside the windows
+        # every window but the last, which runs on into the run's end (the final save and validation)
+        assert windows[:-1] == [{"reads": 1, "all_reduce": 1}] * 5, (rank, windows)

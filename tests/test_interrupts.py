@@ -47,8 +47,8 @@ def _signal_after_step(monkeypatch, at_step: int, *signums: int) -> None:
     """Deliver real signals to this process right after optimizer step ``at_step``."""
     step = Run.train_step
 
-    def stepping_then_signalled(self, batches, log=True):
-        metrics = step(self, batches, log=log)
+    def stepping_then_signalled(self, batches, **kw):
+        metrics = step(self, batches, **kw)
         if self.state.step == at_step:
             for signum in signums:
                 os.kill(os.getpid(), signum)
@@ -217,3 +217,21 @@ def test_usr2_is_left_alone_without_submitit(tmp_path):
         assert signal.getsignal(signal.SIGUSR2) is before  # not ours to take
     finally:
         stops.uninstall()
+
+
+def test_the_stop_decision_comes_from_the_flag_the_step_reduced():
+    """Under DDP a rank stops on the reduced flag only (every rank the same answer, also when another rank was
+    signalled); one process also on a signal that came after the step's flags were read."""
+    from quest.engine.distributed import DistContext
+    from quest.engine.signals import INTERRUPTED, REQUEUED, StopSignals
+
+    two, one = DistContext(rank=0, world_size=2), DistContext()
+    quiet = StopSignals()
+    assert quiet.request() == 0 and quiet.decide(0.0, two) is None and quiet.decide(0.0, one) is None
+    assert quiet.decide(2.0, two) == INTERRUPTED and quiet.signal_name == "a signal on another rank"
+    usr1 = StopSignals()
+    usr1.reason, usr1.signal_name = REQUEUED, "SIGUSR1"
+    assert usr1.request() == 1.0
+    assert usr1.decide(0.0, two) is None  # not in this step's reduced flags: the next step carries it
+    assert usr1.decide(1.0, two) == REQUEUED and usr1.decide(0.0, one) == REQUEUED
+    assert usr1.decide(2.0, two) == INTERRUPTED  # an interrupt on another rank wins over a requeue

@@ -89,10 +89,10 @@ def stopped(tmp_path_factory):
             if mode == "crash":
                 train_step = Run.train_step
 
-                def crash(self, batches, log=True):
+                def crash(self, batches, **kw):
                     if self.state.step == step:
                         raise RuntimeError("simulated crash")
-                    return train_step(self, batches, log=log)
+                    return train_step(self, batches, **kw)
 
                 with mock.patch.object(Run, "train_step", crash), pytest.raises(RuntimeError, match="simulated"):
                     _fit(run_dir)

@@ -167,10 +167,10 @@ def test_metrics_logged_after_the_last_checkpoint_are_not_duplicated(tmp_path, m
     fit(compose_cfg(*overrides), tmp_path / "straight")
     step = Run.train_step
 
-    def crash_at_step_6(self, batches, log=True):  # a kill -9 after step 5's rows were logged, checkpoint at step 4
+    def crash_at_step_6(self, batches, **kw):  # a kill -9 after step 5's rows were logged, checkpoint at step 4
         if self.state.step == 5:
             raise RuntimeError("simulated crash")
-        return step(self, batches, log=log)
+        return step(self, batches, **kw)
 
     monkeypatch.setattr(Run, "train_step", crash_at_step_6)
     with pytest.raises(RuntimeError, match="simulated crash"):

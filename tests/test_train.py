@@ -287,12 +287,12 @@ def test_a_training_step_reads_the_device_once_and_reduces_once(tmp_path, monkey
     monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: reduces.__setitem__(-1, reduces[-1] + 1))
     step = Run.train_step
 
-    def observed(self, batches, log=True):
+    def observed(self, batches, **kw):
         reads.append(0)
         reduces.append(0)
         counting["on"] = True
         try:
-            return step(self, batches, log=log)
+            return step(self, batches, **kw)
         finally:
             counting["on"] = False
 

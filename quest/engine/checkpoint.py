@@ -1,8 +1,9 @@
 """Checkpoints: tensors and plain containers only, written atomically, loaded with ``weights_only=True``.
 
-``save_checkpoint`` / ``load_checkpoint`` handle one file; :class:`Checkpointer` saves and restores a whole training
-run (model, full or sharded, EMA, optimizer, scheduler, loss scaler, every rank's RNG streams and the run record)
-so that a resumed run continues bit-identically.
+What a file holds is a :class:`~quest.engine.checkpoint_record.CheckpointRecord`. ``save_checkpoint`` /
+``load_record`` write and read one file; :class:`Checkpointer` saves and restores a whole training run (its stateful
+parts by name: model, full or sharded, EMA, optimizer, scheduler, loss scaler; every rank's RNG streams; the run's
+record) so that a resumed run continues bit-identically.
 """
 from __future__ import annotations
 
@@ -12,21 +13,21 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from quest.io import atomic_write
 from quest.torch_files import FORMAT
 
+from .checkpoint_record import STATEFUL_PARTS, CheckpointRecord, CheckpointRecordError
 from .distributed import DistContext, gather_objects
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["CheckpointWriteError", "save_checkpoint", "load_checkpoint",
-           "check_compatible", "replace_with_link", "rng_state", "set_rng_state", "Checkpointer"]
+__all__ = ["CheckpointWriteError", "save_checkpoint", "load_checkpoint", "load_record", "check_compatible",
+           "replace_with_link", "rng_state", "set_rng_state", "Checkpointer", "CheckpointRecord", "CheckpointRecordError"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -56,12 +57,16 @@ def _write_error(path: Path, exc: OSError) -> CheckpointWriteError:
                                            f"the previous {path.name}, if any, is intact")
 
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write atomically (quest.io.atomic_write: a temporary file, fsync, rename): a crash never leaves half a file,
-    and a failed write (full disk) leaves neither a temporary file nor a damaged previous checkpoint."""
+def save_checkpoint(path: str | Path, record: CheckpointRecord | dict[str, Any]) -> None:
+    """Write ``record`` (a dict is checked against CheckpointRecord first) atomically (quest.io.atomic_write: a
+    temporary file, fsync, rename): a crash never leaves half a file, and a failed write (full disk) leaves neither a
+    temporary file nor a damaged previous checkpoint."""
     path = Path(path)
+    if not isinstance(record, CheckpointRecord):
+        record = CheckpointRecord.from_dict({**record, "format": FORMAT}, path)
+    state = record.to_dict()
     try:
-        atomic_write(path, lambda f: torch.save({"format": FORMAT, **state}, f))
+        atomic_write(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as exc:
         cause = _os_error(exc)
         if cause is None:
@@ -93,7 +98,9 @@ def replace_with_link(source: Path, target: Path) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_record(path: str | Path, map_location: str | torch.device = "cpu") -> CheckpointRecord:
+    """The record in ``path``, loaded with ``weights_only=True``; ValueError when it is not a quest checkpoint,
+    CheckpointRecordError when it is one this quest cannot read (naming the keys and versions)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -103,12 +110,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise ValueError(f"cannot load checkpoint {path}: {exc}") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
-    return ckpt
+    return CheckpointRecord.from_dict(ckpt, path)
 
 
-def check_compatible(ckpt: dict[str, Any], expected: dict[str, Any], path: str | Path) -> None:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The record in ``path`` as a plain dict (``format``, ``version`` and one key per field), for scripts and
+    tests that index it; quest's own readers use :func:`load_record`."""
+    return load_record(path, map_location).to_dict()
+
+
+def check_compatible(record: CheckpointRecord, expected: dict[str, Any], path: str | Path) -> None:
     """Fail with both descriptions when a checkpoint was written for another model, attention or class count."""
-    found = ckpt.get("meta", {})
+    found = record.meta
     diffs = [k for k in expected if found.get(k) != expected[k]]
     if diffs:
         have = ", ".join(f"{k}={found.get(k)!r}" for k in diffs)
@@ -149,10 +162,25 @@ def _plain(value: Any) -> Any:
 
 class Checkpointer:
     """``checkpoints/last.pt`` (and ``best.pt``) of one run directory, for DDP (one file) and FSDP (a small file
-    beside a sharded ``<name>.dcp/`` directory)."""
+    beside a sharded ``<name>.dcp/`` directory). ``every_n_steps`` (trainer.checkpoint_every_n_steps; 0: at epoch
+    ends only) is its cadence inside an epoch (:meth:`due`); ``on_save`` is told the step of every checkpoint
+    written."""
 
-    def __init__(self, ckpt_dir: Path, ctx: DistContext, sharded: bool):
+    def __init__(self, ckpt_dir: Path, ctx: DistContext, sharded: bool, every_n_steps: int = 0,
+                 on_save: Callable[[int], None] | None = None):
         self.dir, self.ctx, self.sharded = Path(ckpt_dir), ctx, sharded
+        self.every_n_steps, self.on_save = every_n_steps or 0, on_save
+        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is written after optimizer step ``step`` inside an epoch."""
+        return bool(self.every_n_steps) and step % self.every_n_steps == 0
+
+    def saved(self) -> str | None:
+        """``last.pt`` and the step it holds, when this run wrote or resumed from one."""
+        if self.saved_step is None or not self.last.is_file():
+            return None
+        return f"{self.last} (step {self.saved_step})"
 
     @property
     def last(self) -> Path:
@@ -173,10 +201,19 @@ class Checkpointer:
                      ", ".join(p.name for p in stale))
         return stale
 
-    def save(self, model: nn.Module, ema: nn.Module | None, optimizer: torch.optim.Optimizer, scheduler: Any,
-             scaler: Any, record: dict[str, Any], best: bool = False) -> None:
-        """Write the run's state; with ``best``, to ``best.pt`` first and then ``last.pt`` as the same file, so that
-        no ``last.pt`` ever records a best epoch whose ``best.pt`` is missing. Collective under DDP/FSDP."""
+    def save(self, parts: dict[str, Any], record: dict[str, Any], best: bool = False) -> None:
+        """Write the run's state: ``parts`` its stateful parts by name (STATEFUL_PARTS: model, ema, optimizer,
+        scheduler, scaler; an absent EMA or scaler is None), ``record`` the CheckpointRecord's other fields. With
+        ``best``, to ``best.pt`` first and then ``last.pt`` as the same file, so that no ``last.pt`` ever records a
+        best epoch whose ``best.pt`` is missing. Collective under DDP/FSDP."""
+        self._write(parts, record, best)
+        self.saved_step = record["state"]["step"]
+        if self.on_save is not None:
+            self.on_save(self.saved_step)
+
+    def _write(self, parts: dict[str, Any], record: dict[str, Any], best: bool) -> None:
+        _check_parts(parts)
+        model, optimizer = parts["model"], parts["optimizer"]
         rngs = gather_objects(rng_state(), self.ctx)  # every rank draws its own augmentation randomness
         sharded_dir = None
         if self.sharded:  # collectives: every rank writes its shard and helps gather the full weights
@@ -187,45 +224,52 @@ class Checkpointer:
             weights = full_model_state_dict(model)
         if not self.ctx.is_main:
             return
-        state = {
-            "model": weights if self.sharded else model.state_dict(),
-            "sharded": sharded_dir,
-            "ema": ema.state_dict() if ema is not None else None,
-            "optimizer": None if self.sharded else optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rngs,
-            **record,
-        }
+        # under FSDP the gathered weights, and the optimizer state only in the shards
+        local = {"model": weights, "optimizer": None} if self.sharded else {}
+        states = {name: local[name] if name in local else part.state_dict() if part is not None else None
+                  for name, part in parts.items()}
+        saved = CheckpointRecord(**states, rng=rngs, sharded=sharded_dir, **record)
         if best:
-            save_checkpoint(self.best, state)
+            save_checkpoint(self.best, saved)
             replace_with_link(self.best, self.last)
         else:
-            save_checkpoint(self.last, state)
+            save_checkpoint(self.last, saved)
 
-    def restore(self, ckpt: dict[str, Any], path: Path, model: nn.Module, ema: nn.Module | None,
-                optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, schedule: bool = True) -> None:
-        """Load a checkpoint's state into the run's parts and this rank's RNG streams. ``schedule=False`` keeps the
-        scheduler as built (a run extended to more epochs follows the longer schedule from its current step)."""
-        if bool(ckpt.get("sharded")) != self.sharded:
+    def restore(self, saved: CheckpointRecord, path: Path, parts: dict[str, Any], schedule: bool = True) -> None:
+        """Load a checkpoint's state into the run's ``parts`` (by name, as for save) and this rank's RNG streams.
+        ``schedule=False`` keeps the scheduler as built (a run extended to more epochs follows the longer schedule
+        from its current step)."""
+        _check_parts(parts)
+        if bool(saved.sharded) != self.sharded:
             raise ValueError(f"checkpoint {path} was written with strategy "
-                             f"{'fsdp' if ckpt.get('sharded') else 'ddp'}, this run uses "
+                             f"{'fsdp' if saved.sharded else 'ddp'}, this run uses "
                              f"{'fsdp' if self.sharded else 'ddp'}")
+        missing = [k for k in ("scheduler", "rng") + (() if self.sharded else ("optimizer",))
+                   if getattr(saved, k) is None]
+        if missing:
+            raise CheckpointRecordError(f"checkpoint {path} holds no {missing}: it cannot be resumed (it can be "
+                                        "evaluated, or used with trainer.init_from=)")
         if self.sharded:
             from .fsdp import load_sharded
 
-            load_sharded(path.parent / ckpt["sharded"], model, optimizer)
+            load_sharded(path.parent / saved.sharded, parts["model"], parts["optimizer"])
         else:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-        if ema is not None and ckpt["ema"] is not None:
-            ema.load_state_dict(ckpt["ema"])
+            parts["model"].load_state_dict(saved.model)
+            parts["optimizer"].load_state_dict(saved.optimizer)
+        if parts["ema"] is not None and saved.ema is not None:
+            parts["ema"].load_state_dict(saved.ema)
         if schedule:
-            scheduler.load_state_dict(ckpt["scheduler"])
-        if scaler is not None and ckpt["scaler"] is not None:
-            scaler.load_state_dict(ckpt["scaler"])
-        rngs = ckpt["rng"]
+            parts["scheduler"].load_state_dict(saved.scheduler)
+        if parts["scaler"] is not None and saved.scaler is not None:
+            parts["scaler"].load_state_dict(saved.scaler)
+        rngs = saved.rng
         if len(rngs) != self.ctx.world_size:
             log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",
                         len(rngs), self.ctx.world_size)
         set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
+        self.saved_step = saved.state["step"]
+
+
+def _check_parts(parts: dict[str, Any]) -> None:
+    if set(parts) != set(STATEFUL_PARTS):
+        raise TypeError(f"Checkpointer takes the stateful parts {list(STATEFUL_PARTS)} by name, got {sorted(parts)}")

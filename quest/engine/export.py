@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
-from quest.engine.checkpoint import load_checkpoint
+from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.io import atomic_write, json_text, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
@@ -61,11 +61,11 @@ def _model_args(stored: Any) -> dict[str, Any]:
     return args
 
 
-def export_config(ckpt: dict[str, Any], model: torch.nn.Module, weights: str, source: Path) -> dict[str, Any]:
+def export_config(ckpt: CheckpointRecord, model: torch.nn.Module, weights: str, source: Path) -> dict[str, Any]:
     """config.json of the export (see the module docstring)."""
-    stored = OmegaConf.create(ckpt["config"])
+    stored = OmegaConf.create(ckpt.config)
     img_size = resolve_img_size(stored)
-    classes = (ckpt.get("data") or {}).get("classes")
+    classes = (ckpt.data or {}).get("classes")
     pretrained_cfg = {
         "input_size": [3, img_size, img_size], "fixed_input_size": True,
         "mean": [float(v) for v in stored.data.mean], "std": [float(v) for v in stored.data.std],
@@ -81,8 +81,8 @@ def export_config(ckpt: dict[str, Any], model: torch.nn.Module, weights: str, so
         "model_args": _model_args(stored),
         "pretrained_cfg": pretrained_cfg,
         "quest": {"weights": weights, "checkpoint": str(source), "checkpoint_sha256": _sha256(source),
-                  "step": (ckpt.get("state") or {}).get("step"), "epoch": (ckpt.get("state") or {}).get("epoch"),
-                  "train_data": stored.data.name, "choices": dict(ckpt.get("choices") or {}),
+                  "step": ckpt.state.get("step"), "epoch": ckpt.state.get("epoch"),
+                  "train_data": stored.data.name, "choices": dict(ckpt.choices or {}),
                   "quest_version": _version()},
     }
     if classes and len(classes) == int(stored.data.num_classes):
@@ -114,7 +114,7 @@ def _metrics(run_dir: Path) -> dict[str, Any]:
             ("status", "epoch", "step", "best_epoch", "num_params")}
 
 
-def model_card(config: dict[str, Any], ckpt: dict[str, Any], metrics: dict[str, Any]) -> str:
+def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str, Any]) -> str:
     """README.md: what the model is, how to load it, the run's metrics, config and provenance."""
     args, quest = config["model_args"], config["quest"]
     lines = [
@@ -142,7 +142,7 @@ def model_card(config: dict[str, Any], ckpt: dict[str, Any], metrics: dict[str, 
               f"step {quest['step']}, epoch {quest['epoch']}",
               f"- weights: {quest['weights']}", f"- training data: {quest['train_data']}",
               f"- config choices: `{json.dumps(quest['choices'])}`", f"- quest version: {quest['quest_version']}",
-              "", "## Training config", "", "```yaml", OmegaConf.to_yaml(OmegaConf.create(ckpt["config"])).rstrip(),
+              "", "## Training config", "", "```yaml", OmegaConf.to_yaml(OmegaConf.create(ckpt.config)).rstrip(),
               "```", ""]
     return "\n".join(lines)
 
@@ -155,15 +155,12 @@ def export_run(source: str | Path, out: str | Path, weights: str = "ema") -> Pat
     if weights not in ("model", "ema"):
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
     path = resolve_checkpoint(source)
-    ckpt = load_checkpoint(path)  # weights_only=True
-    missing = [k for k in ("model", "config") if k not in ckpt]
-    if missing:
-        raise ValueError(f"{path} has no {missing}: not a checkpoint written by train.py")
-    state = ckpt.get(weights)
+    ckpt = load_record(path)  # weights_only=True
+    state = getattr(ckpt, weights)
     if state is None:
         raise ValueError(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); "
                          "use --weights model")
-    model = build_model(OmegaConf.create(ckpt["config"]))
+    model = build_model(OmegaConf.create(ckpt.config))
     model.load_state_dict(state)  # strict: the export holds exactly what the model has
     from safetensors.torch import save as safetensors_bytes
 

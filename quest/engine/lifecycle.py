@@ -25,11 +25,12 @@ from .checkpoint import Checkpointer
 from .distributed import DistContext, barrier, init_distributed
 from .evaluate import evaluate
 from .logger import RunLogger, start_log_file, stop_log_file
+from .loop import Evaluator, Outcome, StepLog, train_loop
 from .run_dir import Difference, RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
-from .signals import INTERRUPTED, REQUEUED, StopRequested, StopSignals
+from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .threads import busy_hint, default_cpu_threads
-from .trainer import BadData, Diverged, Run, hms
+from .trainer import Run, hms
 from .validate import validate_train_config
 
 log = logging.getLogger("quest.train")
@@ -102,7 +103,9 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         return {**finished, "resumed": True, "already_finished": True}  # the file itself stays as it was
     start = time.perf_counter()
     random_seed(tr.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
-    run = Run(cfg, run_dir, choices, ctx)
+    checkpointer = Checkpointer(run_dir / "checkpoints", ctx, tr.strategy == "fsdp",
+                                every_n_steps=tr.checkpoint_every_n_steps, on_save=directory.note_checkpoint)
+    run = Run(cfg, run_dir, choices, ctx, checkpointer)
     random_seed(tr.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
     if plan.ckpt is not None:  # checks the data and the derived values before it loads anything
         run.restore(plan.ckpt, plan.checkpoint, extended=any(d.key == "trainer.epochs" for d in plan.changes))
@@ -114,76 +117,45 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     handler = _accept(directory, plan, provenance, continuing=True)
     try:
         directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)
-        run.on_checkpoint = directory.note_checkpoint
-        run.logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
-        run.state.wandb_id = run.logger.wandb_id
+        logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
+        run.state.wandb_id = logger.wandb_id
         # the input size the model was built for: a timm name's trailing number is its default (vit_pico_patch4_16
         # at model.img_size=32 takes 32 x 32 images)
         size = getattr(getattr(run.model, "patch_embed", None), "img_size", None)
         shown = f" at {size[0]}x{size[1]} px" if isinstance(size, (tuple, list)) and len(size) == 2 else ""
         log.info("%s%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, shown,
                  cfg.attention.name, sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
+        signals = StopSignals().install()
         try:
-            status, val, ending = _train(run)
-            summary = {**_summary(run, status, val, start, plan.checkpoint is not None, plan.changes), **ending}
-            if status == REQUEUED:
-                summary["requeue"] = run.signals.requeue_plan()
-            run.logger.summary(summary)
+            out = Outcome("failed")
+            try:
+                out = train_loop(run, StepLog(logger, run), signals, checkpointer,
+                                 Evaluator(tr.eval_every_n_epochs, tr.epochs))
+            finally:
+                if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
+                    signals.uninstall()
+            summary = {**_summary(run, logger, out, start, plan.checkpoint is not None, plan.changes), **out.ending}
+            if out.status == REQUEUED:
+                summary["requeue"] = signals.requeue_plan()
+            logger.summary(summary)
         finally:  # also when a checkpoint write fails: close metrics.jsonl and the wandb run
-            run.logger.close()
+            logger.close()
         barrier(ctx)
         log.info("%s", summary_line(summary))
     finally:
         stop_log_file(handler)
-    if status == REQUEUED:
-        run.signals.requeue(ctx)
+    if out.status == REQUEUED:
+        signals.requeue(ctx)
     return summary
 
 
-def _train(run: Run) -> tuple[str, dict[str, float], dict[str, Any]]:
-    """Epochs until the run is done, diverges or is stopped by a signal: (status, last validation, details)."""
-    st, tr, ctx = run.state, run.cfg.trainer, run.ctx
-    status, val, ending = "completed", {}, {}
-    run.signals = StopSignals().install()
-    try:
-        while st.epoch < tr.epochs and (tr.max_steps is None or st.step < tr.max_steps):
-            run.train_epoch(run.logger)
-            best = False
-            if st.micro_in_epoch == 0 and (st.epoch % tr.eval_every_n_epochs == 0 or st.epoch == tr.epochs):
-                val = run.validate(run.logger)
-                if val["val/top1"] > st.best_top1:
-                    st.best_top1, st.best_epoch, best = val["val/top1"], st.epoch, True
-            run.save(best=best)
-            stop_reason = run.signals.due(ctx)
-            if stop_reason:  # a signal during validation or the save: the state just written is the stop point
-                raise StopRequested(stop_reason, run.signals.signal_name or "?")
-        if st.epoch < tr.epochs:
-            status = "stopped"  # trainer.max_steps reached first
-    except Diverged as exc:
-        status, ending = "diverged", {"diverged_at_step": exc.step, "divergence_reason": exc.reason}
-        saved = _saved_checkpoint(run)
-        log.error("run diverged at step %d (%s); %s", exc.step, exc.reason,
-                  f"the last good checkpoint is {saved}" if saved else "no checkpoint was written before it")
-    except BadData as exc:
-        status, ending = "bad_data", {"data_failure": exc.reason}
-        log.error("run failed on its data: %s", exc.reason)
-    except StopRequested as exc:
-        status, ending = exc.reason, {"signal": exc.signal_name, "saved": True}
-    except KeyboardInterrupt as exc:  # a second Ctrl-C / SIGTERM: stopped at once, the last checkpoint stays
-        status, ending = INTERRUPTED, {"signal": str(exc) or "SIGINT", "saved": False}
-    finally:
-        if status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
-            run.signals.uninstall()
-    return status, val, ending
-
-
-def _summary(run: Run, status: str, val: dict[str, float], start: float, resumed: bool,
+def _summary(run: Run, logger: RunLogger, out: Outcome, start: float, resumed: bool,
              changes: list[Difference]) -> dict[str, Any]:
     """summary.json: the outcome, final and best metrics (a run that ended normally is validated, EMA too), what
     identifies the run, and how it was executed."""
-    cfg, st, ctx, parts = run.cfg, run.state, run.ctx, run.parts
+    cfg, st, ctx, parts, status, val = run.cfg, run.state, run.ctx, run.parts, out.status, out.val
     if not val and status in ("completed", "stopped"):
-        val = run.validate(run.logger)
+        val = run.validate(logger)
     ema_val = {}
     if parts.ema is not None and status in ("completed", "stopped"):
         ema_val = evaluate(parts.ema.module, parts.val_loader, ctx.device, cfg.data.num_classes, run.autocast,
@@ -196,7 +168,7 @@ def _summary(run: Run, status: str, val: dict[str, float], start: float, resumed
         "seed": cfg.trainer.seed, "num_params": sum(p.numel() for p in run.model.parameters()), "lr": parts.lr,
         "global_batch": parts.global_batch, "world_size": ctx.world_size, "wall_time_s": time.perf_counter() - start,
         "train_img_per_s": st.images_seen / st.train_seconds if st.train_seconds else None,
-        "resumed": resumed, "run_dir": str(run.run_dir), "checkpoint": _saved_checkpoint(run),
+        "resumed": resumed, "run_dir": str(run.run_dir), "checkpoint": run.checkpointer.saved(),
         # unreadable images left out under data.bad_images=skip (docs/data.md): training over the whole run, validation
         # in the last validation pass
         "skipped_images": {"train": st.train_skipped, "train_drawn": st.train_drawn,
@@ -205,13 +177,6 @@ def _summary(run: Run, status: str, val: dict[str, float], start: float, resumed
     if changes:
         summary["changed_on_resume"] = {d.key: [d.stored, d.new] for d in changes}
     return summary
-
-
-def _saved_checkpoint(run: Run) -> str | None:
-    """``last.pt`` and the step it holds, when this run wrote or resumed from one."""
-    if run.saved_step is None or not run.checkpointer.last.is_file():
-        return None
-    return f"{run.checkpointer.last} (step {run.saved_step})"
 
 
 def _duration(seconds: float | None) -> str:

@@ -33,7 +33,7 @@ from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.torch_files import ZIP_MAGIC, damaged_member
 from quest.validation import ConfigError
 
-from .checkpoint import check_compatible, load_checkpoint
+from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
 from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
 
 log = logging.getLogger("quest.train")
@@ -47,7 +47,7 @@ _AFRESH = "start afresh with trainer.resume=never trainer.overwrite=true (the ru
 class Plan:
     """What a start does with the run directory: which checkpoint it continues from and what it repairs first."""
     checkpoint: Path | None = None  # None: a fresh start
-    ckpt: dict[str, Any] | None = None
+    ckpt: CheckpointRecord | None = None
     changes: list[Difference] = field(default_factory=list)
     summary: dict[str, Any] | None = None  # the stored summary.json, when readable
     archive_all: bool = False  # trainer.resume=never trainer.overwrite=true
@@ -65,13 +65,15 @@ def _damage(path: Path) -> str | None:
     return None if bad is None else f"the bytes of its member {bad!r} do not match their checksum"
 
 
-def _checkpoint(path: Path, others: str) -> dict[str, Any]:
+def _checkpoint(path: Path, others: str) -> CheckpointRecord:
     """``path`` loaded, or ConfigError saying it is damaged and what the user can do."""
     try:
         bad = _damage(path)
         if bad is not None:
             raise ValueError(bad)
-        return load_checkpoint(path)
+        return load_record(path)
+    except CheckpointRecordError as exc:  # whole, but not a record this quest reads: no copy would help
+        raise ConfigError(str(exc)) from None
     except (ValueError, OSError) as exc:
         problem = str(exc).removeprefix(f"cannot load checkpoint {path}: ")
         raise ConfigError(f"{path} is damaged ({problem}); it is the run's record of where training stands. "
@@ -121,8 +123,8 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
         plan.checkpoint, plan.ckpt = last, _checkpoint(last, best_note)
     elif plan.ckpt is None and best.is_file():
         ckpt = _checkpoint(best, "")
-        step = ckpt.get("state", {}).get("step")
-        if ckpt.get("metrics_bytes") is not None and _size(metrics) == ckpt["metrics_bytes"] and \
+        step = ckpt.state.get("step")
+        if ckpt.metrics_bytes is not None and _size(metrics) == ckpt.metrics_bytes and \
                 (plan.summary or {}).get("status") not in FINAL_STATUSES:
             # killed between best.pt and last.pt: best.pt is the latest state, and nothing was logged after it
             log.warning("%s is missing and %s holds the latest state (step %s): continuing from it", last, best, step)
@@ -137,7 +139,7 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
         return _no_checkpoint(directory, config, record, plan)
     ckpt = plan.ckpt
     check_compatible(ckpt, model_meta, plan.checkpoint)
-    plan.changes = check_resume(ckpt["config"], config, plan.checkpoint if tr.resume != "auto" else run_dir)
+    plan.changes = check_resume(ckpt.config, config, plan.checkpoint if tr.resume != "auto" else run_dir)
     bad_best = _damage(best) if best.is_file() and plan.checkpoint != best else None
     if bad_best:
         plan.aside.append(("checkpoints/best.pt", f"damaged ({bad_best}); written again at the next better "
@@ -167,14 +169,14 @@ def _no_checkpoint(directory: RunDirectory, config: dict[str, Any], record: dict
     return plan
 
 
-def _plan_metrics(directory: RunDirectory, ckpt: dict[str, Any], plan: Plan) -> None:
+def _plan_metrics(directory: RunDirectory, ckpt: CheckpointRecord, plan: Plan) -> None:
     """metrics.jsonl against what the checkpoint saw of it."""
     path = directory.path / "metrics.jsonl"
-    text, size = ckpt.get("metrics_text"), ckpt.get("metrics_bytes")
+    text, size = ckpt.metrics_text, ckpt.metrics_bytes
     if text is None:  # a checkpoint of a quest that stored only the size: cut to it (the old rule)
         if size is not None and _size(path) > size:
             plan.metrics_cut = True
-            plan.aside.append(("metrics.jsonl", f"logged after the checkpoint of step {ckpt['state']['step']} (cut "
+            plan.aside.append(("metrics.jsonl", f"logged after the checkpoint of step {ckpt.state['step']} (cut "
                                                 "off; the resumed run logs those steps again)"))
             plan.metrics_text = path.read_bytes()[:size]
         return
@@ -190,7 +192,7 @@ def _plan_metrics(directory: RunDirectory, ckpt: dict[str, Any], plan: Plan) -> 
         plan.metrics_text = text
     elif len(held) > len(text):
         plan.metrics_cut = True
-        plan.aside.append(("metrics.jsonl", f"logged after the checkpoint of step {ckpt['state']['step']} (cut "
+        plan.aside.append(("metrics.jsonl", f"logged after the checkpoint of step {ckpt.state['step']} (cut "
                                             "off; the resumed run logs those steps again)"))
         plan.metrics_text = text
 
@@ -202,7 +204,8 @@ def finished_summary(cfg: Any, plan: Plan) -> dict[str, Any] | None:
         return None
     if summary["status"] == "diverged":
         return summary
-    state = (plan.ckpt or {}).get("state") or {"epoch": summary.get("epoch", 0), "step": summary.get("step", 0)}
+    state = plan.ckpt.state if plan.ckpt is not None else \
+        {"epoch": summary.get("epoch", 0), "step": summary.get("step", 0)}
     tr = cfg.trainer
     more = state["epoch"] < tr.epochs and (tr.max_steps is None or state["step"] < tr.max_steps)
     return None if more else summary

@@ -10,8 +10,11 @@
   keeping the last checkpoint written. Where another handler owns SIGTERM (submitit bypasses it on purpose, because
   SLURM sends it with the requeue signal), we leave it alone.
 
-The handlers only raise flags; the training loop asks :meth:`StopSignals.due` between optimizer steps, agreed across
-ranks, so every process saves the same step.
+The handlers only raise flags. Every optimizer step carries this rank's request (:meth:`StopSignals.request`) in the
+flags it already reduces across ranks, and the loop reads the agreed answer (:meth:`StopSignals.decide`) after it, so
+every process saves the same step without a collective of its own; at an epoch's end (after validation and the save)
+:meth:`StopSignals.due` asks once more. Under DDP a signal that arrives after a step's reduction is acted on at the end
+of the next step.
 """
 from __future__ import annotations
 
@@ -95,11 +98,24 @@ class StopSignals:
         self.reason, self.signal_name = INTERRUPTED, name
         log.warning("%s received: saving at the next step, then exiting (send it again to stop at once)", name)
 
+    def request(self) -> float:
+        """This rank's pending stop request as a number for a MAX reduction: 0 none, 1 requeue, 2 interrupt."""
+        return _CODES.get(self.reason, 0.0) if self.reason else 0.0
+
+    def decide(self, agreed: float, ctx: DistContext) -> str | None:
+        """The stop reason from ``agreed``, the maximum of every rank's :meth:`request` (reduced by the step), else
+        None. One process needs no agreement: a signal that came after the step's flags were read counts too."""
+        return self._reason(agreed if ctx.distributed else max(agreed, self.request()))
+
     def due(self, ctx: DistContext) -> str | None:
-        """The stop reason as soon as any rank was signalled (the same answer on every rank), else None."""
-        code = _CODES.get(self.reason, 0.0) if self.reason else 0.0
+        """The stop reason as soon as any rank was signalled (the same answer on every rank), else None: one
+        collective of its own under DDP (the loop uses it once per epoch; inside an epoch the step carries it)."""
+        code = self.request()
         if ctx.distributed:
             code = all_reduce_max(code, ctx)
+        return self._reason(code)
+
+    def _reason(self, code: float) -> str | None:
         if code == 0:
             return None
         reason = INTERRUPTED if code == _CODES[INTERRUPTED] else REQUEUED

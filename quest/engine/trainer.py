@@ -1,15 +1,16 @@
-"""The training loop: DeiT's engine.py in spirit. ``Run`` holds a run's parts and state and takes its optimizer
-steps and epochs, with divergence checks and stop signals at step boundaries; ``quest.engine.fit`` drives it."""
+"""A run's parts and state, and what one optimizer step and one epoch do: ``Run`` builds the components, takes an
+optimizer step (with its divergence check and the stop request agreed in one collective), yields an epoch's
+micro-batches step by step, validates, and saves and restores itself. The loop that drives it is
+quest.engine.loop.train_loop."""
 from __future__ import annotations
 
 import logging
 import math
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,12 +19,11 @@ from omegaconf import OmegaConf
 from quest.validation import ConfigError
 
 from .builders import Components, build_components, model_meta, scheduler_epoch
-from .checkpoint import Checkpointer, load_checkpoint
+from .checkpoint import Checkpointer, CheckpointRecord, load_record
 from .distributed import DistContext
 from .evaluate import evaluate
 from .logger import RunLogger
 from .run_dir import check_data, data_fingerprint
-from .signals import StopRequested, StopSignals
 
 log = logging.getLogger("quest.train")
 
@@ -74,10 +74,11 @@ _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Run:
     """One training run: its components, state and outputs. ``fit`` drives it."""
 
-    def __init__(self, cfg: Any, run_dir: Path, choices: dict[str, str], ctx: DistContext):
+    def __init__(self, cfg: Any, run_dir: Path, choices: dict[str, str], ctx: DistContext,
+                 checkpointer: Checkpointer | None = None):
         self.cfg, self.run_dir, self.choices, self.ctx = cfg, run_dir, choices, ctx
         self.sharded = cfg.trainer.strategy == "fsdp"
-        self.checkpointer = Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
+        self.checkpointer = checkpointer or Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
         self.train_model = torch.compile(self.model) if cfg.trainer.compile else self.model
@@ -91,11 +92,9 @@ class Run:
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
-        self.signals: StopSignals | None = None
-        self.logger: RunLogger | None = None
         self.data = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
-        self.saved_step: int | None = None  # the step of the last checkpoint written or resumed from
-        self.on_checkpoint: Callable[[int], None] | None = None  # told the step of every checkpoint written
+        self._counts = [0, 0]  # this rank's skipped and drawn images not yet in the state
+        self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
         self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
 
     def _diagnostics(self):
@@ -116,10 +115,16 @@ class Run:
         return {"global_batch": p.global_batch, "lr": p.lr, "steps_per_epoch": p.steps_per_epoch,
                 "precision": self.precision}
 
-    def save(self, best: bool = False) -> None:
+    @property
+    def stateful(self) -> dict[str, Any]:
+        """The run's stateful parts by name, as Checkpointer.save/restore take them (CheckpointRecord's fields)."""
         p = self.parts
-        self.checkpointer.save(self.model, p.ema.module if p.ema is not None else None, p.optimizer, p.scheduler,
-                               self.scaler, best=best, record={
+        return {"model": self.model, "ema": p.ema.module if p.ema is not None else None, "optimizer": p.optimizer,
+                "scheduler": p.scheduler, "scaler": self.scaler}
+
+    def record(self, logger: RunLogger | None) -> dict[str, Any]:
+        """The CheckpointRecord's fields besides the stateful parts (Checkpointer.save adds those and the RNGs)."""
+        return {
             "state": asdict(self.state),
             # plain containers only: a ListConfig option (elliptical's `layers`) would not load with weights_only=True
             "meta": {**model_meta(self.cfg),
@@ -130,18 +135,15 @@ class Run:
             "data": self.data,
             # metrics.jsonl up to here belongs to this state: a resume cuts off what an interrupted attempt logged
             # later, and rebuilds the file from this copy when it is missing or damaged
-            "metrics_bytes": self.logger.metrics_bytes() if self.logger is not None else None,
-            "metrics_text": self.logger.metrics_text() if self.logger is not None else None,
-        })
-        self.saved_step = self.state.step
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(self.state.step)
+            "metrics_bytes": logger.metrics_bytes() if logger is not None else None,
+            "metrics_text": logger.metrics_text() if logger is not None else None,
+        }
 
-    def restore(self, ckpt: dict[str, Any], path: Path, extended: bool) -> None:
-        """Continue from ``ckpt``; ``extended``: the run was given more epochs, so the schedule built for the new
+    def restore(self, saved: CheckpointRecord, path: Path, extended: bool) -> None:
+        """Continue from ``saved``; ``extended``: the run was given more epochs, so the schedule built for the new
         length continues from the current step instead of the stored (shorter) one."""
-        check_data(ckpt.get("data"), self.data, self.run_dir)
-        stored = ckpt.get("derived") or {}
+        check_data(saved.data, self.data, self.run_dir)
+        stored = saved.derived or {}
         changed = {k: (stored[k], v) for k, v in self.derived.items() if k in stored and k != "steps_per_epoch"
                    and stored[k] != v}
         if changed:
@@ -150,10 +152,8 @@ class Run:
                 f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes, or trainer.precision="
                 "auto on another kind of device): resume it as it was started, or set trainer.precision explicitly")
         p = self.parts
-        self.checkpointer.restore(ckpt, path, self.model, p.ema.module if p.ema is not None else None, p.optimizer,
-                                  p.scheduler, self.scaler, schedule=not extended)
-        self.state = TrainState(**ckpt["state"])
-        self.saved_step = self.state.step
+        self.checkpointer.restore(saved, path, self.stateful, schedule=not extended)
+        self.state = TrainState(**saved.state)
         if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
             self.step_schedule_on_epoch()
@@ -163,11 +163,11 @@ class Run:
         """Start from another run's weights (e.g. DeiT-III's low-resolution phase), resizing pos_embed."""
         from timm.models.vision_transformer import checkpoint_filter_fn
 
-        ckpt = load_checkpoint(path)
+        saved = load_record(path)
         which = self.cfg.recipe.get("init_weights", "ema")
-        source = ckpt["ema"] if which == "ema" and ckpt.get("ema") is not None else ckpt["model"]
+        source = saved.ema if which == "ema" and saved.ema is not None else saved.model
         log.info("trainer.init_from=%s: starting from its %s weights", path,
-                 "EMA" if source is ckpt.get("ema") else "model")
+                 "EMA" if source is saved.ema else "model")
         weights = checkpoint_filter_fn(source, self.model)
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if not k.startswith("head")]:
@@ -193,14 +193,16 @@ class Run:
             self.parts.scheduler.step(epoch)
 
     # --- one optimizer step -----------------------------------------------------------------------------------
-    def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], log: bool = True) -> dict[str, float]:
+    def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], log: bool = True,
+                   stop: float = 0.0) -> dict[str, float]:
         """Forward/backward over ``batches`` (gradient accumulation), then one check that every micro-batch's loss and
         the gradient norm are finite (and the loss at most trainer.max_loss), agreed across ranks, before clipping,
         the optimizer, EMA and schedule updates.
 
         The check is kept on the device until then: one collective and one device-to-host read per optimizer step,
         whatever the accumulation (the loss scaler's own overflow check aside), instead of one per micro-batch.
-        ``log``: also read the loss scale (fp16) for the log line."""
+        ``stop``: this rank's stop request (StopSignals.request), reduced in the same collective; the result's
+        ``"stop"`` is the maximum over ranks. ``log``: also read the loss scale (fp16) for the log line."""
         p, cfg, st, device = self.parts, self.cfg, self.state, self.ctx.device
         max_loss = self.max_loss
         loss_sum = worst = torch.zeros((), device=device)
@@ -226,17 +228,18 @@ class Run:
         # otherwise a non-finite norm is divergence. A non-finite loss is divergence either way (DeiT stops on it).
         loss_bad = ~worst.isfinite() | (worst > max_loss)
         grad_bad = ~grad_norm.isfinite() & (not self.scaler.is_enabled())
-        flags = torch.stack([loss_bad, grad_bad]).to(torch.float32)
+        flags = torch.cat([torch.stack([loss_bad, grad_bad]).to(torch.float32),
+                           torch.full((1,), float(stop), device=device)])
         if self.ctx.distributed:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        loss_bad_v, grad_bad_v, loss_v, worst_v, norm_v = torch.cat([flags, torch.stack(
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # the step's one collective
+        loss_bad_v, grad_bad_v, stop_v, loss_v, worst_v, norm_v = torch.cat([flags, torch.stack(
             [loss_sum / len(batches), worst, grad_norm])]).tolist()  # the step's one device-to-host read
         if loss_bad_v:
             raise Diverged(st.step, f"loss {worst_v:.4g}" + (f" above {max_loss:.4g}" if math.isfinite(worst_v) else
                                                              " is not finite"))
         if grad_bad_v:
             raise Diverged(st.step, f"gradient norm {norm_v}")
-        metrics = {"train/loss": loss_v, "train/grad_norm": norm_v}
+        metrics = {"train/loss": loss_v, "train/grad_norm": norm_v, "stop": stop_v}
         if log and self.scaler.is_enabled():
             metrics["train/loss_scale"] = self.scaler.get_scale()  # before update(): the scale this step used
         self.scaler.step(p.optimizer)
@@ -249,88 +252,66 @@ class Run:
         return metrics
 
     # --- epochs -----------------------------------------------------------------------------------------------
-    def train_epoch(self, logger: RunLogger) -> None:
+    @property
+    def batches_per_epoch(self) -> int:
+        """Micro-batches in a whole epoch (a resumed epoch's loader is shorter: its sampler skips what was used)."""
+        return len(self.parts.train_loader.sampler.sampler) // self.cfg.data.batch_size
+
+    def step_batches(self) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The rest of the current epoch, one optimizer step at a time: the micro-batches of each (trainer.accum_steps,
+        fewer at the epoch's end), counting the images drawn and skipped for :meth:`add_skip_counts`."""
         p, cfg, st = self.parts, self.cfg, self.state
-        accum, max_steps = cfg.trainer.accum_steps, cfg.trainer.max_steps
-        sampler = p.train_loader.sampler
-        sampler.set_epoch(st.epoch, start=st.micro_in_epoch * cfg.data.batch_size)
-        # the loader of a resumed epoch is shorter (its sampler skips what was consumed): count against the full epoch
-        batches_per_epoch = len(sampler.sampler) // cfg.data.batch_size
+        p.train_loader.sampler.set_epoch(st.epoch, start=st.micro_in_epoch * cfg.data.batch_size)
         p.train_loader.generator.manual_seed(cfg.trainer.seed * 100_003 + st.epoch)
         self.train_model.train()
+        self._epoch_start, self._counts = (st.step, st.micro_in_epoch), [0, 0]
+        per_epoch = self.batches_per_epoch
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        tic, images_since_log = time.perf_counter(), 0
-        total_steps = min(cfg.trainer.epochs * p.steps_per_epoch, max_steps or math.inf)
-        # this rank's skipped and drawn images not yet in the state; where the epoch (or its resumed rest) began
-        steps_before, micro_before, counts = st.step, st.micro_in_epoch, [0, 0]
         for images, targets, n_bad in p.train_loader:
-            counts[0] += n_bad
-            counts[1] += n_bad + len(targets)
+            self._counts[0] += n_bad
+            self._counts[1] += n_bad + len(targets)
             st.micro_in_epoch += 1
             if len(targets):
                 pending.append((images, targets))
-            if st.micro_in_epoch % accum and st.micro_in_epoch < batches_per_epoch:
-                continue
-            if not pending:
-                continue
-            if self.diagnostics is not None and self.diagnostics.due(st.step):
-                sample = pending[0][0][: cfg.diagnostics.num_samples].to(self.ctx.device)
-                logger.log(self.diagnostics.collect(sample, step=st.step), st.step)
-            log_now = (st.step + 1) % cfg.trainer.log_every_n_steps == 0 or st.step + 1 == total_steps
-            metrics = self.train_step(pending, log=log_now)
-            self._add_skip_counts(counts)
-            n_images = sum(len(t) for _, t in pending) * self.ctx.world_size
-            st.images_seen += n_images
-            images_since_log += n_images
-            pending = []
-            if log_now:
-                elapsed = time.perf_counter() - tic
-                st.train_seconds += elapsed
-                rate = images_since_log / max(elapsed, 1e-9)
-                metrics.update({"train/lr": p.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
-                                "epoch": st.epoch + st.micro_in_epoch / batches_per_epoch})
-                if st.train_skipped:
-                    metrics["data/train_skipped"] = st.train_skipped
-                logger.log(metrics, st.step)
-                eta = (total_steps - st.step) * p.global_batch / max(rate, 1e-9)
-                log.info("epoch %d/%d step %d/%d loss %.4f lr %.3g grad %.3g %.0f img/s ETA %s",
-                         st.epoch + 1, cfg.trainer.epochs, st.step, total_steps, metrics["train/loss"],
-                         metrics["train/lr"], metrics["train/grad_norm"], rate, hms(eta))
-                tic, images_since_log = time.perf_counter(), 0
-            reason = self.signals.due(self.ctx) if self.signals is not None else None
-            if reason or (cfg.trainer.checkpoint_every_n_steps and st.step % cfg.trainer.checkpoint_every_n_steps == 0):
-                self.save()
-            if reason:
-                raise StopRequested(reason, self.signals.signal_name or "?")
-            if max_steps is not None and st.step >= max_steps:
-                break
-        else:  # the epoch ran to its end
-            self._add_skip_counts(counts)
-            if st.step == steps_before and st.micro_in_epoch > micro_before:  # batches drawn, none trained on
-                raise BadData(f"no training step in epoch {st.epoch + 1}: none of its {st.train_drawn} images could be "
-                              "read (data.bad_images=skip skipped them all)" if st.train_drawn else
-                              f"no training step in epoch {st.epoch + 1}: the training split yielded no images")
-            st.epoch += 1
-            st.micro_in_epoch = 0
-            self.step_schedule_on_epoch()
-            if st.train_skipped:
-                logger.log({"data/train_skipped": st.train_skipped, "data/train_drawn": st.train_drawn,
-                            "epoch": st.epoch}, st.step)
-            check_skipped("training", st.train_skipped, st.train_drawn, cfg.data.get("max_skipped_fraction", 0.01))
-        st.train_seconds += time.perf_counter() - tic
+            if pending and not (st.micro_in_epoch % cfg.trainer.accum_steps
+                                and st.micro_in_epoch < per_epoch):
+                yield pending
+                pending = []
 
-    def _add_skip_counts(self, counts: list[int]) -> None:
+    def diagnose(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        """Attention statistics (diagnostics.every_n_steps) on the first images of a step."""
+        sample = batches[0][0][: self.cfg.diagnostics.num_samples].to(self.ctx.device)
+        return self.diagnostics.collect(sample, step=self.state.step)
+
+    def end_epoch(self, logger: RunLogger) -> None:
+        """The epoch's loader is exhausted: count its images, check them, and move the state to the next epoch."""
+        st, cfg = self.state, self.cfg
+        self.add_skip_counts()
+        steps_before, micro_before = self._epoch_start
+        if st.step == steps_before and st.micro_in_epoch > micro_before:  # batches drawn, none trained on
+            raise BadData(f"no training step in epoch {st.epoch + 1}: none of its {st.train_drawn} images could be "
+                          "read (data.bad_images=skip skipped them all)" if st.train_drawn else
+                          f"no training step in epoch {st.epoch + 1}: the training split yielded no images")
+        st.epoch += 1
+        st.micro_in_epoch = 0
+        self.step_schedule_on_epoch()
+        if st.train_skipped:
+            logger.log({"data/train_skipped": st.train_skipped, "data/train_drawn": st.train_drawn,
+                        "epoch": st.epoch}, st.step)
+        check_skipped("training", st.train_skipped, st.train_drawn, cfg.data.get("max_skipped_fraction", 0.01))
+
+    def add_skip_counts(self) -> None:
         """Add this rank's skipped / drawn images since the last call to the state, summed over ranks (a collective
-        only with data.bad_images=skip, where images can be skipped); ``counts`` is reset."""
+        only with data.bad_images=skip, where images can be skipped)."""
+        counts, self._counts = self._counts, [0, 0]
         if self.ctx.distributed and self.cfg.data.get("bad_images") == "skip":
             total = torch.tensor(counts, dtype=torch.int64, device=self.ctx.device)
             dist.all_reduce(total)
-            counts[:] = total.tolist()
+            counts = total.tolist()
         else:
-            counts[:] = [c * self.ctx.world_size for c in counts]  # every rank draws the same number of images
+            counts = [c * self.ctx.world_size for c in counts]  # every rank draws the same number of images
         self.state.train_skipped += counts[0]
         self.state.train_drawn += counts[1]
-        counts[:] = [0, 0]
 
     def validate(self, logger: RunLogger) -> dict[str, float]:
         diag: dict[str, float] = {}

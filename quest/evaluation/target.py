@@ -12,11 +12,11 @@ import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
-from quest.engine.checkpoint import load_checkpoint
+from quest.engine.checkpoint import CheckpointRecordError, load_record
 from quest.engine.logger import wandb_group
 from quest.models import create_model
 from quest.schema import DataConfig
-from quest.torch_files import FORMAT, checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
+from quest.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 from .config import evaluated_name
 from .directory import file_sha256, state_dict_sha256
@@ -115,17 +115,16 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
                                 + (f", e.g. {path / found[0]} (found: {', '.join(found)})" if found
                                    else " such as <run>/checkpoints/last.pt"))
     try:
-        ckpt = load_checkpoint(path)
+        ckpt = load_record(path)
+    except CheckpointRecordError:  # a quest checkpoint, but not one this quest reads: the error names the keys
+        raise
     except ValueError as exc:  # not loadable, or loadable but not a train.py checkpoint: say which case it is
         raise ValueError(checkpoint_problem(path)) from exc
     bad = damaged_member(path)
     if bad is not None:
         raise ValueError(f"checkpoint={path} is truncated or corrupt (zip member {bad} fails its CRC check: torch "
                          "would load its damaged bytes as they are); copy it again from where it was written")
-    missing = [k for k in ("model", "meta", "config") if k not in ckpt]
-    if missing:
-        raise ValueError(f"{path} is a {FORMAT} file without {missing}: not written by train.py's trainer")
-    stored = OmegaConf.create(ckpt["config"])
+    stored = OmegaConf.create(ckpt.config)
     if cfg.attention.name and cfg.attention.name != stored.attention.name:
         raise ValueError(f"attention={cfg.attention.name} but checkpoint={path} was trained with attention "
                          f"{stored.attention.name!r}: checkpoint= rebuilds the model from its own config (name its "
@@ -133,11 +132,11 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     check_stored_code(stored, cfg, path)  # before anything the stored config names is built
     settings = cfg.eval
     if settings.use_ema:
-        if ckpt.get("ema") is None:
+        if ckpt.ema is None:
             raise ValueError(f"eval.use_ema=true but {path} holds no EMA weights (trained with recipe.ema=false)")
-        weights, which = ckpt["ema"], "ema"
+        weights, which = ckpt.ema, "ema"
     else:
-        weights, which = ckpt["model"], "model"
+        weights, which = ckpt.model, "model"
     model = build_model(stored)
     model.load_state_dict(weights)
     data, applied = stored.data, {}
@@ -161,7 +160,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
                      ", ".join(f"data.{k}={v}" for k, v in applied.items()), stored.data.name)
     crop_pct, interpolation = _eval_transform_overrides(settings, stored.recipe.crop_pct,
                                                         stored.recipe.eval_interpolation)
-    choices = dict(ckpt.get("choices") or {})
+    choices = dict(ckpt.choices or {})
     group = stored.logger.get("group") or wandb_group(choices)
     info = {
         "source": "checkpoint", "checkpoint": str(path), "checkpoint_file": path.name, "weights": which,
@@ -170,7 +169,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         "attention_options": OmegaConf.to_container(stored.attention.options, resolve=True),
         "checkpoint_sha256": file_sha256(path), "data_overrides": applied,
         "choices": choices, "train_data": stored.data.name, "seed": stored.trainer.seed,
-        "train_step": (ckpt.get("state") or {}).get("step"), "train_epoch": (ckpt.get("state") or {}).get("epoch"),
+        "train_step": ckpt.state.get("step"), "train_epoch": ckpt.state.get("epoch"),
     }
     return EvalTarget(model, int(stored.data.num_classes), resolve_img_size(stored), tuple(data.mean),
                       tuple(data.std), crop_pct, interpolation, data, info, group)

@@ -1,0 +1,84 @@
+"""What a training checkpoint holds: :class:`CheckpointRecord`, one versioned dataclass that every writer and reader
+of ``checkpoints/*.pt`` goes through (the trainer, resume planning, ``init_from``, evaluation, export).
+
+On disk a record is a dict of tensors and plain containers (so that it loads with ``weights_only=True``):
+``{"format": FORMAT, "version": VERSION, <one key per field>}``. Files written before the ``version`` key existed
+are version 1 (the same keys). A file with a key this quest does not know, without a required key, or of a
+version it does not read is refused with an error naming the keys and the versions.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from quest.torch_files import FORMAT
+
+__all__ = ["CheckpointRecord", "CheckpointRecordError", "VERSION", "SUPPORTED_VERSIONS", "STATEFUL_PARTS"]
+
+#: The record layout this quest writes.
+VERSION = 1
+#: The record layouts this quest reads (a file without a ``version`` key is version 1).
+SUPPORTED_VERSIONS = (1,)
+#: The fields that hold the state_dicts of a run's stateful parts (Checkpointer.save/restore take these by name).
+STATEFUL_PARTS = ("model", "ema", "optimizer", "scheduler", "scaler")
+
+
+class CheckpointRecordError(ValueError):
+    """A checkpoint's dict does not match the record: keys missing or unknown, or a version this quest cannot read."""
+
+
+@dataclass
+class CheckpointRecord:
+    """Everything a quest training checkpoint holds."""
+
+    model: dict[str, Any]  # the model's full state_dict (gathered from the shards under FSDP)
+    config: dict[str, Any]  # the resolved training config (quest.schema), plain containers
+    meta: dict[str, Any]  # model, attention, num_classes, img_size, attention_options: what the weights fit
+    state: dict[str, Any]  # quest.engine.trainer.TrainState as a dict: step, epoch, best, counts
+    ema: dict[str, Any] | None = None  # the EMA model's state_dict; None when trained without EMA
+    optimizer: dict[str, Any] | None = None  # None under FSDP: the optimizer state is in the sharded directory
+    scheduler: dict[str, Any] | None = None
+    scaler: dict[str, Any] | None = None  # the fp16 loss scaler's state (a disabled scaler's is empty)
+    rng: list[Any] | None = None  # every rank's RNG streams, in rank order (quest.engine.checkpoint.rng_state)
+    sharded: str | None = None  # FSDP: the name of the sharded ``<name>.dcp/`` directory beside this file
+    choices: dict[str, str] = field(default_factory=dict)  # the config group choices (model, attention, ...)
+    derived: dict[str, Any] = field(default_factory=dict)  # global batch, lr, steps per epoch, precision
+    data: dict[str, Any] | None = None  # the data fingerprint (split sizes, classes) a resume must match
+    metrics_bytes: int | None = None  # the size of metrics.jsonl when this state was written
+    metrics_text: str | None = None  # metrics.jsonl up to this state (rebuilds a missing or damaged file)
+    version: int = VERSION
+
+    @classmethod
+    def required(cls) -> tuple[str, ...]:
+        """The fields without a default: every checkpoint has them."""
+        return tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict written to disk (``format`` first)."""
+        return {"format": FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any], path: str | Path = "checkpoint") -> "CheckpointRecord":
+        """The record of a loaded checkpoint dict; CheckpointRecordError naming what does not fit."""
+        if not isinstance(stored, dict) or stored.get("format") != FORMAT:
+            raise CheckpointRecordError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
+        version = stored.get("version", 1)
+        if version not in SUPPORTED_VERSIONS:
+            raise CheckpointRecordError(
+                f"{path} is a quest checkpoint of record version {version!r}; this quest reads version(s) "
+                f"{', '.join(map(str, SUPPORTED_VERSIONS))} (written by a newer quest? update quest to read it)")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(stored) - names - {"format"})
+        missing = [k for k in cls.required() if k not in stored]
+        if unknown or missing:
+            raise CheckpointRecordError(
+                f"{path} (record version {version}) does not match the checkpoint record of this quest: "
+                + "; ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
+                + f" (a record holds {sorted(names)}, of which {list(cls.required())} are required)")
+        return cls(**{k: v for k, v in stored.items() if k != "format"}, **({} if "version" in stored else
+                                                                          {"version": 1}))
+
+    def stateful(self) -> dict[str, Any]:
+        """The state_dicts of the run's stateful parts, by name (see STATEFUL_PARTS)."""
+        return {name: getattr(self, name) for name in STATEFUL_PARTS}
