@@ -14,7 +14,7 @@ from timm.layers import DropPath
 
 from quest.engine import fit, load_checkpoint
 from quest.engine.builders import build_model, scheduler_epoch
-from quest.engine.trainer import resolve_precision
+from quest.engine.precision import resolve_precision
 
 from .helpers import FAST, compose_cfg
 

@@ -8,7 +8,6 @@ import logging
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,6 +22,7 @@ from .checkpoint import Checkpointer, CheckpointRecord, load_record
 from .distributed import DistContext
 from .evaluate import evaluate
 from .logger import RunLogger
+from .precision import autocast_for, resolve_precision
 from .run_dir import check_data, data_fingerprint
 
 log = logging.getLogger("quest.train")
@@ -58,17 +58,6 @@ class Diverged(Exception):
         self.step, self.reason = step, reason
 
 
-def resolve_precision(trainer_precision: str, recipe_precision: str | None, device: torch.device) -> str:
-    """``auto``: on CUDA what the recipe's authors trained with (DeiT / DeiT-III: fp16 with a loss scaler), else
-    bf16; fp32 on CPU. An explicit trainer.precision wins (fp16 on CPU works, slowly: for tests of the scaler path)."""
-    if trainer_precision != "auto":
-        return trainer_precision
-    if device.type != "cuda":
-        return "fp32"
-    return recipe_precision or "bf16"
-
-
-_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Run:
@@ -86,13 +75,12 @@ class Run:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 self.train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         self.precision = resolve_precision(cfg.trainer.precision, cfg.recipe.get("precision"), ctx.device)
-        dtype = _DTYPES[self.precision]
-        self.autocast = (partial(torch.autocast, device_type=ctx.device.type, dtype=dtype) if dtype else nullcontext)
+        self.autocast = autocast_for(self.precision, ctx.device)
         # fp16 needs dynamic loss scaling (DeiT's NativeScaler is this GradScaler); disabled it is a pass-through
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
-        self.data = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
+        self.data_fingerprint = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
         self._counts = [0, 0]  # this rank's skipped and drawn images not yet in the state
         self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
         self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
@@ -132,7 +120,7 @@ class Run:
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "choices": dict(self.choices),
             "derived": self.derived,
-            "data": self.data,
+            "data": self.data_fingerprint,
             # metrics.jsonl up to here belongs to this state: a resume cuts off what an interrupted attempt logged
             # later, and rebuilds the file from this copy when it is missing or damaged
             "metrics_bytes": logger.metrics_bytes() if logger is not None else None,
@@ -142,7 +130,7 @@ class Run:
     def restore(self, saved: CheckpointRecord, path: Path, extended: bool) -> None:
         """Continue from ``saved``; ``extended``: the run was given more epochs, so the schedule built for the new
         length continues from the current step instead of the stored (shorter) one."""
-        check_data(saved.data, self.data, self.run_dir)
+        check_data(saved.data, self.data_fingerprint, self.run_dir)
         stored = saved.derived or {}
         changed = {k: (stored[k], v) for k, v in self.derived.items() if k in stored and k != "steps_per_epoch"
                    and stored[k] != v}
