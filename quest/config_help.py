@@ -18,7 +18,7 @@ import typing
 from functools import lru_cache
 from typing import Any, Iterator
 
-from quest.validation import dataclass_of
+from quest.config_checks import dataclass_of
 
 __all__ = ["DOC", "key_docs", "field_doc", "app_help"]
 

@@ -2,7 +2,7 @@
 nearest valid one, in one line, on the first try.
 
 Hydra answers ``atention=standard`` with "To append to your config use +atention=standard", which then fails again
-(quest refuses keys the schema does not define, quest.validation); ``trainer.epoch=3`` likewise. Here every override
+(quest refuses keys the schema does not define, quest.config_checks); ``trainer.epoch=3`` likewise. Here every override
 ``[+|++|~]key[@package]=value`` is read with Hydra's own parser and its key walked down the app's schema
 dataclasses: a key that names neither a config group of the app nor a schema field is refused with the closest
 spelling, and a group option that does not exist with the closest option. Anything this cannot judge (Hydra's own
@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from quest.validation import dataclass_of
+from quest.config_checks import dataclass_of
 
 __all__ = ["override_problems", "exit_on_bad_overrides", "app_groups"]
 

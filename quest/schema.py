@@ -1,7 +1,7 @@
 """Structured config schema: the keys and types that configs, docs, tests and users rely on.
 
 Every ``float`` field (also ``Optional[float]`` and ``List[float]``) must hold finite values: the config checks
-derive that list from these dataclasses (:func:`quest.validation.float_keys`), so a new float field is checked
+derive that list from these dataclasses (:func:`quest.config_checks.float_keys`), so a new float field is checked
 without being listed anywhere. A field where infinity means something would say so with ``metadata=NON_FINITE_OK``.
 
 Registered in Hydra's ConfigStore as ``train_schema``; configs/train.yaml lists it first in its defaults, so every
@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
-from quest.validation import ConfigError
+from quest.config_checks import ConfigError
 
 #: field metadata of a float field whose value may be infinite or NaN (none today; see the module docstring)
 NON_FINITE_OK = {"finite": False}

@@ -82,7 +82,7 @@ def test_trained_and_evaluated_by_config_alone(plugin, tmp_path):
 
 
 def test_an_import_path_that_is_not_an_attention_is_a_clear_error(plugin, tmp_path):
-    from quest.validation import ConfigError
+    from quest.config_checks import ConfigError
 
     for path, message in [("my_formulations:Missing", "'Missing' in my_formulations is not found"),
                           ("my_formulations:F", "is a module, not a QKAttention subclass"),

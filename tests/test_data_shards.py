@@ -25,7 +25,7 @@ from quest.data.shards import (
     shard_loaders,
 )
 from quest.engine import fit, load_checkpoint
-from quest.engine.validate import ConfigError, validate_train_config
+from quest.engine.checks import ConfigError, check_train_config
 
 from .helpers import compose_cfg
 
@@ -291,9 +291,9 @@ def _cfg_args(root: Path, *more: str) -> list[str]:
 def test_config_checks_for_shards(shards):
     root, _, _ = shards
     with pytest.raises(ConfigError, match=r"data\.num_classes must be 3: .*_info\.json"):
-        validate_train_config(compose_cfg(*_cfg_args(root), "data.num_classes=5"))
+        check_train_config(compose_cfg(*_cfg_args(root), "data.num_classes=5"))
     with pytest.raises(ConfigError) as err:
-        validate_train_config(compose_cfg(*_cfg_args(root), "data.subset_fraction=0.5", "recipe.repeated_aug=3",
+        check_train_config(compose_cfg(*_cfg_args(root), "data.subset_fraction=0.5", "recipe.repeated_aug=3",
                                           "data.shuffle_window=0"))
     for line in ("data.subset_fraction must be 1 with tar shards", "recipe.repeated_aug must be 0 with tar shards",
                  "data.shuffle_window must be a positive integer"):
@@ -320,7 +320,7 @@ def test_image_folder_converts_to_shards_that_read_back(tmp_path):
     assert info["splits"]["train"]["shard_lengths"] == [4, 4, 4, 3]
     assert info["splits"]["validation"]["num_samples"] == 6
     cfg = compose_cfg(*_cfg_args(out))
-    validate_train_config(cfg)  # the class count from _info.json matches
+    check_train_config(cfg)  # the class count from _info.json matches
     for split, name in (("train", "train"), ("val", "validation")):
         ds = build_shards(cfg.data, split, None)
         ds.distribute(0, 1, 1)
@@ -358,7 +358,7 @@ def test_two_process_training_on_shards_resumes_exactly_and_validates_every_samp
     from quest.data import build_transforms
     from quest.data.shards import WdsLoader
     from quest.engine.builders import build_model
-    from quest.engine.evaluate import evaluate
+    from quest.engine.validation_pass import evaluate
 
     from .test_distributed import _run
 

@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from quest.config_checks import ConfigError
 from quest.evaluation import (
     EVALUATIONS,
     eval_settings_schema,
@@ -23,7 +24,6 @@ from quest.evaluation import (
     unregister_evaluation,
 )
 from quest.evaluation.registry import MODULES_ENV
-from quest.validation import ConfigError
 
 from .eval_helpers import write_image
 from .helpers import CONFIGS, ROOT

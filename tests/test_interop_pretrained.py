@@ -9,11 +9,11 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+from quest.config_checks import ConfigError
+from quest.engine.checks import check_train_config
 from quest.engine.export import export_run
-from quest.engine.validate import validate_train_config
 from quest.models import create_model
 from quest.models.pretrained import load_pretrained_weights
-from quest.validation import ConfigError
 from tests.helpers import compose_cfg
 from tests.interop_helpers import make_image_folder, train_tiny_run
 
@@ -99,4 +99,4 @@ def test_the_config_check_names_a_bad_source_before_any_work(tmp_path):
                             ("local-dir:" + str(tmp_path), "not a folder of exported weights"),
                             ("resnet_nonexistent.tag", "neither a timm model")]:
         with pytest.raises(ConfigError, match=expected):
-            validate_train_config(compose_cfg(*fast, f"model.pretrained={value}"))
+            check_train_config(compose_cfg(*fast, f"model.pretrained={value}"))

@@ -81,8 +81,8 @@ def test_every_recipe_option_is_in_the_matrix():
 def test_a_run_stored_with_model_recipe_values_resumes(tmp_path):
     """A run written when model configs carried the recipe numbers (model.recipe_values, no recipe table) resumes
     with today's config of the same values; a value that differs is still refused."""
+    from quest.config_checks import ConfigError
     from quest.engine.run_dir import check_resume
-    from quest.validation import ConfigError
 
     new = OmegaConf.to_container(compose_cfg("recipe=deit3", "model=deit3_huge"), resolve=True)
     stored = json.loads(json.dumps(new))

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from quest.config_checks import ConfigError
 from quest.engine import fit
 from quest.engine.trainer import Run
-from quest.validation import ConfigError
 
 from .helpers import FAST, compose_cfg
 

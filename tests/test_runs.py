@@ -15,9 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from PIL import Image
 
+from quest.config_checks import ConfigError
 from quest.engine import fit, load_checkpoint
 from quest.schema import TrainConfig
-from quest.validation import ConfigError
 
 from .helpers import CONFIGS, FAST, compose_cfg
 
@@ -199,7 +199,7 @@ def test_an_added_unknown_key_is_refused_like_a_misspelt_one(tmp_path, group, pr
 
 
 def test_suggestion_for_a_near_miss_and_known_free_form_keys():
-    from quest.validation import check_known_keys
+    from quest.config_checks import check_known_keys
 
     with pytest.raises(ConfigError, match=r"trainer\.epoch: .*did you mean trainer\.epochs\?"):
         check_known_keys(compose_cfg("+trainer.epoch=3"), TrainConfig)

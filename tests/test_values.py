@@ -11,18 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from quest.config_checks import ConfigError, float_keys
 from quest.engine import fit
+from quest.engine.checks import check_train_config
 from quest.engine.trainer import chance_loss, divergence_threshold
-from quest.engine.validate import validate_train_config
 from quest.models import create_model
 from quest.schema import TrainConfig
-from quest.validation import ConfigError, float_keys
 from tests.helpers import FAST, compose_cfg
 
 
 def _schema_float_fields(schema: type, prefix: str = "") -> dict[str, bool]:
     """key -> is a list, for every field whose annotation mentions float, walking nested dataclasses (written out
-    here from the annotations' text, independently of quest.validation.float_keys)."""
+    here from the annotations' text, independently of quest.config_checks.float_keys)."""
     found: dict[str, bool] = {}
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
@@ -59,16 +59,16 @@ def test_a_non_finite_value_of_any_float_field_is_refused_naming_the_key(key, ba
     else:
         OmegaConf.update(cfg, key, bad)
     with pytest.raises(ConfigError, match=rf"{key.replace('.', r'[.]')} must be finite"):
-        validate_train_config(cfg)
+        check_train_config(cfg)
 
 
 def test_finite_values_pass():
-    validate_train_config(BASE.copy())
+    check_train_config(BASE.copy())
 
 
 def test_attention_path_without_a_class_is_refused():
     with pytest.raises(ConfigError, match=r"attention\.name must be set with attention=path"):
-        validate_train_config(compose_cfg("attention=path"))
+        check_train_config(compose_cfg("attention=path"))
 
 
 def test_a_model_outside_the_vit_family_gets_a_clear_message(tmp_path):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from quest.validation import is_int
+from quest.config_checks import is_int
 
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
 from .registry import register_attention

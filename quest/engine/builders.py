@@ -29,9 +29,9 @@ from quest.data import (
 )
 from quest.models import create_model, uniform_drop_path
 
+from .checks import check_patch_size
 from .distributed import DistContext, agree_on_sample_counts
 from .signals import ignore_stop_signals
-from .validate import check_patch_size
 
 log = logging.getLogger("quest.train")
 

@@ -22,8 +22,8 @@ from quest.io import write_text_atomic
 
 from .builders import model_meta
 from .checkpoint import Checkpointer
+from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
-from .evaluate import evaluate
 from .logger import RunLogger, start_log_file, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .run_dir import Difference, RunDirectory
@@ -31,7 +31,7 @@ from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .threads import busy_hint, default_cpu_threads
 from .trainer import Run, hms
-from .validate import validate_train_config
+from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
 
@@ -53,7 +53,7 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
     compatibility, the data) runs before anything is written into the run directory (quest.engine.run_state), so a
     refused command changes nothing. ``provenance``: files (relative path -> text) written into the run directory
     once the checks have passed, such as Hydra's record of the command (``.hydra/``)."""
-    validate_train_config(cfg)
+    check_train_config(cfg)
     run_dir = Path(run_dir)
     ctx = init_distributed(cfg.trainer.device)
     directory = RunDirectory(run_dir, ctx.is_main)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from quest.validation import PRECISIONS
+from quest.config_checks import PRECISIONS
 
 __all__ = ["AUTOCAST_DTYPES", "autocast_for", "resolve_precision"]
 

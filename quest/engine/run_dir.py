@@ -19,9 +19,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from quest.config_checks import ConfigError
 from quest.io import DamagedFile, LockHeld, lock_file, read_json, write_json_atomic
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
-from quest.validation import ConfigError
 
 log = logging.getLogger("quest.train")
 

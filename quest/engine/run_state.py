@@ -1,7 +1,7 @@
 """What a run directory holds when ``train.py`` starts, and what quest does with it: the run directory as a state
 machine (docs/training.md, "What a run directory holds").
 
-:func:`survey` only reads. It returns a :class:`Plan` or raises :class:`~quest.validation.ConfigError` naming the
+:func:`survey` only reads. It returns a :class:`Plan` or raises :class:`~quest.config_checks.ConfigError` naming the
 file and the way out, so that a refused command changes nothing; :func:`carry_out` makes the plan's changes once
 every other check has passed. The rules, for ``trainer.resume=auto``:
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quest.config_checks import ConfigError
 from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.torch_files import ZIP_MAGIC, damaged_member
-from quest.validation import ConfigError
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
 from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume

@@ -15,15 +15,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from quest.validation import ConfigError
+from quest.config_checks import ConfigError
 
 from .builders import Components, build_components, model_meta, scheduler_epoch
 from .checkpoint import Checkpointer, CheckpointRecord, load_record
 from .distributed import DistContext
-from .evaluate import evaluate
 from .logger import RunLogger
 from .precision import autocast_for, resolve_precision
 from .run_dir import check_data, data_fingerprint
+from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from quest.validation import Checks
+from quest.config_checks import Checks
 
 from .settings import RESERVED_KEYS
 
@@ -64,7 +64,7 @@ def register_evaluation(name: str, settings: type | None = None, *, default: Cal
                         inputs: Callable[[Any, Any], list] | None = None) -> Callable[[F], F]:
     """Decorator: ``fn(run, section) -> dict`` becomes the evaluation ``name``, its section ``eval.<name>`` typed by
     the dataclass ``settings`` (None: a section without keys) with the defaults ``default()`` (default:
-    ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.validation.Checks`), run
+    ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.config_checks.Checks`), run
     at start with every other check. ``needs``: the optional modules it imports as ``(module, extra, what)``, or a
     function of its section that lists them; a missing one is named before any evaluation runs. ``inputs(run,
     section)`` lists the data roots it reads (:class:`quest.evaluation.inputs.Input`), checked before the suite's

@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from quest.config_checks import ConfigError
 from quest.engine.distributed import DistContext, init_distributed
 from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.precision import autocast_for
 from quest.extras import require_all
 from quest.io import plain
-from quest.validation import ConfigError
 
 from .checks import check_eval_config
 from .context import EvalRun

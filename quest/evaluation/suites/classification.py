@@ -13,8 +13,8 @@ from typing import Any, List, Optional
 
 from torch.utils.data import Dataset
 
+from quest.config_checks import Checks
 from quest.data import build_dataset
-from quest.validation import Checks
 
 from ..checks import sublist
 from ..context import EvalRun, SubsetLogits, classify, fixed_subset

@@ -14,11 +14,11 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
+from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys
 from quest.data import DATASETS, SHARD_DATASETS, check_split_classes, known_num_classes
 from quest.schema import TrainConfig
-from quest.validation import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys
 
-__all__ = ["validate_train_config", "check_patch_size", "ConfigError"]
+__all__ = ["check_train_config", "check_patch_size", "ConfigError"]
 
 #: attention.name of configs/attention/path.yaml until the command line names the class
 PATH_PLACEHOLDER = "<package.module:Class>"
@@ -137,7 +137,7 @@ def _attention(c: Checks) -> None:
         c.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
 
 
-def validate_train_config(cfg: Any) -> None:
+def check_train_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` naming every unknown key, then every bad value, of a composed train config;
     then check the data set against it (class count, matching split classes), which lists directories only."""
     check_known_keys(cfg, TrainConfig)
