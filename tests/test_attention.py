@@ -23,15 +23,20 @@ def test_registry_holds_the_paper_formulations():
     assert set(PAPER_FORMULATIONS) <= set(list_attentions())
 
 
-def reference_forward(name, layer, x, mask=None, causal=False):
-    w, b = layer.qkv.weight, layer.qkv.bias
-    qkv = x @ w.T + b
+def reference_masked_logits(name, layer, x, mask=None, causal=False):
+    """(the logits the layer's softmax takes, masks applied; v), written out from the layer's weights."""
+    qkv = x @ layer.qkv.weight.T + layer.qkv.bias
     q, k, v = (t.reshape(B, N, HEADS, D).transpose(1, 2) for t in qkv.split(DIM, dim=-1))
     z = reference_logits(name, layer, q, k)
     if causal:
         z = z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
     if mask is not None:
         z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask
+    return z, v
+
+
+def reference_forward(name, layer, x, mask=None, causal=False):
+    z, v = reference_masked_logits(name, layer, x, mask, causal)
     a = torch.exp(z - z.amax(-1, keepdim=True))
     a = a / a.sum(-1, keepdim=True)
     out = (a @ v).transpose(1, 2).reshape(B, N, DIM)
@@ -181,13 +186,7 @@ def test_attention_hook_sees_the_probabilities_the_layer_applies(name, mask_kind
     handle.remove()
     layer(x, attn_mask=mask, is_causal=causal)
     assert len(seen) == 1 and seen[0][0] is layer
-    qkv = x @ layer.qkv.weight.T + layer.qkv.bias
-    q, k, _ = (t.reshape(B, N, HEADS, D).transpose(1, 2) for t in qkv.split(DIM, dim=-1))
-    z = reference_logits(name, layer, q, k)
-    if causal:
-        z = z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
-    if mask is not None:
-        z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask
+    z, _ = reference_masked_logits(name, layer, x, mask, causal)
     torch.testing.assert_close(seen[0][1], z, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(seen[0][2], torch.softmax(z, dim=-1), atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(hooked, fused, atol=1e-10, rtol=1e-10)
