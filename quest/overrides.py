@@ -17,6 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from quest.data.registry import SCHEMA_SUFFIX
 from quest.validation import dataclass_of
 
 __all__ = ["override_problems", "exit_on_bad_overrides", "app_groups"]
@@ -47,8 +48,55 @@ def _options(config_dir: Path, group: str) -> list[str]:
         stored = ConfigStore.instance().list(group)
     except (OSError, KeyError, ValueError):
         stored = []
-    options.update(name.removesuffix(".yaml") for name in stored)
+    # <option>_schema: an option's typed settings (data=<name>, quest/data/registry.py), not an option itself
+    options.update(n for n in (name.removesuffix(".yaml") for name in stored) if not n.endswith(SCHEMA_SUFFIX))
     return sorted(options)
+
+
+def _option_schema(group: str, option: Any) -> type | None:
+    """The dataclass an option of ``group`` is typed by (``<group>/<option>_schema`` in Hydra's ConfigStore), if any."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    try:
+        node = ConfigStore.instance().load(f"{group}/{option}{SCHEMA_SUFFIX}.yaml").node
+    except Exception:  # noqa: BLE001 -- not stored: the option has no schema of its own
+        return None
+    found = OmegaConf.get_type(node)
+    return found if dataclasses.is_dataclass(found) else None
+
+
+def _option_schemas(group: str) -> list[type]:
+    """The schemas of every option of ``group`` that has one."""
+    from hydra.core.config_store import ConfigStore
+
+    names = [n.removesuffix(".yaml") for n in ConfigStore.instance().list(group)]
+    found = (_option_schema(group, n.removesuffix(SCHEMA_SUFFIX)) for n in names if n.endswith(SCHEMA_SUFFIX))
+    return [t for t in found if t is not None]
+
+
+def _typed_groups(args: list[str], groups: dict[str, list[str]], parser: Any) -> dict[str, type | None]:
+    """Groups whose options bring their own schema (data): the chosen option's schema, or None when the command
+    line chooses none (the primary config's default), and keys under it are then left to Hydra's typed composition."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+
+    typed: dict[str, type | None] = {}
+    for group in groups:
+        try:
+            names = ConfigStore.instance().list(group)
+        except (OSError, KeyError, ValueError):
+            continue
+        if any(n.removesuffix(".yaml").endswith(SCHEMA_SUFFIX) for n in names):
+            typed[group] = None
+    for arg in args:
+        try:
+            override = parser.parse_override(arg) if "=" in arg and not arg.startswith("-") else None
+        except HydraException:
+            continue
+        if override is not None and override.key_or_group in typed and _simple(override.value()):
+            typed[override.key_or_group] = _option_schema(override.key_or_group, override.value())
+    return typed
 
 
 def _closest(word: str, candidates: typing.Iterable[str]) -> str | None:
@@ -69,6 +117,7 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
+    typed = _typed_groups(args, groups, parser)
     problems = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg.lstrip("~"):
@@ -89,7 +138,7 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
                 hint = f"did you mean {key}={near}? " if near else ""
                 problems.append(f"{arg}: config group {key} has no option {value!r}; {hint}(options: {', '.join(options)})")
             continue
-        problem = _key_problem(key, schema, groups)
+        problem = _key_problem(key, schema, groups, typed)
         if problem:
             where, near, known = problem
             hint = f"did you mean {near}={rest}? " if near else ""
@@ -97,19 +146,27 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
     return problems
 
 
-def _key_problem(key: str, schema: type, groups: dict[str, list[str]]) -> tuple[str, str | None, list[str]] | None:
-    """(what is wrong, the closest valid key, the keys known there) for a dotted key the schema does not define."""
+def _key_problem(key: str, schema: type, groups: dict[str, list[str]],
+                 typed: dict[str, type | None] | None = None) -> tuple[str, str | None, list[str]] | None:
+    """(what is wrong, the closest valid key, the keys known there) for a dotted key the schema does not define;
+    under a group of ``typed`` (see :func:`_typed_groups`), by its chosen option's schema."""
     if "/" in key:  # a nested group (toy/grid): the first part must be a group or a key
         key = key.split("/")[0]
     node: type | None = schema
     parts = key.split(".")
+    lenient = False  # under a group whose option's schema is not known here: an unknown key is left to Hydra
     for depth, part in enumerate(parts):
         if node is None:
             return None  # below a free-form field: checked where it is used
         fields = {f.name for f in dataclasses.fields(node)}
         if part in fields:
             node = dataclass_of(typing.get_type_hints(node).get(part))
+            if depth == 0 and typed and part in typed:
+                lenient = typed[part] is None
+                node = typed[part] or node
             continue
+        if lenient and any(part in {f.name for f in dataclasses.fields(t)} for t in _option_schemas(parts[0])):
+            return None  # a key of some option's schema: Hydra's composition judges it against the chosen one
         prefix = ".".join(parts[:depth])
         known = sorted(fields | (set(groups) if depth == 0 else set()))
         near = _closest(part, known)
