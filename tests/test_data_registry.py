@@ -234,3 +234,17 @@ def test_the_documented_command_trains_two_steps_and_refuses_a_typo(example):
                                                                       for a in args]],
                           cwd=example, env=environ, capture_output=True, text=True, timeout=900)
     assert typo.returncode != 0 and "data has no key 'widht'; did you mean data.width=2?" in typo.stderr
+
+
+@pytest.mark.parametrize("name", list_datasets())
+def test_every_own_key_of_a_data_set_is_described_by_help(name):
+    from quest.config_help import app_help, data_set_keys
+
+    settings = get_dataset(name).settings
+    docs = list(data_set_keys(settings))
+    own = {f.name for f in dataclasses.fields(settings)} - {f.name for f in dataclasses.fields(DataConfig)}
+    assert {key.split(".")[1] for key, _, _ in docs} == own
+    assert all(doc for _, _, doc in docs), [key for key, _, doc in docs if not doc]
+    text = app_help("quest-train", "", {"data": list_datasets()}, DataConfig)
+    section = text.split(f"  data={name}\n", 1)[1].split("\n  data=", 1)[0]
+    assert all(f" {key.rsplit('.', 1)[1]} " in section for key, _, _ in docs)
