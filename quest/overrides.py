@@ -20,7 +20,7 @@ from typing import Any
 from quest.data.registry import SCHEMA_SUFFIX
 from quest.validation import dataclass_of
 
-__all__ = ["override_problems", "exit_on_bad_overrides", "app_groups"]
+__all__ = ["override_problems", "exit_on_bad_overrides", "app_groups", "default_options"]
 
 
 def app_groups(config_dir: Path, primary: str) -> dict[str, list[str]]:
@@ -75,9 +75,11 @@ def _option_schemas(group: str) -> list[type]:
     return [t for t in found if t is not None]
 
 
-def _typed_groups(args: list[str], groups: dict[str, list[str]], parser: Any) -> dict[str, type | None]:
-    """Groups whose options bring their own schema (data): the chosen option's schema, or None when the command
-    line chooses none (the primary config's default), and keys under it are then left to Hydra's typed composition."""
+def _typed_groups(args: list[str], groups: dict[str, list[str]], parser: Any,
+                  defaults: dict[str, str]) -> dict[str, type | None]:
+    """Groups whose options bring their own schema (data): the schema of the option the command line chooses, else of
+    the primary config's default (``defaults``); None when neither is known: keys under it are then left to Hydra's
+    typed composition."""
     from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
 
@@ -88,7 +90,7 @@ def _typed_groups(args: list[str], groups: dict[str, list[str]], parser: Any) ->
         except (OSError, KeyError, ValueError):
             continue
         if any(n.removesuffix(".yaml").endswith(SCHEMA_SUFFIX) for n in names):
-            typed[group] = None
+            typed[group] = _option_schema(group, defaults[group]) if group in defaults else None
     for arg in args:
         try:
             override = parser.parse_override(arg) if "=" in arg and not arg.startswith("-") else None
@@ -109,7 +111,17 @@ def _simple(value: Any) -> bool:
     return isinstance(value, str) and value.replace("_", "").replace("-", "").replace(".", "").isalnum()
 
 
-def override_problems(args: list[str], schema: type, groups: dict[str, list[str]]) -> list[str]:
+def default_options(config_dir: Path, primary: str) -> dict[str, str]:
+    """Config group -> the option the primary config's defaults list chooses (``data: digits``)."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{primary}.yaml")).get("defaults", [])
+    return {str(k): str(v) for entry in defaults if isinstance(entry, dict) for k, v in entry.items()
+            if isinstance(v, str) and " " not in str(k)}
+
+
+def override_problems(args: list[str], schema: type, groups: dict[str, list[str]],
+                      defaults: dict[str, str] | None = None) -> list[str]:
     """One line per override of ``args`` that names no config group of ``groups`` and no key of the ``schema``
     dataclass tree, or an option its group does not have (a group with no options listed: not checked); each with
     the closest valid spelling when there is one."""
@@ -117,7 +129,7 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    typed = _typed_groups(args, groups, parser)
+    typed = _typed_groups(args, groups, parser, defaults or {})
     problems = []
     for arg in args:
         if arg.startswith("-") or "=" not in arg.lstrip("~"):
@@ -191,7 +203,7 @@ def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: P
     groups = app_groups(config_dir, primary)
     if any(a.lstrip("+").startswith("hydra.searchpath") for a in args):
         groups = {group: [] for group in groups}  # more options may come from the added search path
-    problems = override_problems(args, schema, groups)
+    problems = override_problems(args, schema, groups, default_options(config_dir, primary))
     if problems:
         for line in problems:
             print(f"{app}: error: {line}", file=sys.stderr)

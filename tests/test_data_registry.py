@@ -248,3 +248,25 @@ def test_every_own_key_of_a_data_set_is_described_by_help(name):
     text = app_help("quest-train", "", {"data": list_datasets()}, DataConfig)
     section = text.split(f"  data={name}\n", 1)[1].split("\n  data=", 1)[0]
     assert all(f" {key.rsplit('.', 1)[1]} " in section for key, _, _ in docs)
+
+
+def test_the_command_line_check_reads_data_keys_by_the_chosen_or_default_data_set():
+    from quest.cli import config_root
+    from quest.overrides import app_groups, default_options, override_problems
+    from quest.schema import TrainConfig, register_configs
+
+    register_configs()
+    groups, defaults = app_groups(config_root(), "train"), default_options(config_root(), "train")
+    assert defaults["data"] == "digits" and not any(o.endswith("_schema") for o in groups["data"])
+
+    def problems(*args):
+        return override_problems(list(args), TrainConfig, groups, defaults)
+
+    assert problems("data=fake", "data.fake_train_size=8") == problems("data=digits_canvas", "data.canvas.copies=1") == []
+    assert problems("data.val_fraction=0.3") == []  # digits, the default, has it
+    [fake] = problems("data=fake", "data.fake_train_sise=8")
+    assert "data has no key 'fake_train_sise'; did you mean data.fake_train_size=8?" in fake
+    [other] = problems("data.fake_train_size=8")  # an option of fake, with the default digits
+    assert "data has no key 'fake_train_size'" in other and "val_fraction" in other
+    [nested] = problems("data=digits_canvas", "data.canvas.sise=3")
+    assert "data.canvas has no key 'sise'; did you mean data.canvas.size=3?" in nested
