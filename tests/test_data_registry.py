@@ -270,3 +270,29 @@ def test_the_command_line_check_reads_data_keys_by_the_chosen_or_default_data_se
     assert "data has no key 'fake_train_size'" in other and "val_fraction" in other
     [nested] = problems("data=digits_canvas", "data.canvas.sise=3")
     assert "data.canvas has no key 'sise'; did you mean data.canvas.size=3?" in nested
+
+
+def test_a_run_whose_checkpoint_stores_the_flat_data_config_resumes_exactly(tmp_path):
+    """A run stopped by the earlier quest (its last.pt and run.json hold the flat data node: every data set's keys)
+    resumes under the registered data sets and ends with the weights of a run never stopped."""
+    from quest.engine import fit, load_checkpoint
+
+    from .helpers import FAST
+
+    fit(compose_cfg(*FAST), tmp_path / "straight")
+    first = fit(compose_cfg(*FAST, "trainer.max_steps=3"), tmp_path / "resumed")
+    assert first["status"] == "stopped" and first["step"] == 3
+    path = tmp_path / "resumed" / "checkpoints" / "last.pt"
+    raw = torch.load(path, weights_only=True)
+    own = raw["config"]["data"]
+    assert "canvas" not in own and own["fake_train_size"] == 64  # what this quest stores: fake's keys only
+    raw["config"]["data"] = _flat(**{k: v for k, v in own.items()})  # as the earlier quest stored it
+    torch.save(raw, path)
+    record = json.loads((tmp_path / "resumed" / "run.json").read_text())
+    record["config"]["data"] = raw["config"]["data"]
+    (tmp_path / "resumed" / "run.json").write_text(json.dumps(record))
+    second = fit(compose_cfg(*FAST), tmp_path / "resumed")
+    assert second["resumed"] and second["status"] == "completed" and second["step"] == 8
+    a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("straight", "resumed"))
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, atol=0, rtol=0, msg=key)
