@@ -296,3 +296,22 @@ def test_a_run_whose_checkpoint_stores_the_flat_data_config_resumes_exactly(tmp_
     a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("straight", "resumed"))
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, atol=0, rtol=0, msg=key)
+
+
+def test_eval_without_data_takes_any_data_sets_key_for_the_checkpoints_config_and_refuses_others():
+    from quest.evaluation import register_eval_configs
+    from quest.evaluation.target import data_overrides, data_was_chosen
+
+    from .helpers import eval_cfg
+
+    register_eval_configs()
+    cfg = eval_cfg("data.val_fraction=0.3", "data.canvas.copies=1", "data.root=/x")
+    assert not data_was_chosen(cfg)
+    assert data_overrides(cfg) == {"val_fraction": 0.3, "canvas": {**_flat()["canvas"], "copies": 1}, "root": "/x"}
+    assert data_overrides(eval_cfg()) == {}  # the keys' defaults are no override
+    with pytest.raises(ConfigCompositionException, match="val_fractoin"):
+        eval_cfg("data.val_fractoin=0.3")
+    chosen = eval_cfg("data=fake", "data.fake_train_size=8")
+    assert data_was_chosen(chosen) and OmegaConf.get_type(chosen.data) is get_dataset("fake").settings
+    with pytest.raises(ConfigCompositionException, match="val_fraction"):
+        eval_cfg("data=fake", "data.val_fraction=0.3")

@@ -15,17 +15,21 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from .config import DataConfig
 
 __all__ = ["DataSet", "register_dataset", "unregister_dataset", "get_dataset", "list_datasets", "load_datasets",
-           "register_data_configs", "schema_name", "SCHEMA_SUFFIX", "upgrade_data_config", "FLAT_KEYS", "MODULES_ENV",
-           "ENTRY_POINT_GROUP"]
+           "register_data_configs", "schema_name", "any_data_settings", "upgrade_data_config", "SCHEMA_SUFFIX",
+           "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
 
 MODULES_ENV = "QUEST_DATA_MODULES"
 SCHEMA_SUFFIX = "_schema"  # data/<name>_schema in Hydra's ConfigStore: the data set's settings
+#: data/_any_schema: eval.py's data node when no data=<name> is chosen (data.<key>=... then changes the checkpoint's
+#: own data config, whichever data set it names): every registered data set's keys
+ANY_DATA_SCHEMA = "_any" + SCHEMA_SUFFIX
 ENTRY_POINT_GROUP = "quest.datasets"
 B = TypeVar("B", bound=Callable[..., Any])
 
@@ -150,6 +154,23 @@ def register_data_configs() -> None:
     store = ConfigStore.instance()
     for name, entry in _REGISTRY.items():
         store.store(group="data", name=schema_name(name), node=entry.settings)
+    store.store(group="data", name=ANY_DATA_SCHEMA, node=any_data_settings())
+
+
+def any_data_settings() -> type:
+    """A dataclass extending :class:`DataConfig` with the own keys of every registered data set (the first one to
+    define a key gives its type and default): what ``data.<key>=...`` may set on a checkpoint's data config."""
+    load_datasets()
+    shared = {f.name for f in dataclasses.fields(DataConfig)}
+    fields: dict[str, tuple] = {}
+    for entry in _REGISTRY.values():
+        hints = typing.get_type_hints(entry.settings)
+        for f in dataclasses.fields(entry.settings):
+            if f.name not in shared and f.name not in fields:
+                default = (dataclasses.field(default_factory=f.default_factory)
+                           if f.default_factory is not dataclasses.MISSING else dataclasses.field(default=f.default))
+                fields[f.name] = (f.name, hints[f.name], default)
+    return dataclasses.make_dataclass("AnyDataConfig", list(fields.values()), bases=(DataConfig,))
 
 
 def upgrade_data_config(stored: dict[str, Any]) -> dict[str, Any]:

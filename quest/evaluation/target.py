@@ -52,7 +52,7 @@ def data_was_chosen(cfg: DictConfig) -> bool:
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     """The ``data.*`` keys whose values differ from the schema's defaults (set on the command line when no
     ``data=<name>`` was chosen), resolved."""
-    default = OmegaConf.to_container(OmegaConf.structured(DataConfig), resolve=False)
+    default = OmegaConf.to_container(OmegaConf.structured(OmegaConf.get_type(cfg.data) or DataConfig), resolve=False)
     given = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=False)
     return {k: v for k, v in given.items() if k not in ("name",) and v != "???" and v != default.get(k)}
 
