@@ -55,6 +55,9 @@ def _unknown(node: DictConfig, schema: type, prefix: str) -> list[tuple[str, lis
             continue
         child_schema = dataclass_of(hints.get(key))
         if child_schema is not None and OmegaConf.is_dict(node._get_node(key)) and node[key] is not None:
+            own = OmegaConf.get_type(node[key])  # a subclass the node was typed by (data=<name>: its settings)
+            if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, child_schema):
+                child_schema = own
             found.extend(_unknown(node[key], child_schema, f"{prefix}{key}."))
     return found
 

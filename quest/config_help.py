@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from quest.config_checks import dataclass_of
 
-__all__ = ["DOC", "key_docs", "field_doc", "app_help"]
+__all__ = ["DOC", "key_docs", "field_doc", "app_help", "data_set_settings", "data_set_keys"]
 
 #: the metadata key of a field's description (where a comment cannot say it)
 DOC = "doc"
@@ -113,17 +113,45 @@ def app_help(app: str, usage: str, groups: dict[str, list[str]], schema: type, w
         out.append(textwrap.fill(", ".join(options) or "(any)", width, initial_indent=f"  {group:<12} ",
                                  subsequent_indent=" " * 15))
     out += ["", "Keys (key=value; default in brackets, set by the chosen group options when they say so):"]
-    for key, default, doc in key_docs(schema):
+    out += _key_lines(key_docs(schema), width)
+    if "data" in groups:  # each data set's own options (quest/data/sets/, docs/data.md)
+        out += ["", "Each data set's own keys (data=<name> data.<key>=value; the others are refused):"]
+        for name, settings in data_set_settings().items():
+            out.append(f"  data={name}")
+            out += _key_lines(data_set_keys(settings), width) or [" " * 29 + "(none)"]
+    out += ["", f"Nested keys are written with dots: {_example(schema)}.",
+            f"{app} ... --cfg job prints the composed config of a command; --hydra-help lists Hydra's own flags;",
+            f"tab completion: eval \"$({app} -sc install=bash)\"."]
+    return "\n".join(out) + "\n"
+
+
+def _key_lines(docs: Iterator[tuple[str, Any, str]], width: int) -> list[str]:
+    out = []
+    for key, default, doc in docs:
         depth = key.count(".")
         head = f"{'  ' * depth}  {key.rsplit('.', 1)[-1] if depth else key}"
         out.append(textwrap.fill(f"[{_shown(default)}] {doc}", width, initial_indent=f"{head:<28} ",
                                  subsequent_indent=" " * 29) if len(head) < 28
                    else head + "\n" + textwrap.fill(f"[{_shown(default)}] {doc}", width, initial_indent=" " * 29,
                                                     subsequent_indent=" " * 29))
-    out += ["", f"Nested keys are written with dots: {_example(schema)}.",
-            f"{app} ... --cfg job prints the composed config of a command; --hydra-help lists Hydra's own flags;",
-            f"tab completion: eval \"$({app} -sc install=bash)\"."]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def data_set_settings() -> dict[str, type]:
+    """Registered data set -> its settings dataclass (quest.data.registry; no torch imported)."""
+    from quest.data.registry import get_dataset, list_datasets
+
+    return {name: get_dataset(name).settings for name in list_datasets()}
+
+
+def data_set_keys(settings: type) -> Iterator[tuple[str, Any, str]]:
+    """:func:`key_docs` of a data set's own keys (those the shared DataConfig does not have), as ``data.<key>``."""
+    from quest.data.config import DataConfig
+
+    shared = {f.name for f in dataclasses.fields(DataConfig)}
+    for key, default, doc in key_docs(settings, "data."):
+        if key.split(".")[1] not in shared:
+            yield key, default, doc
 
 
 def _example(schema: type) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from quest.config_checks import ConfigError
+from quest.data.config import DataConfig  # the keys every data set has; each data set extends it (docs/data.md)
 
 #: field metadata of a float field whose value may be infinite or NaN (none today; see the module docstring)
 NON_FINITE_OK = {"finite": False}
@@ -43,53 +44,6 @@ class ModelConfig:
     # (deit_tiny_patch16_224.fb_in1k), local-dir:<quest-export folder>, hf-hub:<repo> or a .safetensors/.pth file
     pretrained: Optional[str] = None
     pretrained_download: bool = False  # read the Hub / timm's weights from the local caches only, unless true
-
-
-@dataclass
-class CanvasConfig:
-    """data=digits_canvas: each digit pasted on a canvas with clutter, with its true box (quest/data/digits_canvas.py)."""
-
-    size: int = 32  # canvas side in pixels
-    scale_min: int = 12  # the digit's side is uniform in [scale_min, scale_max] pixels
-    scale_max: int = 22  # largest digit side in pixels
-    clutter: int = 3  # fragments of other digits, away from the digit's box
-    noise: float = 0.05  # Gaussian noise std as a fraction of 255
-    copies: int = 2  # draws of every training digit (the validation split draws each once)
-    seed: int = 0  # every sample's draws come from (seed, split, index)
-
-
-@dataclass
-class DataConfig:
-    """The data=<option> group: the data set, its splits and loaders."""
-
-    name: str = MISSING  # digits | digits_canvas | imagenet | imagefolder | cifar10 | cifar100 | fake | imagenet_wds | wds
-    root: Optional[str] = None  # where the data set lives (null: the built-in digits need none)
-    batch_size: int = 64  # per process
-    eval_batch_size: Optional[int] = None  # None: 2 x batch_size
-    num_workers: int = 0  # DataLoader worker processes
-    num_classes: int = MISSING  # classes of the data set (set by the data option)
-    img_size: Optional[int] = None  # native resolution when the model does not set one
-    mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # per-channel normalisation mean
-    std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])  # per-channel normalisation std
-    train_split: str = "train"  # the split trained on (a folder, or a shard pattern for wds)
-    val_split: str = "val"  # the split validated on
-    subset_fraction: float = 1.0  # class-balanced subset of the training set (paper Table A2)
-    subset_seed: int = 0  # seed of the subset_fraction draw
-    val_fraction: float = 0.2  # digits: held-out stratified share
-    split_seed: int = 0  # digits: the fixed train/val split
-    download: bool = False  # torchvision data sets: download only when asked
-    bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
-    # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
-    max_skipped_fraction: float = 0.01  # docs/data.md
-    preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)
-    fake_train_size: int = 256  # data=fake: training images
-    fake_val_size: int = 64  # data=fake: validation images
-    pin_memory: bool = True  # DataLoader pin_memory (CUDA)
-    canvas: CanvasConfig = field(default_factory=CanvasConfig)
-    # tar shards (imagenet_wds | wds; quest/data/shards.py): train_split / val_split name a split of
-    # ${root}/_info.json or a shard pattern such as imagenet1k-train-{0000..1023}.tar
-    num_samples: Optional[int] = None  # no _info.json: the training samples, checked; the shards are counted at start
-    shuffle_window: int = 8192  # shards: training samples are permuted within windows of this many (held in memory)
 
 
 @dataclass

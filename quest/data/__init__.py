@@ -1,36 +1,34 @@
-"""Data sets, transforms and samplers."""
-from .datasets import (
-    DATASETS,
-    build_dataset,
-    check_split_classes,
-    class_balanced_subset,
-    dataset_targets,
-    known_num_classes,
-)
-from .digits_canvas import DigitsCanvasDataset
-from .folder import CorruptImageError, SafeImageFolder, check_image_folder, collate_skipping_bad
-from .sampling import ResumableSampler, ShardSampler, build_train_sampler
-from .shards import SHARD_DATASETS, ShardError, WdsDataset, shard_loaders
-from .transforms import build_transforms
+"""Data sets, transforms and samplers.
 
-__all__ = [
-    "DigitsCanvasDataset",
-    "DATASETS",
-    "build_dataset",
-    "class_balanced_subset",
-    "dataset_targets",
-    "known_num_classes",
-    "check_split_classes",
-    "CorruptImageError",
-    "SafeImageFolder",
-    "check_image_folder",
-    "collate_skipping_bad",
-    "ResumableSampler",
-    "ShardSampler",
-    "build_train_sampler",
-    "build_transforms",
-    "SHARD_DATASETS",
-    "ShardError",
-    "WdsDataset",
-    "shard_loaders",
-]
+Names are imported on first use (PEP 562): the config schema, the data set registry and the settings of each data
+set (quest.data.config, quest.data.registry, quest.data.sets) import no torch, so ``--help`` and tab completion
+stay fast; the rest loads torch when first asked for.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import DataConfig
+from .registry import get_dataset, list_datasets, register_dataset
+
+_LAZY = {
+    "build_dataset": "datasets", "check_split_classes": "datasets", "class_balanced_subset": "datasets",
+    "dataset_targets": "datasets", "known_num_classes": "datasets",
+    "DigitsCanvasDataset": "digits_canvas",
+    "CorruptImageError": "folder", "SafeImageFolder": "folder", "check_image_folder": "folder",
+    "collate_skipping_bad": "folder",
+    "ResumableSampler": "sampling", "ShardSampler": "sampling", "build_train_sampler": "sampling",
+    "SHARD_DATASETS": "shards", "ShardError": "shards", "WdsDataset": "shards", "shard_loaders": "shards",
+    "build_transforms": "transforms",
+}
+
+__all__ = ["DataConfig", "get_dataset", "list_datasets", "register_dataset", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,6 +77,11 @@ class DigitsCanvasDataset(Dataset):
                 canvas[py:py + side, px:px + side] = np.maximum(canvas[py:py + side, px:px + side], piece)
                 return
 
+    @property
+    def boxes_frame(self) -> tuple[int, int]:
+        """(width, height) of the image the boxes' coordinates are in: the canvas (eval=explain maps them)."""
+        return (self.size, self.size)
+
     def boxes(self, index: int) -> np.ndarray:
         """(1, 4) true box of sample ``index`` on the canvas, (xmin, ymin, xmax, ymax) inclusive."""
         return self._draw(index)[1]

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from quest.attention import get_attention
 from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys
-from quest.data import DATASETS, SHARD_DATASETS, check_split_classes, known_num_classes
+from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.schema import TrainConfig
 
 __all__ = ["check_train_config", "check_patch_size", "ConfigError"]
@@ -61,31 +61,29 @@ def _recipe(c: Checks) -> None:
 
 
 def _data(c: Checks) -> None:
-    c.one_of("data.name", DATASETS)
-    c.positive_int("data.batch_size", "data.num_classes", "data.fake_train_size", "data.fake_val_size")
+    """The keys every data set has, then the data set's own checks (its module in quest/data/sets/ or a plugin)."""
+    c.one_of("data.name", list_datasets())
+    c.positive_int("data.batch_size", "data.num_classes")
     c.positive_int("data.eval_batch_size", "data.img_size", optional=True)
     c.check("data.num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
     c.fraction("data.subset_fraction", low_open=True)
-    c.fraction("data.val_fraction", low_open=True, high_open=True)
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
     c.one_of("data.bad_images", ("error", "skip"))
     c.fraction("data.max_skipped_fraction")
-    c.positive_int("data.num_samples", optional=True)
-    c.positive_int("data.shuffle_window")
-    if c.value("data.name") in SHARD_DATASETS:  # streamed in order: no random access (quest/data/shards.py)
+    if c.value("data.name") not in list_datasets():
+        return
+    dataset = get_dataset(c.value("data.name"))
+    shared = set(float_keys(DataConfig, "data."))  # checked with the whole schema's
+    c.finite(*(k for k in float_keys(dataset.settings, "data.") if k not in shared))  # its own, from its settings
+    if dataset.check is not None:
+        dataset.check(c)
+    if dataset.streamed:  # read in order: no random access (quest/data/shards.py)
         if c.value("data.subset_fraction") != 1:
             c.fail("data.subset_fraction", "must be 1 with tar shards (a class-balanced subset needs random access)")
         if c.value("recipe.repeated_aug"):
             c.fail("recipe.repeated_aug", "must be 0 with tar shards (repeated augmentation is not implemented for "
                    "them; docs/distributed.md, \"Sharded input\")")
-    if c.value("data.name") == "digits_canvas":
-        c.positive_int("data.canvas.size", "data.canvas.scale_min", "data.canvas.scale_max", "data.canvas.copies")
-        c.check("data.canvas.clutter", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-        c.non_negative("data.canvas.noise")
-        size, lo, hi = (c.value(f"data.canvas.{k}") for k in ("size", "scale_min", "scale_max"))
-        if isinstance(lo, int) and isinstance(hi, int) and isinstance(size, int) and not 8 <= lo <= hi <= size:
-            c.fail("data.canvas.scale_max", f"must satisfy 8 <= scale_min ({lo}) <= scale_max <= size ({size})")
 
 
 def _trainer(c: Checks) -> None:
@@ -140,7 +138,7 @@ def _attention(c: Checks) -> None:
 def check_train_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` naming every unknown key, then every bad value, of a composed train config;
     then check the data set against it (class count, matching split classes), which lists directories only."""
-    check_known_keys(cfg, TrainConfig)
+    check_known_keys(cfg, TrainConfig)  # the data node against its data set's settings (the node's own type)
     checks = Checks(cfg)
     checks.finite(*float_keys(TrainConfig))  # every float of the schema, found from its types
     for part in (_recipe, _data, _trainer, _rest, _attention):
@@ -148,8 +146,8 @@ def check_train_config(cfg: Any) -> None:
     checks.raise_if_any("config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:
-        where = (f" ({cfg.data.root}/_info.json)" if cfg.data.name in SHARD_DATASETS else
-                 f" (class folders of {cfg.data.root}/{cfg.data.train_split})" if cfg.data.root else "")
+        where_classes = get_dataset(cfg.data.name).where_classes
+        where = f" ({where_classes(cfg.data)})" if where_classes is not None else ""
         checks.fail("data.num_classes", f"must be {expected}: the {cfg.data.name} data set has {expected} classes"
                     + where)
         checks.raise_if_any("config")

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from quest.config_checks import ConfigError
+from quest.data.registry import get_dataset, list_datasets, upgrade_data_config
 from quest.io import DamagedFile, LockHeld, lock_file, read_json, write_json_atomic
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
@@ -57,14 +58,20 @@ class Difference:
         return f"{self.key}: {show(self.stored)} -> {show(self.new)}"
 
 
-def _schema_defaults() -> dict[str, Any]:
-    return _flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False))
+def _schema_defaults(data_name: Any = None) -> dict[str, Any]:
+    defaults = OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False)
+    if data_name in list_datasets():  # the data set's own options too
+        defaults["data"] = OmegaConf.to_container(OmegaConf.structured(get_dataset(data_name).settings), resolve=False)
+    return _flatten(defaults)
 
 
 def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
     """Keys whose values differ between two resolved configs; a key one of them lacks (an older quest wrote the
-    checkpoint) counts as the schema's default."""
-    a, b, defaults = _flatten(stored), _flatten(new), _schema_defaults()
+    checkpoint) counts as the schema's default. A stored data config from before data sets were registered (one
+    flat DataConfig with every data set's keys) is read as its data set's settings first."""
+    if isinstance(stored.get("data"), dict):
+        stored = {**stored, "data": upgrade_data_config(stored["data"])}
+    a, b, defaults = _flatten(stored), _flatten(new), _schema_defaults((new.get("data") or {}).get("name"))
     diffs = []
     for key in sorted(set(a) | set(b)):
         old, now = a.get(key, defaults.get(key, _ABSENT)), b.get(key, defaults.get(key, _ABSENT))

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from quest.data.registry import register_data_configs
 from quest.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 
 from .registry import evaluators, load_evaluations, registry_version
@@ -166,12 +167,14 @@ def register_eval_configs(modules: tuple[str, ...] | list[str] = ()) -> None:
     registering an evaluation later."""
     load_evaluations(modules)
     ConfigStore.instance().store(name="eval_schema", node=eval_config_schema())
+    register_data_configs()  # data=<name>: each data set's settings (quest/data/registry.py)
     _register_eval_dir_resolver()
 
 
 def register_completion_config() -> None:
     """Store :func:`completion_config_schema` as ``eval_schema``: for a completion query (quest.cli)."""
     ConfigStore.instance().store(name="eval_schema", node=completion_config_schema())
+    register_data_configs()
     _register_eval_dir_resolver()
 
 

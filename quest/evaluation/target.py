@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
+from quest.data import get_dataset
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecordError, load_record
 from quest.engine.logger import wandb_group
@@ -26,7 +27,6 @@ log = logging.getLogger("quest.eval")
 
 __all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "check_stored_code", "CODE_KEYS"]
 
-_NO_ROOT = ("digits", "digits_canvas", "fake")  # data sets that read no data.root
 #: keys of a stored config that can name code (an import path ``package.module:Class``): quest/attention/registry.py
 CODE_KEYS = ("attention.name",)
 
@@ -53,7 +53,7 @@ def data_was_chosen(cfg: DictConfig) -> bool:
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     """The ``data.*`` keys whose values differ from the schema's defaults (set on the command line when no
     ``data=<name>`` was chosen), resolved."""
-    default = OmegaConf.to_container(OmegaConf.structured(DataConfig), resolve=False)
+    default = OmegaConf.to_container(OmegaConf.structured(OmegaConf.get_type(cfg.data) or DataConfig), resolve=False)
     given = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=False)
     return {k: v for k, v in given.items() if k not in ("name",) and v != "???" and v != default.get(k)}
 
@@ -150,7 +150,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         if "num_classes" in applied and int(applied["num_classes"]) != int(stored.data.num_classes):
             raise ValueError(f"data.num_classes={applied['num_classes']} but the checkpoint's model has "
                              f"{stored.data.num_classes} classes")
-        if "root" in applied and stored.data.name in _NO_ROOT:
+        if "root" in applied and not get_dataset(stored.data.name).reads_root:
             raise ValueError(f"data.root={applied['root']} would be ignored: the checkpoint's data set "
                              f"{stored.data.name} is built in and reads no root; pass data=<name> data.root=... to "
                              "evaluate another data set")

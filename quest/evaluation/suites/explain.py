@@ -119,9 +119,10 @@ def _dataset(run: EvalRun, section: Any):
         return _ImageNetBoxes(val_samples(run), BoxSource(section.boxes), transform, map_boxes), transform
     dataset = val_split(run, transform, "explain")
     if not hasattr(dataset, "boxes"):
-        raise ValueError(f"explain: data={run.target.data.name} has no bounding boxes; use data=digits_canvas, or "
-                         "eval.explain.source=imagenet_val with eval.roots.val and eval.explain.boxes")
-    size = (run.target.data.canvas.size,) * 2
+        raise ValueError(f"explain: data={run.target.data.name} has no bounding boxes; use data=digits_canvas (or "
+                         "another data set with boxes), or eval.explain.source=imagenet_val with eval.roots.val and "
+                         "eval.explain.boxes")
+    size = dataset.boxes_frame  # (width, height) of the image its boxes' coordinates are in
     boxed = _Mapped(dataset, lambda i: map_boxes(dataset.boxes(i), size))
     return boxed, transform
 

@@ -1,0 +1,188 @@
+"""The data sets ``data=<name>`` can name, each registered where it is defined (quest/data/sets/, docs/data.md).
+
+A data set is one module and one yaml: the module holds its settings (a dataclass extending
+:class:`quest.data.config.DataConfig` with its own options), its value checks and its builder, registered with
+:func:`register_dataset`; ``configs/data/<name>.yaml`` sets its values and lists ``<name>_schema`` (the settings,
+stored in Hydra's ConfigStore by :func:`register_data_configs`) first in its defaults, so a misspelt option fails
+when the command is composed, naming the key.
+
+Where data sets come from, all imported on first use (:func:`load_datasets`): the modules of ``quest/data/sets/``
+(the built-in ones), the modules named in ``QUEST_DATA_MODULES`` (comma-separated import names) and the
+``quest.datasets`` entry points of installed packages. No torch is imported here: builders import it when called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from .config import DataConfig
+
+__all__ = ["DataSet", "register_dataset", "unregister_dataset", "get_dataset", "list_datasets", "load_datasets",
+           "register_data_configs", "schema_name", "any_data_settings", "upgrade_data_config", "SCHEMA_SUFFIX",
+           "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
+
+MODULES_ENV = "QUEST_DATA_MODULES"
+SCHEMA_SUFFIX = "_schema"  # data/<name>_schema in Hydra's ConfigStore: the data set's settings
+#: data/_any_schema: eval.py's data node when no data=<name> is chosen (data.<key>=... then changes the checkpoint's
+#: own data config, whichever data set it names): every registered data set's keys
+ANY_DATA_SCHEMA = "_any" + SCHEMA_SUFFIX
+ENTRY_POINT_GROUP = "quest.datasets"
+B = TypeVar("B", bound=Callable[..., Any])
+
+#: every data.* key of the single flat DataConfig that quest wrote into configs (and checkpoints) before data sets
+#: were registered: a stored config may hold the keys of every data set, whichever it trained on
+FLAT_KEYS = frozenset({
+    "name", "root", "batch_size", "eval_batch_size", "num_workers", "num_classes", "img_size", "mean", "std",
+    "train_split", "val_split", "subset_fraction", "subset_seed", "val_fraction", "split_seed", "download",
+    "bad_images", "max_skipped_fraction", "preflight", "fake_train_size", "fake_val_size", "pin_memory", "canvas",
+    "num_samples", "shuffle_window",
+})
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """One data set: ``build(data, split, transform)`` and the settings dataclass of its ``data`` node."""
+
+    name: str
+    build: Callable[[Any, str, Callable | None], Any]  # (data config, 'train' | 'val', transform) -> a Dataset
+    settings: type  # a dataclass extending DataConfig: the keys and types of data.* for this data set
+    # value checks of its own options, given quest.config_checks.Checks (keys named 'data.<option>'); run with every
+    # other config check before anything is built
+    check: Callable[[Any], None] | None = None
+    # the class count the data set has (it may list directories or read an index), or None when it cannot say
+    num_classes: Callable[[Any], int | None] | None = None
+    # checks of the data itself that list directories only (image folders: both splits have the same classes)
+    check_data: Callable[[Any], None] | None = None
+    streamed: bool = False  # read in order (tar shards): no class-balanced subset, no repeated augmentation
+    reads_root: bool = True  # False: built in, data.root is not read
+    where_classes: Callable[[Any], str] | None = None  # where num_classes was read, for the error message
+    module: str = ""
+
+
+_REGISTRY: dict[str, DataSet] = {}
+_STATE = {"loaded": False}
+
+
+def schema_name(name: str) -> str:
+    """The ConfigStore name of a data set's settings in group ``data`` (its yaml's first default)."""
+    return f"{name}{SCHEMA_SUFFIX}"
+
+
+def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[[Any], None] | None = None,
+                     num_classes: Callable[[Any], int | None] | int | None = None,
+                     check_data: Callable[[Any], None] | None = None, streamed: bool = False,
+                     reads_root: bool = True, where_classes: Callable[[Any], str] | None = None) -> Callable[[B], B]:
+    """Decorator: ``build(data, split, transform)`` becomes the data set ``name``, its ``data`` node typed by
+    ``settings`` (a dataclass extending :class:`DataConfig`). ``check(checks)`` adds value checks of its options
+    (:class:`quest.config_checks.Checks`, keys ``data.<option>``); ``num_classes`` (an int or a function of the data
+    config) is compared with ``data.num_classes`` at start. Returns ``build`` unchanged."""
+    if not name.isidentifier():
+        raise ValueError(f"data set name {name!r} must be an identifier")
+    if not (dataclasses.is_dataclass(settings) and issubclass(settings, DataConfig)):
+        raise TypeError(f"data set {name!r}: settings must be a dataclass extending quest.data.config.DataConfig, "
+                        f"got {settings!r}")
+    classes = (lambda data, n=num_classes: n) if isinstance(num_classes, int) else num_classes
+
+    def decorate(build: B) -> B:
+        module = getattr(build, "__module__", "") or ""
+        old = _REGISTRY.get(name)
+        if old is not None and old.module != module:
+            raise ValueError(f"data set {name!r} is registered twice: by {old.module} and by {module}")
+        _REGISTRY[name] = DataSet(name, build, settings, check, classes, check_data, streamed, reads_root,
+                                  where_classes, module)
+        return build
+
+    return decorate
+
+
+def unregister_dataset(name: str) -> None:
+    """Forget ``name`` (tests that register data sets of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def _import(module: str, source: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{source} names the data set module {module!r}, which cannot be imported: {exc}") from exc
+
+
+def load_datasets() -> None:
+    """Import the built-in data sets, the modules of ``QUEST_DATA_MODULES`` and the ``quest.datasets`` entry points
+    (once); each registers its data sets as it is imported."""
+    if _STATE["loaded"]:
+        return
+    _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
+    try:
+        importlib.import_module("quest.data.sets")
+        for module in filter(None, (m.strip() for m in os.environ.get(MODULES_ENV, "").split(","))):
+            _import(module, MODULES_ENV)
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            entry.load()
+    except BaseException:
+        _STATE["loaded"] = False
+        raise
+
+
+def list_datasets() -> list[str]:
+    """Registered data set names, sorted (after :func:`load_datasets`)."""
+    load_datasets()
+    return sorted(_REGISTRY)
+
+
+def get_dataset(name: str) -> DataSet:
+    """The data set registered as ``name``; a ValueError naming the registered ones otherwise."""
+    load_datasets()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data set {name!r}; registered data sets: {', '.join(sorted(_REGISTRY))} (a data "
+                         f"set of your own: docs/data.md, \"Adding a data set\"; its module in {MODULES_ENV})")
+    return _REGISTRY[name]
+
+
+def register_data_configs() -> None:
+    """Every registered data set's settings in Hydra's ConfigStore as ``data/<name>_schema`` (its yaml's first
+    default), so ``data=<name> data.<option>=...`` is typed by them."""
+    from hydra.core.config_store import ConfigStore
+
+    load_datasets()
+    store = ConfigStore.instance()
+    for name, entry in _REGISTRY.items():
+        store.store(group="data", name=schema_name(name), node=entry.settings)
+    store.store(group="data", name=ANY_DATA_SCHEMA, node=any_data_settings())
+
+
+def any_data_settings() -> type:
+    """A dataclass extending :class:`DataConfig` with the own keys of every registered data set (the first one to
+    define a key gives its type and default): what ``data.<key>=...`` may set on a checkpoint's data config."""
+    load_datasets()
+    shared = {f.name for f in dataclasses.fields(DataConfig)}
+    fields: dict[str, tuple] = {}
+    for entry in _REGISTRY.values():
+        hints = typing.get_type_hints(entry.settings)
+        for f in dataclasses.fields(entry.settings):
+            if f.name not in shared and f.name not in fields:
+                default = (dataclasses.field(default_factory=f.default_factory)
+                           if f.default_factory is not dataclasses.MISSING else dataclasses.field(default=f.default))
+                fields[f.name] = (f.name, hints[f.name], default)
+    return dataclasses.make_dataclass("AnyDataConfig", list(fields.values()), bases=(DataConfig,))
+
+
+def upgrade_data_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A ``data`` config as a checkpoint of an earlier quest stored it (one flat DataConfig: the keys of every data
+    set, e.g. ``canvas`` and ``fake_train_size`` for data=digits) -> the keys of its data set's settings only.
+    Only keys of that flat schema that the data set does not define are dropped; any other key stays (and is
+    refused by the checks, naming it)."""
+    name = stored.get("name")
+    if name not in _REGISTRY:
+        load_datasets()
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        return dict(stored)
+    own = {f.name for f in dataclasses.fields(entry.settings)}
+    return {k: v for k, v in stored.items() if k in own or k not in FLAT_KEYS}

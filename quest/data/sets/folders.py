@@ -1,0 +1,63 @@
+"""data=imagenet / data=imagefolder: ``${data.root}/${data.train_split}/<class>/<image>`` and the same for
+val_split, every file checked before the first step (the pre-flight, docs/data.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import DataConfig, need_root
+from ..registry import register_dataset
+
+__all__ = ["folder_classes", "check_split_classes"]
+
+
+def folder_classes(data: Any, split: str) -> tuple[Path, list[str]]:
+    """The split's folder and its class folders in torchvision's ImageFolder order."""
+    from ..folder import check_image_folder
+
+    folder = data.train_split if split == "train" else data.val_split
+    root = check_image_folder(need_root(data) / folder, f"data={data.name} {split} split")
+    return root, sorted(p.name for p in root.iterdir() if p.is_dir())  # torchvision's ImageFolder class order
+
+
+def _num_classes(data: Any) -> int:
+    return len(folder_classes(data, "train")[1])
+
+
+def check_split_classes(data: Any) -> None:
+    """The validation split must have exactly the training split's classes, since a class index is its folder's
+    position in the sorted list; otherwise validation images would be scored as another class."""
+    (train_root, train), (val_root, val) = folder_classes(data, "train"), folder_classes(data, "val")
+    if train != val:
+        only_train, only_val = sorted(set(train) - set(val)), sorted(set(val) - set(train))
+        raise ValueError(
+            f"data={data.name}: the class folders of {val_root} differ from those of {train_root} "
+            f"(only in train: {only_train[:20]}{' ...' if len(only_train) > 20 else ''}; only in val: "
+            f"{only_val[:20]}{' ...' if len(only_val) > 20 else ''}); both splits need the same <class> folders, "
+            "since a class index is the folder's position in the sorted list")
+
+
+def _where(data: Any) -> str:
+    return f"class folders of {data.root}/{data.train_split}"
+
+
+def _build(data: Any, split: str, transform: Callable | None) -> Any:
+    from ..folder import SafeImageFolder
+    from ..preflight import apply_preflight
+
+    root, _ = folder_classes(data, split)
+    ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)
+    # every file checked before the first step (docs/data.md)
+    if data.get("preflight", True):
+        apply_preflight(ds, root, data.bad_images, data.get("max_skipped_fraction", 0.01), split)
+    if len(ds.classes) != data.num_classes:
+        raise ValueError(
+            f"{root} has {len(ds.classes)} class folders but data.num_classes={data.num_classes}; "
+            f"expected {data.num_classes} sub-directories <class>/<image>"
+        )
+    return ds
+
+
+for _name in ("imagenet", "imagefolder"):
+    register_dataset(_name, DataConfig, num_classes=_num_classes, check_data=check_split_classes,
+                     where_classes=_where)(_build)
