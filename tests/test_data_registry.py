@@ -252,8 +252,8 @@ def test_every_own_key_of_a_data_set_is_described_by_help(name):
 
 def test_the_command_line_check_reads_data_keys_by_the_chosen_or_default_data_set():
     from quest.cli import config_root
-    from quest.overrides import app_groups, default_options, override_problems
     from quest.config_store import register_configs
+    from quest.overrides import app_groups, default_options, override_problems
     from quest.schema import TrainConfig
 
     register_configs()
