@@ -43,7 +43,8 @@ def test_canvas_samples_are_deterministic_and_their_boxes_tight():
 
 @pytest.fixture(scope="module")
 def canvas_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("canvas")
+    # a folder of its own around the run: the report below reads every run under the run's parent
+    run_dir = tmp_path_factory.mktemp("canvas") / "run"
     fit(compose_cfg("data=digits_canvas", "model=vit_pico", "model.img_size=32", "data.batch_size=64",
                     "trainer.epochs=1", "trainer.max_steps=6"), run_dir)
     return run_dir
