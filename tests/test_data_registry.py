@@ -316,3 +316,14 @@ def test_eval_without_data_takes_any_data_sets_key_for_the_checkpoints_config_an
     assert data_was_chosen(chosen) and OmegaConf.get_type(chosen.data) is get_dataset("fake").settings
     with pytest.raises(ConfigCompositionException, match="val_fraction"):
         eval_cfg("data=fake", "data.val_fraction=0.3")
+
+
+def test_the_training_only_keys_are_those_evaluation_fingerprints_always_left_out():
+    """The keys an evaluation's fingerprint leaves out come from the data sets' TRAINING_ONLY fields now; written out
+    here is the list quest's evaluation held before, so that results directories written then keep their
+    fingerprints (a rerun of the same evaluation is recognised, not refused as other settings)."""
+    from quest.data.registry import training_only_data_keys
+
+    assert training_only_data_keys() == {
+        "batch_size", "eval_batch_size", "num_workers", "pin_memory", "download", "subset_fraction", "subset_seed",
+        "fake_train_size", "train_split", "shuffle_window", "num_samples"}

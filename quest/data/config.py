@@ -4,13 +4,18 @@ Imports no torch: Hydra's schema (quest.schema) and ``--help`` read it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-__all__ = ["DataConfig", "need_root"]
+__all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys"]
+
+#: field metadata of a data.* key that changes only how the training split is read or batched, never the val split
+#: an evaluation scores (its results directory's fingerprint leaves such keys out)
+TRAINING_ONLY = {"training_only": True}
 
 
 @dataclass
@@ -20,22 +25,24 @@ class DataConfig:
 
     name: str = MISSING  # the registered data set (configs/data/*.yaml; quest.data.list_datasets)
     root: Optional[str] = None  # where the data set lives (null: the built-in digits need none)
-    batch_size: int = 64  # per process
-    eval_batch_size: Optional[int] = None  # None: 2 x batch_size
-    num_workers: int = 0  # DataLoader worker processes
+    batch_size: int = field(default=64, metadata=TRAINING_ONLY)  # per process
+    eval_batch_size: Optional[int] = field(default=None, metadata=TRAINING_ONLY)  # None: 2 x batch_size
+    num_workers: int = field(default=0, metadata=TRAINING_ONLY)  # DataLoader worker processes
     num_classes: int = MISSING  # classes of the data set (set by the data option)
     img_size: Optional[int] = None  # native resolution when the model does not set one
     mean: List[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # per-channel normalisation mean
     std: List[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])  # per-channel normalisation std
-    train_split: str = "train"  # the split trained on (a folder, or a shard pattern for wds)
+    # the split trained on (a folder, or a shard pattern for wds)
+    train_split: str = field(default="train", metadata=TRAINING_ONLY)
     val_split: str = "val"  # the split validated on
-    subset_fraction: float = 1.0  # class-balanced subset of the training set (paper Table A2)
-    subset_seed: int = 0  # seed of the subset_fraction draw
+    # class-balanced subset of the training set (paper Table A2)
+    subset_fraction: float = field(default=1.0, metadata=TRAINING_ONLY)
+    subset_seed: int = field(default=0, metadata=TRAINING_ONLY)  # seed of the subset_fraction draw
     bad_images: str = "error"  # error | skip: what to do with an unreadable image in an image folder
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
     max_skipped_fraction: float = 0.01  # docs/data.md
     preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)
-    pin_memory: bool = True  # DataLoader pin_memory (CUDA)
+    pin_memory: bool = field(default=True, metadata=TRAINING_ONLY)  # DataLoader pin_memory (CUDA)
 
 
 def need_root(data: Any) -> Path:
@@ -43,3 +50,8 @@ def need_root(data: Any) -> Path:
     if not data.root or data.root == "???":
         raise ValueError(f"data={data.name} needs data.root=<directory>")
     return Path(data.root).expanduser()
+
+
+def training_only_keys(settings: type) -> set[str]:
+    """The keys of a data set's settings dataclass marked :data:`TRAINING_ONLY`."""
+    return {f.name for f in dataclasses.fields(settings) if f.metadata.get("training_only")}

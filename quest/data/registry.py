@@ -17,13 +17,14 @@ import importlib
 import os
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .config import DataConfig
+from .config import DataConfig, training_only_keys
 
 __all__ = ["DataSet", "register_dataset", "unregister_dataset", "get_dataset", "list_datasets", "load_datasets",
            "register_data_configs", "schema_name", "any_data_settings", "upgrade_data_config", "SCHEMA_SUFFIX",
-           "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
+           "training_only_data_keys", "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
 
 MODULES_ENV = "QUEST_DATA_MODULES"
 SCHEMA_SUFFIX = "_schema"  # data/<name>_schema in Hydra's ConfigStore: the data set's settings
@@ -60,6 +61,8 @@ class DataSet:
     streamed: bool = False  # read in order (tar shards): no class-balanced subset, no repeated augmentation
     reads_root: bool = True  # False: built in, data.root is not read
     where_classes: Callable[[Any], str] | None = None  # where num_classes was read, for the error message
+    # the folder of the val split when the data set reads one (an evaluation checks it is readable first)
+    val_folder: Callable[[Any], Path | None] | None = None
     module: str = ""
 
 
@@ -75,7 +78,8 @@ def schema_name(name: str) -> str:
 def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[[Any], None] | None = None,
                      num_classes: Callable[[Any], int | None] | int | None = None,
                      check_data: Callable[[Any], None] | None = None, streamed: bool = False,
-                     reads_root: bool = True, where_classes: Callable[[Any], str] | None = None) -> Callable[[B], B]:
+                     reads_root: bool = True, where_classes: Callable[[Any], str] | None = None,
+                     val_folder: Callable[[Any], Path | None] | None = None) -> Callable[[B], B]:
     """Decorator: ``build(data, split, transform)`` becomes the data set ``name``, its ``data`` node typed by
     ``settings`` (a dataclass extending :class:`DataConfig`). ``check(checks)`` adds value checks of its options
     (:class:`quest.config_checks.Checks`, keys ``data.<option>``); ``num_classes`` (an int or a function of the data
@@ -93,7 +97,7 @@ def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[
         if old is not None and old.module != module:
             raise ValueError(f"data set {name!r} is registered twice: by {old.module} and by {module}")
         _REGISTRY[name] = DataSet(name, build, settings, check, classes, check_data, streamed, reads_root,
-                                  where_classes, module)
+                                  where_classes, val_folder, module)
         return build
 
     return decorate
@@ -143,6 +147,13 @@ def get_dataset(name: str) -> DataSet:
         raise ValueError(f"unknown data set {name!r}; registered data sets: {', '.join(sorted(_REGISTRY))} (a data "
                          f"set of your own: docs/data.md, \"Adding a data set\"; its module in {MODULES_ENV})")
     return _REGISTRY[name]
+
+
+def training_only_data_keys() -> frozenset[str]:
+    """The data.* keys that any registered data set marks training-only (quest.data.config.TRAINING_ONLY): the union,
+    so that a stored config holding other data sets' keys (the flat node of earlier quest) is read the same way."""
+    load_datasets()
+    return frozenset().union(*(training_only_keys(ds.settings) for ds in _REGISTRY.values()))
 
 
 def register_data_configs() -> None:

@@ -65,10 +65,17 @@ def _subdirs(path: Path, what: str) -> list[Path]:
         raise PermissionError(permission_message(path, what)) from None
 
 
+def _val_folder(data: Any) -> Path | None:
+    from quest.data import get_dataset
+
+    find = get_dataset(data.name).val_folder
+    return find(data) if find is not None else None
+
+
 def _data_description(data: Any) -> str:
     root = data.get("root")
-    if data.name in ("imagenet", "imagefolder") and root:
-        return str(Path(root).expanduser() / data.val_split)
+    if (folder := _val_folder(data)) is not None:
+        return str(folder)
     return f"{root} ({data.name} {data.val_split} split)" if root else f"built-in data set {data.name} (val split)"
 
 
@@ -85,10 +92,9 @@ def data_input(run: Any, what: str, transform: Any = None) -> list[Input]:
         return [Input("data", "none", refuse)]
 
     def check() -> Any:
-        if data.name in ("imagenet", "imagefolder") and data.get("root"):
-            folder = Path(data.root).expanduser() / data.val_split
-            if folder.is_dir():
-                readable_dir(folder, f"{what} (data={data.name} val split)")
+        folder = _val_folder(data)
+        if folder is not None and folder.is_dir():
+            readable_dir(folder, f"{what} (data={data.name} val split)")
         return build_dataset(data, "val", transform)
 
     return [Input("data.root", _data_description(data), check)]

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config_checks import ConfigError
+from quest.data.registry import training_only_data_keys
 from quest.engine.distributed import DistContext, init_distributed
 from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.precision import autocast_for
@@ -103,12 +104,9 @@ def _target_report(target: EvalTarget) -> dict[str, Any]:
     return {**target.info, "num_classes": target.num_classes, "img_size": target.img_size,
             "mean": list(target.mean), "std": list(target.std), "crop_pct": target.crop_pct,
             "interpolation": target.interpolation, "data": target.data.name if target.data is not None else None,
-            "data_config": {k: v for k, v in (data or {}).items() if k not in _DATA_NOT_NUMBERS} or None}
-
-
-# data keys of training only (the evaluation reads the val split with eval.batch_size and eval.num_workers)
-_DATA_NOT_NUMBERS = ("batch_size", "eval_batch_size", "num_workers", "pin_memory", "download", "subset_fraction",
-                     "subset_seed", "fake_train_size", "train_split", "shuffle_window", "num_samples")
+            # the keys that change the numbers: not those of training only (the evaluation reads the val split with
+            # eval.batch_size and eval.num_workers)
+            "data_config": {k: v for k, v in (data or {}).items() if k not in training_only_data_keys()} or None}
 
 
 def _decide(directory: EvalDirectory, fp: dict[str, Any], overwrite: bool, ctx: DistContext) -> tuple[str, dict]:

@@ -1,10 +1,10 @@
 """data=cifar10 / data=cifar100: torchvision's CIFAR archives under data.root, downloaded only when asked."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..config import DataConfig, need_root
+from ..config import TRAINING_ONLY, DataConfig, need_root
 from ..registry import register_dataset
 
 __all__ = ["CifarData"]
@@ -14,7 +14,7 @@ __all__ = ["CifarData"]
 class CifarData(DataConfig):
     """data=cifar10 | cifar100: torchvision's archive under data.root."""
 
-    download: bool = False  # download only when asked
+    download: bool = field(default=False, metadata=TRAINING_ONLY)  # download only when asked
 
 
 def _build(data: Any, split: str, transform: Callable | None) -> Any:

@@ -1,10 +1,10 @@
 """data=fake: torchvision FakeData, random images with random labels, for tests and smoke runs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..config import DataConfig
+from ..config import TRAINING_ONLY, DataConfig
 from ..registry import register_dataset
 
 __all__ = ["FakeData"]
@@ -14,7 +14,7 @@ __all__ = ["FakeData"]
 class FakeData(DataConfig):
     """data=fake: how many random images each split has."""
 
-    fake_train_size: int = 256  # training images
+    fake_train_size: int = field(default=256, metadata=TRAINING_ONLY)  # training images
     fake_val_size: int = 64  # validation images
 
 

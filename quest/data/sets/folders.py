@@ -58,6 +58,10 @@ def _build(data: Any, split: str, transform: Callable | None) -> Any:
     return ds
 
 
+def _val_folder(data: Any) -> Path | None:
+    return Path(data.root).expanduser() / data.val_split if data.get("root") else None
+
+
 for _name in ("imagenet", "imagefolder"):
     register_dataset(_name, DataConfig, num_classes=_num_classes, check_data=check_split_classes,
-                     where_classes=_where)(_build)
+                     where_classes=_where, val_folder=_val_folder)(_build)

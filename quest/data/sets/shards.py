@@ -2,10 +2,10 @@
 "Sharded input"), every shard header and label checked before the first step (docs/data.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..config import DataConfig, need_root
+from ..config import TRAINING_ONLY, DataConfig, need_root
 from ..registry import register_dataset
 
 __all__ = ["ShardData"]
@@ -16,8 +16,10 @@ class ShardData(DataConfig):
     """data=imagenet_wds | wds: train_split / val_split name a split of ${root}/_info.json or a shard pattern such
     as imagenet1k-train-{0000..1023}.tar."""
 
-    num_samples: Optional[int] = None  # no _info.json: the training samples, checked; the shards are counted at start
-    shuffle_window: int = 8192  # training samples are permuted within windows of this many (held in memory)
+    # no _info.json: the training samples, checked; the shards are counted at start
+    num_samples: Optional[int] = field(default=None, metadata=TRAINING_ONLY)
+    # training samples are permuted within windows of this many (held in memory)
+    shuffle_window: int = field(default=8192, metadata=TRAINING_ONLY)
 
 
 def _check(c: Any) -> None:
