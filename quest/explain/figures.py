@@ -2,6 +2,7 @@
 map overlaid on its image with the ground-truth boxes outlined."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -85,7 +86,9 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = 
                              f"{first['indices']}): evaluate every run with the same eval.explain settings")
         if method not in maps["maps"]:
             raise ValueError(f"{path} has no {method!r} maps (it has {sorted(maps['maps'])})")
-    columns = [(f"{maps.get('attention') or '?'}\n{run_dir.name[:28]}", maps["maps"][method].float())
+    # the run's name wrapped (at a Hydra sweep's commas), never cut: a panel is about 24 characters of its font
+    columns = [(f"{maps.get('attention') or '?'}\n" + textwrap.fill(run_dir.name.replace(",", ", "), 24),
+                maps["maps"][method].float())
                for run_dir, _, maps in loaded]
     images = first["images"].float() / 255.0
     rows = [f"#{i} {lab}" for i, lab in zip(first["indices"], first["labels"])]
