@@ -13,12 +13,12 @@ Where data sets come from, all imported on first use (:func:`load_datasets`): th
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from quest.plugins import import_plugins
 
 from .config import DataConfig, training_only_keys
 
@@ -108,13 +108,6 @@ def unregister_dataset(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _import(module: str, source: str) -> None:
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{source} names the data set module {module!r}, which cannot be imported: {exc}") from exc
-
-
 def load_datasets() -> None:
     """Import the built-in data sets, the modules of ``QUEST_DATA_MODULES`` and the ``quest.datasets`` entry points
     (once); each registers its data sets as it is imported."""
@@ -122,13 +115,7 @@ def load_datasets() -> None:
         return
     _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
     try:
-        importlib.import_module("quest.data.sets")
-        for module in filter(None, (m.strip() for m in os.environ.get(MODULES_ENV, "").split(","))):
-            _import(module, MODULES_ENV)
-        from importlib.metadata import entry_points
-
-        for entry in entry_points(group=ENTRY_POINT_GROUP):
-            entry.load()
+        import_plugins("quest.data.sets", MODULES_ENV, ENTRY_POINT_GROUP, "data set")
     except BaseException:
         _STATE["loaded"] = False
         raise

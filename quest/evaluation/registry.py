@@ -14,13 +14,12 @@ import names), the ``quest.evaluations`` entry points of installed packages, and
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from quest.config_checks import Checks
+from quest.plugins import import_named, import_plugins
 
 from .settings import RESERVED_KEYS
 
@@ -96,31 +95,18 @@ def unregister_evaluation(name: str) -> None:
         _STATE["version"] += 1
 
 
-def _import(module: str, source: str) -> None:
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{source} names the evaluation module {module!r}, which cannot be imported: {exc}") from exc
-
-
 def load_evaluations(modules: tuple[str, ...] | list[str] = ()) -> None:
     """Import the built-in suites, the modules of ``QUEST_EVAL_MODULES`` and the ``quest.evaluations`` entry points
     (once), and ``modules``; each registers its evaluations as it is imported."""
     if not _STATE["loaded"]:
         _STATE["loaded"] = True  # before importing: a suite module that asks for the registry does not recurse
         try:
-            importlib.import_module("quest.evaluation.suites")
-            for module in filter(None, (m.strip() for m in os.environ.get(MODULES_ENV, "").split(","))):
-                _import(module, MODULES_ENV)
-            from importlib.metadata import entry_points
-
-            for entry in entry_points(group=ENTRY_POINT_GROUP):
-                entry.load()
+            import_plugins("quest.evaluation.suites", MODULES_ENV, ENTRY_POINT_GROUP, "evaluation")
         except BaseException:
             _STATE["loaded"] = False
             raise
     for module in modules:
-        _import(module, "load_evaluations")
+        import_named(module, "load_evaluations", "evaluation")
 
 
 def evaluators() -> dict[str, Evaluator]:
