@@ -22,7 +22,7 @@ rounds: (a) uint8 tensors with decode_jpeg + transforms.v2, (b) JPEG DCT-scaled 
 Medians over rounds of images/s per core (one thread), the ratio to today's, and the workers one GPU needs at a given
 consumption rate. The last line names the fastest candidate and its ratio to today's.
 
-    python bench/data.py [--images 64] [--rounds 5] [--quick] [--gpu-rates vit_ti=2294,vit_s=1053,vit_b=391]
+    python bench/data.py [--images 64] [--rounds 5] [--quick] [--no-dali] [--gpu-rates vit_ti=2294,vit_s=1053,vit_b=391]
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def parse_rates(text: str) -> dict[str, float]:
     return rates
 
 
-def candidates(tmp: Path, paths: list[Path], deit) -> tuple[list[tuple[str, str, str, object]], list[str]]:
+def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tuple[str, str, str, object]], list[str]]:
     """(name, what, output, sample function) per candidate, today's first; and the notes of skipped ones."""
     import data_candidates as dc
 
@@ -157,12 +157,16 @@ def candidates(tmp: Path, paths: list[Path], deit) -> tuple[list[tuple[str, str,
          dc.tv2_uint8(paths, rand_augment=False)),
         ("d_cap256_uint8", "(d)+(b') today's crop + flip on capped-256 storage; RA + erase on device", ra_to_dev,
          dc.pil_crop_uint8(capped[256])),
+        ("d_tv2_cap256_uint8", "(d)+(a)+(b') decode_jpeg + v2 RRC + flip on capped-256 storage", ra_to_dev,
+         dc.tv2_uint8(capped[256], rand_augment=False)),
     ]
     notes = []
-    dali = [("c_dali", "(c) DALI CPU: decode + random_resized_crop + flip/normalise", False, False),
-            ("c_dali_roi", "(c) DALI CPU: ROI decode (image_random_crop) + resize + flip/normalise", True, False),
-            ("c_dali_ra", "(c) DALI CPU: decode + random_resized_crop + rand_augment(2, m9) + flip/normalise", False, True)]
-    for name, what, fused, augment in dali:
+    dali_rows = [("c_dali", "(c) DALI CPU: decode + random_resized_crop + flip/normalise", False, False),
+                 ("c_dali_roi", "(c) DALI CPU: ROI decode (image_random_crop) + resize + flip/normalise", True, False),
+                 ("c_dali_ra", "(c) DALI CPU: decode + random_resized_crop + rand_augment(2, m9) + flip/normalise", False, True)]
+    if not dali:
+        return rows, ["skipped the DALI rows (c): --no-dali"]
+    for name, what, fused, augment in dali_rows:
         sample, note = dc.dali_cpu(paths, fused_decode=fused, rand_augment=augment)
         if sample is None:
             notes.append(f"skipped {name}: {note}")
@@ -187,6 +191,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="16 images, 3 rounds (a smoke run: well under a minute)")
+    parser.add_argument("--no-dali", action="store_true", help="leave out the DALI rows even where it is installed")
     parser.add_argument("--gpu-rates", default=GPU_RATES,
                         help="img/s one GPU consumes per model, name=rate,... (default: timm's published RTX 3090 AMP "
                         "training benchmark, an assumption until bench/gpu.py measures the lent GPU)")
@@ -214,7 +219,7 @@ def main() -> None:
         }
         shards = _shard_reader(Path(tmp), paths)
         stages["shards"] = lambda i, it=[None]: _next_sample(shards, it)
-        rows, notes = candidates(Path(tmp), paths, deit)
+        rows, notes = candidates(Path(tmp), paths, deit, dali=not args.no_dali)
         timed = {**{name: sample for name, _, _, sample in rows}, **stages}
         mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=1000)
         batch = torch.randn(128, 3, 224, 224)

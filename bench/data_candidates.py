@@ -101,14 +101,17 @@ def dali_cpu(paths: list[Path], fused_decode: bool, rand_augment: bool) -> tuple
     RandomResizedCrop (cubic, antialias), flip + normalise to float CHW (crop_mirror_normalize). fused_decode uses
     decoders.image_random_crop (decodes only the crop's region of interest) + resize. DALI has no random erasing with
     per-pixel noise (fn.erase fills a constant), so none of its rows erase."""
+    import warnings
+
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError:
         return None, "nvidia-dali not installed (pip install nvidia-dali-cuda120; CI does not)"
     files = [str(p) for p in paths]
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="nvidia")  # its own experimental.* renames
 
     @pipeline_def(batch_size=len(files), num_threads=1, device_id=None, exec_async=False, exec_pipelined=False,
-                  prefetch_queue_depth=1, seed=0)
+                  prefetch_queue_depth=1, seed=0, enable_conditionals=rand_augment)
     def pipe():
         jpegs, _ = fn.readers.file(files=files, labels=list(range(len(files))), random_shuffle=False)
         if fused_decode:
@@ -122,7 +125,7 @@ def dali_cpu(paths: list[Path], fused_decode: bool, rand_augment: bool) -> tuple
         if rand_augment:
             from nvidia.dali.auto_aug import rand_augment as ra
 
-            images = ra.rand_augment(images, n=2, m=9)
+            images = ra.rand_augment(images, n=2, m=9, num_magnitude_bins=11)  # m9 of 10, as timm
         return fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(probability=0.5), dtype=types.FLOAT,
                                         output_layout="CHW", mean=[m * 255 for m in MEAN],
                                         std=[s * 255 for s in STD])
