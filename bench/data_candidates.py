@@ -96,19 +96,26 @@ def pil_crop_uint8(paths: list[Path]) -> Sample:
     return lambda i: transform(Image.open(paths[i]).convert("RGB"))
 
 
+def bytes_only(paths: list[Path]) -> Sample:
+    """(e) everything on the device: the CPU's share is reading the JPEG's bytes into a tensor; the device would
+    decode them in batches (torchvision.io.decode_jpeg(device="cuda") or DALI's "mixed" decoder, both nvJPEG) and do the
+    crop, flip, RandAugment, normalise and erasing. That device share is for bench/gpu.py."""
+    from torchvision.io import read_file
+
+    names = [str(p) for p in paths]
+    return lambda i: read_file(names[i])
+
+
 def dali_cpu(paths: list[Path], fused_decode: bool, rand_augment: bool) -> tuple[Sample | None, str]:
     """(c) NVIDIA DALI's CPU operators, one thread, one batch of all the images per call: file reader, decode,
     RandomResizedCrop (cubic, antialias), flip + normalise to float CHW (crop_mirror_normalize). fused_decode uses
     decoders.image_random_crop (decodes only the crop's region of interest) + resize. DALI has no random erasing with
     per-pixel noise (fn.erase fills a constant), so none of its rows erase."""
-    import warnings
-
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError:
         return None, "nvidia-dali not installed (pip install nvidia-dali-cuda120; CI does not)"
     files = [str(p) for p in paths]
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="nvidia")  # its own experimental.* renames
 
     @pipeline_def(batch_size=len(files), num_threads=1, device_id=None, exec_async=False, exec_pipelined=False,
                   prefetch_queue_depth=1, seed=0, enable_conditionals=rand_augment)
