@@ -24,7 +24,7 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
     rows = {}
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 7 and cells[3].isdigit():  # candidate, what, output, img/s, x today, two worker counts
+        if len(cells) == 8 and cells[3].isdigit():  # candidate, what, output, img/s, x today, CPU/wall, 2 worker counts
             rows[cells[0]] = cells
     expected = {"today", "a_tv2_uint8", "b_draft_crop", "b'_cap256", "b'_cap320", "d_pil_crop_uint8",
                 "d_tv2_crop_uint8", "d_cap256_uint8", "d_tv2_cap256_uint8",
@@ -35,8 +35,9 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
     for cells in rows.values():  # the ratio and the workers follow from the rates printed (rounded to integers)
         rate = float(cells[3])
         assert float(cells[4]) == pytest.approx(rate / today, abs=0.006 + 0.5 / today + 0.5 * rate / today ** 2)
-        assert float(cells[5]) == pytest.approx(2000 / rate, abs=0.05 + 1000 / rate ** 2)
-        assert float(cells[6]) == pytest.approx(400 / rate, abs=0.05 + 200 / rate ** 2)
+        assert 0 < float(cells[5]) < 1.5  # one process, one thread: CPU seconds per wall second near 1, never 2
+        assert float(cells[6]) == pytest.approx(2000 / rate, abs=0.05 + 1000 / rate ** 2)
+        assert float(cells[7]) == pytest.approx(400 / rate, abs=0.05 + 200 / rate ** 2)
     last = re.fullmatch(r"best candidate that decodes on the CPU: (\S+) \((.+)\) (\d+) images/s per core "
                         r"vs today's (\d+): ratio (\d+\.\d+)", lines[-1])
     assert last, lines[-1]
