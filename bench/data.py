@@ -6,21 +6,28 @@ share: a DataLoader worker runs exactly this per sample), rounds alternate the s
   decode        PIL open + convert("RGB")
   decode_tv     torchvision.io.decode_jpeg on the file's bytes (libjpeg-turbo through torchvision)
   crop_flip     decode + RandomResizedCrop(224, bicubic) + flip + to-tensor + normalise
-  deit          the full DeiT training transform of configs/recipe/deit.yaml (timm create_transform: crop, flip,
-                RandAugment rand-m9-mstd0.5-inc1, normalise, random erasing 0.25)
+  today         (a row of the candidates' table) the full DeiT training transform of configs/recipe/deit.yaml (timm
+                create_transform: crop, flip, RandAugment rand-m9-mstd0.5-inc1, normalise, random erasing 0.25)
   deit_draft    the same with PIL's JPEG draft mode (decode at a reduced scale when the crop allows it)
   deit_prefetch the same up to a uint8 array (timm's PrefetchLoader normalises and erases on the GPU)
   shards        reading + decoding the same images from WebDataset tar shards (quest.data.shards, data=imagenet_wds)
                 instead of one file each: the I/O pattern a shared file system prefers, at the same decode cost
   mixup         timm Mixup/CutMix on a batch of 128 already-transformed images (per image; on the GPU in training)
 
-Medians over rounds of images/s per worker, and the workers one GPU needs at a given consumption rate.
+Then the candidates for a faster DeiT input (bench/data_candidates.py), each against today's transform in the same
+rounds: (a) uint8 tensors with decode_jpeg + transforms.v2, (b) JPEG DCT-scaled decode chosen from the drawn crop,
+(b') resolution-capped storage (short side <= 256 / 320) under today's transform, (c) NVIDIA DALI's CPU operators
+(skipped with a note where the package is missing), (d) RandAugment and random erasing moved to the device.
 
-    python bench/data.py [--images 64] [--rounds 5] [--gpu-img-per-s 450]
+Medians over rounds of images/s per core (one thread), the ratio to today's, and the workers one GPU needs at a given
+consumption rate. The last line names the fastest candidate that decodes on the CPU and its ratio to today's.
+
+    python bench/data.py [--images 64] [--rounds 5] [--quick] [--no-dali] [--gpu-rates vit_ti=2294,vit_s=1053,vit_b=391]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -111,14 +118,97 @@ def _next_sample(dataset, it: list) -> None:
         next(it[0])
 
 
+# What one GPU consumes in AMP training at 224 px: timm's published training benchmark (results/benchmark-train-amp-
+# nchw-pt112-cu113-rtx3090.csv: vit_tiny/small/base_patch16_224 on one RTX 3090, PyTorch 1.12, AMP). Assumptions until
+# bench/gpu.py measures them on the lent GPU; an A100/H100 consumes more (docs/benchmarks.md).
+BYTES = "JPEG bytes, device: everything"  # the CPU's share of a device-decode path, left out of "best"
+GPU_RATES = "vit_ti=2294,vit_s=1053,vit_b=391"
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    try:
+        rates = {k.strip(): float(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--gpu-rates: expected name=img_per_s[,name=img_per_s...], got {text!r}") from None
+    if not rates or min(rates.values()) <= 0:
+        raise SystemExit(f"--gpu-rates: every rate must be > 0, got {text!r}")
+    return rates
+
+
+def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tuple[str, str, str, object]], list[str]]:
+    """(name, what, output, sample function) per candidate, today's first; and the notes of skipped ones."""
+    import data_candidates as dc
+
+    capped = {side: dc.make_capped(paths, tmp / f"capped{side}", side) for side in (256, 320)}
+    to_dev, ra_to_dev = "uint8, device: norm/erase", "uint8, device: RA/norm/erase"
+    rows = [
+        ("today", "PIL decode + timm DeiT transform (quest build_transforms, recipe=deit)", "float",
+         lambda i: deit(Image.open(paths[i]).convert("RGB"))),
+        ("a_tv2_uint8", "(a) decode_jpeg + v2 RRC(bicubic, antialias) + flip + v2.RandAugment(2, m9)", to_dev,
+         dc.tv2_uint8(paths, rand_augment=True)),
+        ("b_draft_crop", "(b) crop drawn on full size, DCT-scaled decode (crop >= 224 px), today's rest", "float",
+         dc.draft_crop(deit, paths)),
+        ("b'_cap256", "(b') today's transform on storage capped at short side 256", "float",
+         lambda i: deit(Image.open(capped[256][i]).convert("RGB"))),
+        ("b'_cap320", "(b') today's transform on storage capped at short side 320", "float",
+         lambda i: deit(Image.open(capped[320][i]).convert("RGB"))),
+        ("d_pil_crop_uint8", "(d) today's decode + RRC + flip to uint8; RandAugment + erase on device", ra_to_dev,
+         dc.pil_crop_uint8(paths)),
+        ("d_tv2_crop_uint8", "(d)+(a) decode_jpeg + v2 RRC + flip; RandAugment + erase on device", ra_to_dev,
+         dc.tv2_uint8(paths, rand_augment=False)),
+        ("d_cap256_uint8", "(d)+(b') today's crop + flip on capped-256 storage; RA + erase on device", ra_to_dev,
+         dc.pil_crop_uint8(capped[256])),
+        ("d_tv2_cap256_uint8", "(d)+(a)+(b') decode_jpeg + v2 RRC + flip on capped-256 storage", ra_to_dev,
+         dc.tv2_uint8(capped[256], rand_augment=False)),
+        ("d_tv2_cap320_uint8", "(d)+(a)+(b') decode_jpeg + v2 RRC + flip on capped-320 storage", ra_to_dev,
+         dc.tv2_uint8(capped[320], rand_augment=False)),
+        ("e_bytes_only", "(e) CPU reads the file's bytes; the device decodes (nvJPEG) and does all the rest", BYTES,
+         dc.bytes_only(paths)),
+    ]
+    notes = []
+    dali_rows = [("c_dali", "(c) DALI CPU: decode + random_resized_crop + flip/normalise", False, False),
+                 ("c_dali_roi", "(c) DALI CPU: ROI decode (image_random_crop) + resize + flip/normalise", True, False),
+                 ("c_dali_ra", "(c) DALI CPU: decode + random_resized_crop + rand_augment(2, m9) + flip/normalise", False, True)]
+    if not dali:
+        return rows, ["skipped the DALI rows (c): --no-dali"]
+    for name, what, fused, augment in dali_rows:
+        sample, note = dc.dali_cpu(paths, fused_decode=fused, rand_augment=augment)
+        if sample is None:
+            notes.append(f"skipped {name}: {note}")
+        else:
+            sample.whole_batch = True  # one call returns every image: timed once per round
+            rows.append((name, what + ", no erasing", "float (no erase)", sample))
+    return rows, notes
+
+
+def _time(sample, count: int) -> tuple[float, float]:
+    """Images per wall-clock second, and CPU seconds per wall second (above 1: the library used more than one core,
+    so its per-core rate is lower than the wall-clock one)."""
+    tic, cpu = time.perf_counter(), time.process_time()
+    if getattr(sample, "whole_batch", False):
+        sample(0)
+    else:
+        for i in range(count):
+            sample(i)
+    wall = time.perf_counter() - tic
+    return count / wall, (time.process_time() - cpu) / wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--gpu-img-per-s", type=float, default=450.0,
-                        help="what one GPU consumes (default: ViT-B/16 224 px on an A100, 3,583 img/s on 8 GPUs in "
-                        "PaddlePaddle PLSC's published benchmark; bench/gpu.py measures it on the lent GPU)")
+    parser.add_argument("--quick", action="store_true", help="16 images, 3 rounds (a smoke run: well under a minute)")
+    parser.add_argument("--no-dali", action="store_true", help="leave out the DALI rows even where it is installed")
+    parser.add_argument("--gpu-rates", default=GPU_RATES,
+                        help="img/s one GPU consumes per model, name=rate,... (default: timm's published RTX 3090 AMP "
+                        "training benchmark, an assumption until bench/gpu.py measures the lent GPU)")
     args = parser.parse_args()
+    if args.quick:
+        args.images, args.rounds = 16, 3
+    if args.images < 1 or args.rounds < 1:
+        raise SystemExit(f"--images and --rounds must be >= 1, got {args.images} and {args.rounds}")
+    gpu_rates = parse_rates(args.gpu_rates)
     torch.set_num_threads(1)  # a worker's view: data-loader workers run single-threaded
     from timm.data import Mixup
     from torchvision.io import decode_jpeg
@@ -132,33 +222,47 @@ def main() -> None:
             "decode": lambda i: Image.open(paths[i]).convert("RGB"),
             "decode_tv": lambda i: decode_jpeg(torch.frombuffer(bytearray(raw[i]), dtype=torch.uint8)),
             "crop_flip": lambda i: crop_flip(Image.open(paths[i]).convert("RGB")),
-            "deit": lambda i: deit(Image.open(paths[i]).convert("RGB")),
             "deit_draft": lambda i: deit(open_draft(paths[i])),
             "deit_prefetch": lambda i: deit_pf(Image.open(paths[i]).convert("RGB")),
         }
         shards = _shard_reader(Path(tmp), paths)
         stages["shards"] = lambda i, it=[None]: _next_sample(shards, it)
+        rows, notes = candidates(Path(tmp), paths, deit, dali=not args.no_dali)
+        timed = {**{name: sample for name, _, _, sample in rows}, **stages}
         mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=1000)
         batch = torch.randn(128, 3, 224, 224)
         targets = torch.randint(0, 1000, (128,))
-        rates: dict[str, list[float]] = {k: [] for k in [*stages, "mixup"]}
-        for _ in range(args.rounds):
-            for name, stage in stages.items():
-                tic = time.perf_counter()
-                for i in range(len(paths)):
-                    stage(i)
-                rates[name].append(len(paths) / (time.perf_counter() - tic))
+        rates: dict[str, list[float]] = {k: [] for k in [*timed, "mixup"]}
+        cores: dict[str, list[float]] = {k: [] for k in timed}
+        for _ in range(args.rounds):  # every row once per round, today's first: load drifts hit all alike
+            for name, sample in timed.items():
+                rate, busy = _time(sample, len(paths))
+                rates[name].append(rate)
+                cores[name].append(busy)
             tic = time.perf_counter()
             mixup(batch.clone(), targets)
             rates["mixup"].append(128 / (time.perf_counter() - tic))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    today = median["today"]
     print(f"{args.images} JPEGs of 500 x 375, median {statistics.median(sizes) / 1e3:.0f} KB; {args.rounds} rounds; "
-          f"load average {__import__('os').getloadavg()[0]:.2f}")
-    print("| stage | images/s per worker | workers for one GPU at %.0f img/s |" % args.gpu_img_per_s)
-    print("|---|---|---|")
-    for name, values in rates.items():
-        rate = statistics.median(values)
-        workers = "(on the GPU)" if name == "mixup" else f"{args.gpu_img_per_s / rate:.1f}"
-        print(f"| {name} | {rate:.0f} | {workers} |")
+          f"one thread; load average {os.getloadavg()[0]:.2f}")
+    for note in notes:
+        print(note)
+    models = list(gpu_rates)
+    print("| candidate | what | output | images/s per core | x today | CPU s per wall s | "
+          + " | ".join(f"workers for {m} ({gpu_rates[m]:.0f} img/s)" for m in models) + " |")
+    print("|---" * (6 + len(models)) + "|")
+    for name, what, output, _ in rows:
+        workers = " | ".join(f"{gpu_rates[m] / median[name]:.1f}" for m in models)
+        print(f"| {name} | {what} | {output} | {median[name]:.0f} | {median[name] / today:.2f} | "
+              f"{statistics.median(cores[name]):.2f} | {workers} |")
+    print("| stage | images/s per core |\n|---|---|")
+    for name in [*stages, "mixup"]:
+        print(f"| {name} | {median[name]:.0f} |")
+    best = max((r for r in rows if r[0] != "today" and r[2] != BYTES), key=lambda r: median[r[0]])
+    print(f"best candidate that decodes on the CPU: {best[0]} ({best[2]}) {median[best[0]]:.0f} images/s per core "
+          f"vs today's {today:.0f}: "
+          f"ratio {median[best[0]] / today:.2f}")
 
 
 if __name__ == "__main__":

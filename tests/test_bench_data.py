@@ -1,0 +1,48 @@
+"""bench/data.py --quick, the input-pipeline comparison (docs/benchmarks.md, "Input pipeline"), runs and ends with the
+best candidate's ratio to today's DeiT transform, consistent with the table it printed. Timing values themselves are
+not asserted (they depend on load)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT
+
+
+@pytest.mark.slow
+def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "data.py"), "--quick", "--no-dali",
+                          "--gpu-rates", "vit_ti=2000,vit_b=400"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[3].isdigit():  # candidate, what, output, img/s, x today, CPU/wall, 2 worker counts
+            rows[cells[0]] = cells
+    expected = {"today", "a_tv2_uint8", "b_draft_crop", "b'_cap256", "b'_cap320", "d_pil_crop_uint8",
+                "d_tv2_crop_uint8", "d_cap256_uint8", "d_tv2_cap256_uint8",
+                "d_tv2_cap320_uint8", "e_bytes_only"}
+    assert set(rows) == expected
+    assert "skipped the DALI rows (c): --no-dali" in lines
+    today = float(rows["today"][3])
+    for cells in rows.values():  # the ratio and the workers follow from the rates printed (rounded to integers)
+        rate = float(cells[3])
+        assert float(cells[4]) == pytest.approx(rate / today, abs=0.006 + 0.5 / today + 0.5 * rate / today ** 2)
+        assert 0 < float(cells[5]) < 1.5  # one process, one thread: CPU seconds per wall second near 1, never 2
+        assert float(cells[6]) == pytest.approx(2000 / rate, abs=0.05 + 1000 / rate ** 2)
+        assert float(cells[7]) == pytest.approx(400 / rate, abs=0.05 + 200 / rate ** 2)
+    last = re.fullmatch(r"best candidate that decodes on the CPU: (\S+) \((.+)\) (\d+) images/s per core "
+                        r"vs today's (\d+): ratio (\d+\.\d+)", lines[-1])
+    assert last, lines[-1]
+    best, output, best_rate, today_rate, ratio = last.groups()
+    assert best != "today" and rows[best][2] == output and rows[best][3] == best_rate and today_rate == rows["today"][3]
+    assert float(best_rate) == max(float(c[3]) for n, c in rows.items() if n not in ("today", "e_bytes_only"))
+    fast, slow = float(best_rate), float(today_rate)
+    assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)
