@@ -34,6 +34,11 @@ def _leaves(node: Any, prefix: str, out: dict[str, Any]) -> None:
         if OmegaConf.is_dict(node._get_node(key)):
             _leaves(node[key], path, out)
             continue
+        if "${hydra:" in str(node._get_node(key)._value()):
+            # resolved from the Hydra job that runs it (trainer.init_from of a fine-tuning sweep): whatever job ran
+            # last in this process, not the recipe; recorded as unresolved, as in a process that has run none
+            out[path] = UNRESOLVED
+            continue
         try:
             value = node[key]
             out[path] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
