@@ -97,7 +97,8 @@ def _shard_reader(tmp: Path, paths: list[Path]):
     import shutil
 
     from quest.data.make_shards import convert_image_folder
-    from quest.data.shards import WdsDataset, resolve_shards
+    from quest.data.shard_index import resolve_shards
+    from quest.data.shards import WdsDataset
 
     folder = tmp / "folder" / "train" / "n00000000"
     folder.mkdir(parents=True)

@@ -35,7 +35,8 @@ from torch.func import functional_call, stack_module_state, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quest.toy import RunSpec, ToyDataConfig, ToyTransformer, make_toy_data, train_chunk  # noqa: E402
-from quest.toy.batched import _Program, _program, _tiles  # noqa: E402
+from quest.toy.batched import _Program, _program  # noqa: E402
+from quest.toy.compiled import call_tiles  # noqa: E402
 
 GRID_LRS = [5e-4, 1e-3, 2.5e-3, 5e-3, 7.5e-3, 1e-2]
 GRID_WDS = [0.0, 0.01, 0.02, 0.05, 0.1]
@@ -117,7 +118,7 @@ def engine(attention: str, specs: list[RunSpec], kwargs: dict, per_call: int, de
     lr = torch.tensor([s.lr for s in specs], device=device)
     wd = torch.tensor([s.weight_decay for s in specs], device=device)
     tiles = []
-    for t in _tiles(len(specs), per_call):
+    for t in call_tiles(len(specs), per_call):
         p = {k: v[t].clone() for k, v in params.items()}
         tiles.append((p, {k: torch.zeros_like(v) for k, v in p.items()}, {k: torch.zeros_like(v) for k, v in p.items()},
                       lr[t], wd[t]))

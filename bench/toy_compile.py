@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# name: (inductor options of the step, None = quest's (quest.toy.batched.compile_options); environment of the child)
+# name: (inductor options of the step, None = quest's (quest.toy.compiled.compile_options); environment of the child)
 SETTINGS = {
     "quest": (None, {}),
     "cpp_wrapper_probed": ({"cpp_wrapper": True}, {}),  # quest's before: the ISA probes and the precompiled header

@@ -8,7 +8,7 @@ settings. Slow: about 80 s a round and setting on 2 cores.
 
     python bench/toy_quick.py [--rounds 5] [--settings quest probed] [-- any toy overrides, e.g. grid.lrs=[5e-4]]
 
-Settings: ``quest`` = quest.toy.batched.compile_options as it is; ``probed`` = its C++ wrapper with inductor's ISA
+Settings: ``quest`` = quest.toy.compiled.compile_options as it is; ``probed`` = its C++ wrapper with inductor's ISA
 test builds and precompiled header (quest's options before they were skipped).
 """
 from __future__ import annotations

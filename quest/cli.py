@@ -189,7 +189,8 @@ def _toy_app(cfg: DictConfig) -> None:
     import logging
     import time
 
-    from quest.toy.study import run_study, summary_table
+    from quest.toy.outcomes import summary_table
+    from quest.toy.study import run_study
 
     out_dir = cfg.out_dir or HydraConfig.get().runtime.output_dir
     start = time.perf_counter()

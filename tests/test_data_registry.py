@@ -23,7 +23,8 @@ from torchvision.datasets import FakeData
 from quest.data import DataConfig, build_dataset, get_dataset, list_datasets
 from quest.data.digits_canvas import DigitsCanvasDataset
 from quest.data.registry import FLAT_KEYS, register_data_configs, unregister_dataset, upgrade_data_config
-from quest.data.shards import WdsDataset, resolve_shards
+from quest.data.shard_index import resolve_shards
+from quest.data.shards import WdsDataset
 from quest.engine.checks import ConfigError, check_train_config
 from quest.engine.run_dir import check_resume, config_differences
 

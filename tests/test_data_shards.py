@@ -15,15 +15,8 @@ from torchvision.transforms import Compose, PILToTensor, RandomResizedCrop
 
 from quest.data import CorruptImageError, collate_skipping_bad
 from quest.data.make_shards import main
-from quest.data.shards import (
-    ShardError,
-    WdsDataset,
-    build_shards,
-    count_samples,
-    expand_braces,
-    resolve_shards,
-    shard_loaders,
-)
+from quest.data.shard_index import ShardError, count_samples, expand_braces, resolve_shards
+from quest.data.shards import WdsDataset, build_shards, shard_loaders
 from quest.engine import fit, load_checkpoint
 from quest.engine.checks import ConfigError, check_train_config
 

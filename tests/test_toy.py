@@ -27,7 +27,7 @@ from quest.toy import (
 )
 from quest.toy.batched import _program
 from quest.toy.config import OutcomeRules, PaperOutcomeRules, StopRule
-from quest.toy.study import PAPER_OUTCOMES, classify_paper, stop_size, wilson_interval
+from quest.toy.outcomes import PAPER_OUTCOMES, classify_paper, stop_size, wilson_interval
 
 from .helpers import ROOT
 
@@ -209,26 +209,26 @@ def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw():
 ])
 def test_compile_options_trust_the_cpu_flags_only_with_a_recent_gcc(monkeypatch, banner, version, trusted):
     """The ISA probes are skipped (cpp.vec_isa_ok) only where the compiler is g++ 11+; elsewhere inductor probes."""
-    import quest.toy.batched as batched
+    import quest.toy.compiled as compiled
 
     def run(cmd, **kwargs):
         if banner is None:
             raise FileNotFoundError(cmd[0])
         return subprocess.CompletedProcess(cmd, 0, stdout=banner + "\n" if "--version" in cmd else version + "\n")
 
-    monkeypatch.setattr(batched.subprocess, "run", run)
-    monkeypatch.setattr(batched.platform, "machine", lambda: "x86_64")
-    batched._gcc_has_every_x86_isa.cache_clear()
+    monkeypatch.setattr(compiled.subprocess, "run", run)
+    monkeypatch.setattr(compiled.platform, "machine", lambda: "x86_64")
+    compiled._gcc_has_every_x86_isa.cache_clear()
     try:
-        options = batched.compile_options("cpu")
+        options = compiled.compile_options("cpu")
         assert options["cpp_wrapper"] and options["cpp_cache_precompile_headers"] is False
         assert options.get("cpp.vec_isa_ok", False) is trusted
-        assert batched.compile_options("cuda") == {}
-        monkeypatch.setattr(batched.platform, "machine", lambda: "aarch64")
-        batched._gcc_has_every_x86_isa.cache_clear()
-        assert "cpp.vec_isa_ok" not in batched.compile_options("cpu")  # only x86's ISAs are known to g++ 11
+        assert compiled.compile_options("cuda") == {}
+        monkeypatch.setattr(compiled.platform, "machine", lambda: "aarch64")
+        compiled._gcc_has_every_x86_isa.cache_clear()
+        assert "cpp.vec_isa_ok" not in compiled.compile_options("cpu")  # only x86's ISAs are known to g++ 11
     finally:
-        batched._gcc_has_every_x86_isa.cache_clear()
+        compiled._gcc_has_every_x86_isa.cache_clear()
 
 
 @pytest.mark.parametrize("attention", ["standard", "quest"])

@@ -19,7 +19,7 @@ _LAZY = {
     "CorruptImageError": "folder", "SafeImageFolder": "folder", "check_image_folder": "folder",
     "collate_skipping_bad": "folder",
     "ResumableSampler": "sampling", "ShardSampler": "sampling", "build_train_sampler": "sampling",
-    "SHARD_DATASETS": "shards", "ShardError": "shards", "WdsDataset": "shards", "shard_loaders": "shards",
+    "ShardError": "shard_index", "WdsDataset": "shards", "shard_loaders": "shards",
     "build_transforms": "transforms",
 }
 

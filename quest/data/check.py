@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
 from .preflight import Problem, Report, check_image_folder_files
+from .shard_index import info_lengths, load_info
 from .shard_preflight import check_shard_split
-from .shards import _info_lengths, load_info
 
 __all__ = ["check_root", "main", "reason_kind"]
 
@@ -62,7 +62,7 @@ def _shard_reports(root: Path, workers: int | None, progress) -> list[tuple[str,
     num_classes = info.get("num_classes") or (len(info["classes"]) if info.get("classes") else None)
     out = [(f"shards {s}", check_shard_split(root, s, num_classes, workers, progress(f"shards {s}")))
            for s in splits]
-    listed = set(_info_lengths(info)) | {f for s in splits for f in info["splits"][s].get("filenames", [])}
+    listed = set(info_lengths(info)) | {f for s in splits for f in info["splits"][s].get("filenames", [])}
     unlisted = sorted(str(p.relative_to(root)) for p in root.glob("*.tar") if str(p.relative_to(root)) not in listed)
     if unlisted and info_path is None:  # no _info.json: every tar, counted, labels unchecked against a class count
         out.append(("shards *.tar", check_shard_split(root, "*.tar", None, workers, progress("shards *.tar"))))

@@ -21,7 +21,7 @@ import numpy as np
 from quest.io import atomic_write, write_text_atomic
 
 from .folder import check_image_folder
-from .shards import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
+from .shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .preflight import Problem, Report
-from .shards import IMAGE_EXTS, _groups, _info_lengths, _split_files, load_info
+from .shard_index import IMAGE_EXTS, info_lengths, load_info, sample_groups, split_files
 
 __all__ = ["check_shard", "check_shard_split", "apply_shard_preflight", "END_OF_ARCHIVE"]
 
@@ -67,7 +67,7 @@ def check_shard(path: str, stated: int | None = None, num_classes: int | None = 
     samples, keys, last = 0, set(), "its first member"
     with tar:
         try:
-            for key, members in _groups(tar):
+            for key, members in sample_groups(tar):
                 samples += 1
                 last = f"member {sorted(members.values(), key=lambda m: m.offset)[-1].name}"
                 if key in keys:
@@ -108,8 +108,8 @@ def check_shard_split(root: str | Path, split: str, num_classes: int | None = No
     (default: the CPU count, at most 8); ``Report.images`` counts the samples read."""
     root = Path(root).expanduser()
     info, info_path = load_info(root)
-    names = _split_files(root, split, info, info_path)
-    known = _info_lengths(info)
+    names = split_files(root, split, info, info_path)
+    known = info_lengths(info)
     tasks = [(str(root / n), known.get(n), num_classes) for n in names]
     workers = workers or min(8, os.cpu_count() or 1)
     report = Report(str(root))
@@ -138,7 +138,7 @@ def apply_shard_preflight(data, split: str) -> None:
     """Before training: check every shard of the ``split`` ('train' or 'val') of a shard data set (a DataConfig)
     and refuse it naming every problem. Labels and structure cannot be skipped: data.bad_images applies only to
     images that do not decode, which this header-only check does not look at."""
-    from .shards import ShardError
+    from .shard_index import ShardError
 
     if not data.root or data.root == "???" or not Path(data.root).expanduser().is_dir():
         return  # build_shards names the missing root

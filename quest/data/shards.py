@@ -18,16 +18,14 @@ positions are the epoch's documented remainder); its batch b is positions r M + 
 yields batches p, p + K, ..., which PyTorch's loader returns in round-robin order: the batch sequence of a rank does
 not depend on the number of workers, and a resumed epoch skips exactly the batches already consumed.
 Validation: the shards in listed order, rank r takes its contiguous N / W share (shares differ by at most one),
-nothing shuffled, padded or dropped. Writing shards (from an ImageFolder) and _info.json: quest/data/make_shards.py.
+nothing shuffled, padded or dropped. Finding and indexing the shards: quest/data/shard_index.py; writing shards
+(from an ImageFolder) and _info.json: quest/data/make_shards.py.
 """
 from __future__ import annotations
 
 import io
-import json
 import logging
 import random
-import re
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -38,159 +36,11 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .folder import CorruptImageError
+from .shard_index import IMAGE_EXTS, Shard, ShardError, load_info, open_tar, resolve_shards, sample_groups
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SHARD_DATASETS", "INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "WdsDataset", "WdsLoader",
-           "build_shards", "shard_loaders", "shard_num_classes", "expand_braces", "load_info", "resolve_shards",
-           "count_samples"]
-
-SHARD_DATASETS = ("imagenet_wds", "wds")
-INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # the first one a sample has is its image
-_PATTERN = re.compile(r"[{*?\[]|\.tar$")
-
-
-class ShardError(ValueError):
-    """Shards that do not hold what the layout says; the message names the file."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    path: Path
-    length: int  # samples (groups of members sharing a key)
-
-
-# --- layout --------------------------------------------------------------------------------------------------------
-def expand_braces(pattern: str) -> list[str]:
-    """``a-{0000..0003}.tar`` -> four names, zero-padded as written; ``{x,y}`` lists; nested and repeated braces."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    body, head, tail = m.group(1), pattern[: m.start()], pattern[m.end():]
-    lo, sep, hi = body.partition("..")
-    if sep and lo.isdigit() and hi.isdigit():
-        width = max(len(lo), len(hi)) if lo.startswith("0") and len(lo) > 1 else 0
-        choices = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-    else:
-        choices = body.split(",")
-    return [name for c in choices for name in expand_braces(head + c + tail)]
-
-
-def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
-    for name in INFO_NAMES:
-        path = root / name
-        if path.is_file():
-            try:
-                return json.loads(path.read_text()), path
-            except json.JSONDecodeError as exc:
-                raise ShardError(f"{path} is not valid JSON: {exc}") from exc
-    return {}, None
-
-
-def _info_lengths(info: dict[str, Any]) -> dict[str, int]:
-    """Every shard file name the info lists, with its sample count."""
-    out: dict[str, int] = {}
-    for split in (info.get("splits") or {}).values():
-        out.update(zip(split.get("filenames", []), split.get("shard_lengths", [])))
-    return out
-
-
-def _split_files(root: Path, split: str, info: dict[str, Any], info_path: Path | None) -> list[str]:
-    if _PATTERN.search(split):
-        if re.search(r"[*?\[]", split):
-            names = sorted(str(p.relative_to(root)) for p in root.glob(split))
-            if not names:
-                raise FileNotFoundError(f"no shard under {root} matches {split!r}")
-            return names
-        return expand_braces(split)
-    splits = info.get("splits") or {}
-    if split not in splits:
-        where = f"{info_path} has the splits {sorted(splits)}" if info_path else f"{root} has no {INFO_NAMES[0]}"
-        raise FileNotFoundError(f"no shards for split {split!r}: {where}; name one of its splits or give a shard "
-                                "pattern such as imagenet1k-train-{0000..1023}.tar (data.train_split / data.val_split)")
-    return list(splits[split]["filenames"])
-
-
-def resolve_shards(root: Path, split: str, count: bool = False) -> list[Shard]:
-    """The shards of ``split`` (an _info.json split or a pattern) with their lengths: from _info.json, else counted
-    when ``count`` (a pass over every tar header); every file must exist and hold at least one sample."""
-    info, info_path = load_info(root)
-    names = _split_files(root, split, info, info_path)
-    paths = [root / n for n in names]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"{len(missing)} of the {len(paths)} shards of split {split!r} do not exist: "
-                                + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
-    for p in paths:
-        if p.stat().st_size == 0:
-            raise ShardError(f"empty shard {p} (0 bytes)")
-    known = _info_lengths(info)
-    if all(n in known for n in names):
-        lengths = [int(known[n]) for n in names]
-    elif not count:
-        raise ShardError(f"the sample counts of split {split!r} under {root} are unknown: no {INFO_NAMES[0]} lists "
-                         "its shards. Write one once with `python -m quest.data.make_shards index "
-                         f"{root} {split}=<pattern>`, or set data.num_samples=<training samples> to count the shards "
-                         "at every start")
-    else:
-        lengths = [count_samples(p) for p in paths]
-    for p, n in zip(paths, lengths):
-        if n <= 0:
-            raise ShardError(f"empty shard {p}: it holds no samples" + (f" ({info_path} says 0)" if info_path else ""))
-    if info_path and split in (info.get("splits") or {}):
-        stated = info["splits"][split].get("num_samples")
-        if stated is not None and int(stated) != sum(lengths):
-            raise ShardError(f"{info_path}: split {split!r} says num_samples={stated} but its shard_lengths add up "
-                             f"to {sum(lengths)}")
-    return [Shard(p, n) for p, n in zip(paths, lengths)]
-
-
-def shard_num_classes(root: str | Path) -> int | None:
-    """The class count _info.json states (``num_classes`` or the length of ``classes``), else None."""
-    info, _ = load_info(Path(root).expanduser())
-    if info.get("num_classes") is not None:
-        return int(info["num_classes"])
-    return len(info["classes"]) if info.get("classes") else None
-
-
-# --- reading tar files ---------------------------------------------------------------------------------------------
-def _key_ext(name: str) -> tuple[str, str] | None:
-    """webdataset's convention: the key runs up to the first dot of the file name, the extension is the rest."""
-    head, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem:
-        return None  # not part of a sample (no extension, or a hidden file)
-    return (f"{head}/{stem}" if head else stem), ext.lower()
-
-
-def _groups(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """(key, {extension: member}) per sample, in file order; reading headers only (data is skipped by seeking)."""
-    key, members = None, {}
-    while (m := tar.next()) is not None:
-        split = _key_ext(m.name) if m.isfile() else None
-        if split is None:
-            continue
-        if split[0] != key:
-            if key is not None:
-                yield key, members
-            key, members = split[0], {}
-        members[split[1]] = m
-    if key is not None:
-        yield key, members
-
-
-def _open_tar(path: Path) -> tarfile.TarFile:
-    try:
-        return tarfile.open(path, mode="r:")  # uncompressed: members can be skipped by seeking
-    except (tarfile.TarError, OSError) as exc:
-        raise ShardError(f"cannot read shard {path} as an uncompressed tar file: {exc}") from exc
-
-
-def count_samples(path: Path) -> int:
-    with _open_tar(path) as tar:
-        return sum(1 for _ in _groups(tar))
-
+__all__ = ["WdsDataset", "WdsLoader", "build_shards", "shard_loaders"]
 
 @dataclass
 class _Raw:
@@ -212,8 +62,8 @@ class _Cursor:
 
     def _open(self, k: int) -> None:
         self.close()
-        self.k, self.tar, self.next_index = k, _open_tar(self.shards[k].path), 0
-        self.groups = _groups(self.tar)
+        self.k, self.tar, self.next_index = k, open_tar(self.shards[k].path), 0
+        self.groups = sample_groups(self.tar)
 
     def read(self, position: int) -> _Raw:
         k = int(np.searchsorted(self.starts, position, side="right")) - 1

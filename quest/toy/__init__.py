@@ -6,7 +6,8 @@ study: the grid, outcomes, CSVs and resume; plots: heatmaps and key-norm traject
 from .batched import ParamLayout, RunSpec, batch_order, train_chunk
 from .data import ToyData, ToyDataConfig, ToySplit, make_toy_data
 from .model import ToyTransformer
-from .study import OUTCOMES, classify, run_study, success_rates, summary_table
+from .outcomes import OUTCOMES, classify, success_rates, summary_table
+from .study import run_study
 
 __all__ = [
     "ParamLayout", "RunSpec", "batch_order", "train_chunk", "ToyData", "ToyDataConfig", "ToySplit",

@@ -15,99 +15,42 @@ import importlib.util
 import itertools
 import json
 import logging
-import math
 import multiprocessing
 import os
 import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from quest.attention import list_attentions
-from quest.io import atomic_write, markdown_table, write_csv_atomic, write_json_atomic
+from quest.io import atomic_write, write_csv_atomic, write_json_atomic
 
 from .batched import RunSpec, train_chunk
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
+from .outcomes import (
+    SENSITIVITY_FIELDS,
+    classify,
+    classify_paper,
+    sensitivity_table,
+    stop_size,
+    success_rates,
+    test_key,
+    variant_spec,
+)
 from .workers import share_tasks
 
-__all__ = ["OUTCOMES", "PAPER_OUTCOMES", "classify", "classify_paper", "run_study", "success_rates", "summary_table",
-           "wilson_interval", "stop_size", "sensitivity_table"]
+__all__ = ["run_study"]
 
 log = logging.getLogger(__name__)
-OUTCOMES = ("correct", "biased", "degenerate", "other")
-PAPER_OUTCOMES = ("correct", "biased", "degenerate", "unclassified")
 RUN_FIELDS = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_acc", "test_acc", "final_train_loss",
               "outcome", "paper_outcome"]
 
 
-def classify(train_acc: float, test_acc: float, rules: OutcomeRules) -> str:
-    """This project's outcome of a run from its train and test accuracy (fractions); see :class:`OutcomeRules`."""
-    if train_acc >= rules.correct_min and test_acc >= rules.correct_min:
-        return "correct"
-    if train_acc <= rules.degenerate_train_max and test_acc <= rules.degenerate_test_max:
-        return "degenerate"
-    if train_acc >= rules.biased_train_min and test_acc <= rules.biased_test_max:
-        return "biased"
-    return "other"
-
-
-def classify_paper(train_acc: float, test_acc: float, rules: PaperOutcomeRules) -> str:
-    """The paper's outcome of a run, by its own ranges (:class:`PaperOutcomeRules`); "unclassified" where none fits."""
-    if train_acc > rules.correct_above and test_acc > rules.correct_above:
-        return "correct"
-    (tr_lo, tr_hi), (te_lo, te_hi) = rules.biased_train, rules.biased_test
-    if tr_lo <= train_acc <= tr_hi and te_lo <= test_acc <= te_hi:
-        return "biased"
-    if train_acc <= rules.chance_max and test_acc <= rules.chance_max:
-        return "degenerate"
-    return "unclassified"
-
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion k / n."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def success_rates(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per formulation: outcome counts and the share of correct runs, overall and per (lr, weight decay) cell; with
-    ``paper_outcome`` in the rows also the counts under the paper's ranges."""
-    groups: dict[tuple, list] = {}
-    for r in rows:
-        for key in ((r["attention"], "all", "all"), (r["attention"], r["lr"], r["weight_decay"])):
-            groups.setdefault(key, []).append(r)
-    out = []
-    for (attention, lr, wd), members in groups.items():
-        counts = Counter(r["outcome"] for r in members)
-        n = len(members)
-        row = {"attention": attention, "lr": lr, "weight_decay": wd, "runs": n, **{o: counts[o] for o in OUTCOMES},
-               "success_rate": counts["correct"] / n}
-        if "paper_outcome" in members[0]:
-            paper = Counter(r["paper_outcome"] for r in members)
-            row.update({f"paper_{o}": paper[o] for o in PAPER_OUTCOMES})
-            row["unclassified_by_both"] = sum(r["outcome"] == "other" and r["paper_outcome"] == "unclassified"
-                                              for r in members)
-        out.append(row)
-    return out
-
-
 # --- chunks ----------------------------------------------------------------------------------------------------
-def _variant(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """attention / variant name -> {attention, param_init, frozen, label}."""
-    variants = cfg.get("variants") or {}
-    if name in variants:
-        v = dict(variants[name])
-        return {"attention": v["attention"], "param_init": dict(v.get("param_init") or {}),
-                "frozen": list(v.get("frozen") or []), "label": v.get("label") or name}
-    return {"attention": name, "param_init": {}, "frozen": [], "label": name}
 
 
 ENGINE_VERSION = 2  # part of every chunk's fingerprint: chunks of the engine before (vmap, version 1) are refused
@@ -131,10 +74,6 @@ class _Task:
     fingerprint: str
 
 
-def _test_key(fraction: float) -> str:
-    return f"test_acc_b{fraction:g}"
-
-
 def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
     """Train one chunk and write it to ``task.path``; the chunk's rows carry accuracies, not outcomes."""
     g = cfg["grid"]
@@ -146,7 +85,7 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
     for fraction in task.tests:  # the same training set (drawn first), test sets with another biased share
         other = make_toy_data(dataclasses.replace(data_cfg, test_biased_fraction=float(fraction)), task.data_seed)
         assert torch.equal(other.train.x, data.train.x)
-        tests[_test_key(fraction)] = other.test
+        tests[test_key(fraction)] = other.test
     start = time.perf_counter()
     res = train_chunk(
         task.spec["attention"], specs, data.train, tests, task.data_seed,
@@ -163,7 +102,7 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
                "init_seed": spec.init_seed, "train_size": data_cfg.train_size,
                "train_acc": round(res.train_acc[i].item(), 6), "test_acc": round(res.test_acc[i].item(), 6)}
         for fraction in task.tests:
-            row[_test_key(fraction)] = round(res.test_accs[_test_key(fraction)][i].item(), 6)
+            row[test_key(fraction)] = round(res.test_accs[test_key(fraction)][i].item(), 6)
         row["final_train_loss"] = round(res.final_loss[i].item(), 6)
         rows.append(row)
     chunk = {"fingerprint": task.fingerprint, "rows": rows, "key_norms": res.key_norms,
@@ -253,7 +192,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
 def _check(cfg: Mapping[str, Any]) -> None:
     names = list(cfg["attentions"]) + list((cfg.get("study") or {}).get("scale_variants") or [])
     known = set(list_attentions())
-    unknown = [a for a in names if _variant(cfg, a)["attention"] not in known]
+    unknown = [a for a in names if variant_spec(cfg, a)["attention"] not in known]
     if unknown or not cfg["attentions"]:
         raise ValueError(f"toy study: attentions {unknown or '[]'} not usable; choose from {list_attentions()} or a "
                          f"name in variants ({sorted(cfg.get('variants') or {})})")
@@ -300,7 +239,7 @@ def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: 
                 tests: Sequence[float], per_size_dir: bool) -> list[_Task]:
     tasks = []
     for name in names:
-        spec = _variant(cfg, name)
+        spec = variant_spec(cfg, name)
         for size in sizes:
             data = {**cfg["data"], "train_size": int(size)}
             ToyDataConfig(**data)  # checked before anything trains
@@ -332,7 +271,7 @@ def _run_grid(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     if _can_plot():
         from .plots import plot_heatmaps, plot_key_norms  # matplotlib only when writing figures
 
-        labels = {a: _variant(cfg, a)["label"] for a in cfg["attentions"]}
+        labels = {a: variant_spec(cfg, a)["label"] for a in cfg["attentions"]}
         plot_heatmaps(rates, cfg["grid"], out / "success_heatmaps.png", labels=labels,
                       subtitle=f"{cfg['data']['train_size']:,} training samples, {cfg['train']['epochs']} epochs")
         if cfg["probe_size"]:
@@ -341,84 +280,6 @@ def _run_grid(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
 
 
 # --- the sensitivity study ---------------------------------------------------------------------------------------
-def _group(rows: list[dict], test_key: str, rules: OutcomeRules, paper: PaperOutcomeRules) -> dict[str, Any]:
-    n = len(rows)
-    mine = Counter(classify(r["train_acc"], r[test_key], rules) for r in rows)
-    theirs = Counter(classify_paper(r["train_acc"], r[test_key], paper) for r in rows)
-    neither = sum(classify(r["train_acc"], r[test_key], rules) == "other"
-                  and classify_paper(r["train_acc"], r[test_key], paper) == "unclassified" for r in rows)
-    return {"runs": n, "mine": mine, "paper": theirs, "neither": neither}
-
-
-def _row(axis: str, value: Any, name: str, size: int, fraction: float, rule_set: str, g: dict) -> dict[str, Any]:
-    counts = g["mine"] if rule_set == "project" else g["paper"]
-    names = OUTCOMES if rule_set == "project" else PAPER_OUTCOMES
-    k, n = counts["correct"], g["runs"]
-    lo, hi = wilson_interval(k, n)
-    return {"axis": axis, "value": value, "attention": name, "train_size": size, "test_biased_fraction": fraction,
-            "rules": rule_set, "runs": n, **{o: counts[o] for o in names if o != "unclassified"},
-            "other": counts["other"] if rule_set == "project" else counts["unclassified"],
-            "success_rate": round(k / n, 6), "ci_low": round(lo, 6), "ci_high": round(hi, 6),
-            "unclassified_by_both": g["neither"]}
-
-
-SENSITIVITY_FIELDS = ["axis", "value", "attention", "train_size", "test_biased_fraction", "rules", "runs", "correct",
-                      "biased", "degenerate", "other", "success_rate", "ci_low", "ci_high", "unclassified_by_both"]
-
-
-def sensitivity_table(rows: list[dict], cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The sensitivity CSV: success rate (with its 95% Wilson interval) and outcome counts per choice and formulation.
-
-    axis ``train_size``: every formulation and variant, the default test set, this project's rules; ``qknorm_scale``:
-    the scale variants; ``test_biased_fraction``: the formulations on each test set; ``outcome_rules``: the
-    formulations under this project's partition and the paper's ranges ("other" = not classified by that set;
-    ``unclassified_by_both`` = classified by neither)."""
-    st = cfg["study"]
-    rules, paper = OutcomeRules(**cfg["outcome"]), PaperOutcomeRules(**cfg["paper_outcome"])
-    default_fraction = float(cfg["data"]["test_biased_fraction"])
-    by = {}
-    for r in rows:
-        by.setdefault((r["attention"], r["train_size"]), []).append(r)
-    names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
-    out = []
-    for name in names:
-        for size in st["train_sizes"]:
-            out.append(_row("train_size", size, name, size, default_fraction, "project",
-                            _group(by[(name, size)], "test_acc", rules, paper)))
-    for name in st["scale_variants"]:
-        for size in st["train_sizes"]:
-            out.append(_row("qknorm_scale", _variant(cfg, name)["label"], name, size, default_fraction, "project",
-                            _group(by[(name, size)], "test_acc", rules, paper)))
-    for name in cfg["attentions"]:
-        for size in st["train_sizes"]:
-            for fraction in st["test_biased_fractions"]:
-                out.append(_row("test_biased_fraction", fraction, name, size, float(fraction), "project",
-                                _group(by[(name, size)], _test_key(fraction), rules, paper)))
-            g = _group(by[(name, size)], "test_acc", rules, paper)
-            for rule_set in ("project", "paper"):
-                out.append(_row("outcome_rules", rule_set, name, size, default_fraction, rule_set, g))
-    return out
-
-
-def stop_size(table: list[dict], attentions: Sequence[str], sizes: Sequence[int], rule: StopRule) -> dict[str, Any]:
-    """The smallest training-set size beyond which no formulation's success rate changes (:class:`StopRule`)."""
-    rate = {(r["attention"], r["train_size"]): r for r in table if r["axis"] == "train_size"}
-    sizes = sorted(int(s) for s in sizes)
-    steps = []
-    for n, nxt in zip(sizes, sizes[1:]):
-        checks = []
-        for a in attentions:
-            r0, r1 = rate[(a, n)], rate[(a, nxt)]
-            k0, k1, n0, n1 = r0["correct"], r1["correct"], r0["runs"], r1["runs"]
-            p0, p1, pooled = k0 / n0, k1 / n1, (k0 + k1) / (n0 + n1)
-            se = math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n1))
-            allowed = max(rule.min_points / 100, rule.z * se)
-            checks.append({"attention": a, "from": round(p0, 4), "to": round(p1, 4), "change": round(p1 - p0, 4),
-                           "allowed": round(allowed, 4), "stable": abs(p1 - p0) <= allowed + 1e-12})
-        steps.append({"size": n, "next": nxt, "stable": all(c["stable"] for c in checks), "checks": checks})
-    chosen = next((s["size"] for s in steps if s["stable"]), sizes[-1])
-    return {"rule": dataclasses.asdict(rule), "size": chosen,
-            "converged": any(s["stable"] for s in steps), "steps": steps}
 
 
 def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
@@ -432,7 +293,7 @@ def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
     table = sensitivity_table(rows, cfg)
     stop = stop_size(table, cfg["attentions"], st["train_sizes"], StopRule(**st["stop"]))
     fields = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_size", "train_acc", "test_acc",
-              *[_test_key(f) for f in fractions], "final_train_loss", "outcome", "paper_outcome"]
+              *[test_key(f) for f in fractions], "final_train_loss", "outcome", "paper_outcome"]
     write_csv_atomic(out / "runs.csv", rows, fields)
     write_csv_atomic(out / "sensitivity.csv", table, SENSITIVITY_FIELDS)
     summary = {"stop": stop, "train_seconds": timings, "total_train_seconds": sum(timings.values()),
@@ -446,7 +307,7 @@ def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
         from .plots import plot_sensitivity
 
         plot_sensitivity(table, cfg, stop["size"], out / "sensitivity.png",
-                         labels={n: _variant(cfg, n)["label"] for n in names})
+                         labels={n: variant_spec(cfg, n)["label"] for n in names})
     # for the command line's summary: overall success per formulation and size
     rates = [{"attention": f"{r['attention']} (n={r['train_size']})", "lr": "all", "runs": r["runs"],
               "success_rate": r["success_rate"], "biased": r["biased"], "degenerate": r["degenerate"],
@@ -458,10 +319,3 @@ def _can_plot() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def summary_table(rates: Iterable[Mapping[str, Any]]) -> str:
-    """Markdown: per formulation, the overall success rate and outcome shares."""
-    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
-    rows = [(r["attention"], r["runs"], pct(r["success_rate"]), pct(r["biased"] / r["runs"]),
-             pct(r["degenerate"] / r["runs"]), pct(r["other"] / r["runs"])) for r in rates if r["lr"] == "all"]
-    return "\n".join(markdown_table(["attention", "runs", "correct (success rate)", "biased", "degenerate", "other"],
-                                     rows))

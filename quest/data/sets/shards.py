@@ -28,7 +28,7 @@ def _check(c: Any) -> None:
 
 
 def _num_classes(data: Any) -> int | None:
-    from ..shards import shard_num_classes
+    from ..shard_index import shard_num_classes
 
     return shard_num_classes(need_root(data))  # what _info.json states, if it does
 

@@ -1,0 +1,65 @@
+"""How the toy study's compiled step is built and called: inductor's options on a CPU and the runs per call
+(measured in docs/benchmarks.md, "Toy study")."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+import subprocess
+
+import torch
+
+__all__ = ["compile_options", "default_runs_per_call", "call_tiles"]
+
+
+def compile_options(device_type: str) -> dict[str, bool]:
+    """Inductor options of the compiled step (measurements: docs/benchmarks.md, "Toy study"). On a CPU:
+
+    - its C++ wrapper: the step's kernels are called from C++ instead of Python (one shared library instead of 20),
+      a step 1.09x faster at 24 runs and 1.04x at tiles of 50 (bench/toy.py --python-wrapper);
+    - no precompiled header, and the vector ISA read from the CPU's flags instead of found by test builds when the
+      compiler is g++ 11 or newer (which has the flags of every x86 ISA inductor picks, AVX2 to AMX). Both are costs
+      of the first compile on a machine, about 10 s of a cold start (bench/toy_compile.py, bench/toy_quick.py); the
+      header would then save 1.7 s of each new graph's 11 s build.
+    """
+    if device_type != "cpu":
+        return {}
+    options = {"cpp_wrapper": True, "cpp_cache_precompile_headers": False}
+    # ATEN_CPU_CAPABILITY caps the kernels ATen dispatches to (and what inductor may target): the CPU's flags say
+    # nothing then, so inductor picks and probes as it does
+    if _gcc_has_every_x86_isa() and not os.environ.get("ATEN_CPU_CAPABILITY"):
+        options["cpp.vec_isa_ok"] = True
+    return options
+
+
+@functools.cache
+def _gcc_has_every_x86_isa() -> bool:
+    """True on x86 with inductor's C++ compiler being g++ 11 or newer; False (inductor probes) for anything else."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+        banner = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([compiler, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except Exception:  # noqa: BLE001 - no compiler found, or another torch: let inductor probe as it does
+        return False
+    first = banner.splitlines()[0].lower() if banner else ""
+    is_gcc = ("g++" in first or "gcc" in first) and "clang" not in banner.lower()
+    major = re.match(r"\d+", version.strip())
+    return bool(is_gcc and major and int(major.group()) >= 11)
+
+
+def default_runs_per_call(device: torch.device | str) -> int:
+    """Runs per compiled call: a tile that stays in a CPU core's L2 cache; on a GPU, every run of the chunk."""
+    return 50 if torch.device(device).type == "cpu" else 1 << 30
+
+
+def call_tiles(n: int, per_call: int) -> list[slice]:
+    """``n`` runs in ceil(n / per_call) tiles of near-equal size (at most two sizes, so at most two compilations)."""
+    count = -(-n // max(1, per_call))
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
