@@ -127,6 +127,15 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
         raise TimeoutError(f"job {job_id} still {state} after {timeout}s")
 
     def stop(self) -> None:
+        """Cancel every job (a requeued one may still run its steps), stop the daemons, then end whatever a job
+        left: job steps outlive slurmd (slurmstepd is re-parented to init) and would wait forever on a dead
+        controller."""
+        jobs = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+            deadline = time.time() + 30
+            while time.time() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
+                time.sleep(1)
         for p in reversed(self.procs):
             p.terminate()
         for p in self.procs:
@@ -140,3 +149,30 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, 15)
             except ProcessLookupError:
                 pass
+        for pid in self._leftover_job_processes():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def _leftover_job_processes(self) -> list[int]:
+        """Every process but this one whose command line or open files lie under the cluster's root (job scripts,
+        slurmstepd, which keeps slurmd.log open), and their descendants (srun, the job's Python)."""
+        root, parent, found = f"{self.root}/", {}, set()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            pid = int(proc.name)
+            try:
+                parent[pid] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                paths = [(proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")]
+                paths += [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+            except (OSError, ValueError, IndexError):
+                continue
+            if any(root in text for text in paths):
+                found.add(pid)
+        grown = True
+        while grown:  # and every descendant of what was found
+            more = {pid for pid, ppid in parent.items() if ppid in found} - found
+            grown, found = bool(more), found | more
+        return sorted(found)
