@@ -25,7 +25,8 @@ _NAMED = ("model", "attention", "recipe", "data", "trainer.seed", "attention.nam
 _SHORT = {"recipe.lr": "lr", "recipe.base_lr": "base_lr", "data.batch_size": "bs", "trainer.epochs": "ep",
           "recipe.weight_decay": "wd", "recipe.warmup_epochs": "warmup", "model.img_size": "img",
           "data.img_size": "data_img", "recipe.drop_path": "dp", "trainer.accum_steps": "accum",
-          "trainer.precision": "prec", "data.subset_seed": "subset_seed"}
+          "trainer.precision": "prec", "data.subset_seed": "subset_seed",
+          "data.pipeline": "pipeline"}
 #: the characters a run directory's name keeps; any other becomes '_' (and the name then gets a hash)
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
 _MAX_WORD = 32  # longer values (lists, paths) are shown by a hash

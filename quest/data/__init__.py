@@ -21,6 +21,8 @@ _LAZY = {
     "ResumableSampler": "sampling", "ShardSampler": "sampling", "build_train_sampler": "sampling",
     "ShardError": "shard_index", "WdsDataset": "shards", "shard_loaders": "shards",
     "build_transforms": "transforms",
+    "TrainInput": "train_input", "build_train_input": "train_input", "list_train_inputs": "train_input",
+    "get_train_input": "train_input", "register_train_input": "train_input",
 }
 
 __all__ = ["DataConfig", "get_dataset", "list_datasets", "register_dataset", *_LAZY]

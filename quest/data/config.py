@@ -43,6 +43,9 @@ class DataConfig:
     max_skipped_fraction: float = 0.01  # docs/data.md
     preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)
     pin_memory: bool = field(default=True, metadata=TRAINING_ONLY)  # DataLoader pin_memory (CUDA)
+    # where the training transform runs: timm (workers, PIL; the paper's) | split (workers decode + crop to uint8,
+    # the device augments) | device (workers read bytes, the device does the rest): docs/data.md
+    pipeline: str = field(default="timm", metadata=TRAINING_ONLY)
 
 
 def need_root(data: Any) -> Path:

@@ -32,10 +32,11 @@ class SafeImageFolder(ImageFolder):
     (``bad_images='error'``) or are dropped from the batch and counted (``bad_images='skip'``, use
     :func:`collate_skipping_bad`)."""
 
-    def __init__(self, root: str | Path, transform: Callable | None = None, bad_images: str = "error"):
+    def __init__(self, root: str | Path, transform: Callable | None = None, bad_images: str = "error",
+                 loader: Callable[[str], Any] | None = None):
         if bad_images not in ("error", "skip"):
             raise ValueError(f"data.bad_images must be 'error' or 'skip', got {bad_images!r}")
-        super().__init__(str(root), transform=transform)
+        super().__init__(str(root), transform=transform, **({"loader": loader} if loader is not None else {}))
         self.bad_images = bad_images
 
     def __getitem__(self, index: int) -> Any:

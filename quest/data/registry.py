@@ -63,6 +63,9 @@ class DataSet:
     where_classes: Callable[[Any], str] | None = None  # where num_classes was read, for the error message
     # the folder of the val split when the data set reads one (an evaluation checks it is readable first)
     val_folder: Callable[[Any], Path | None] | None = None
+    # True: reads image files and honours a training transform's ``read_file(path)`` (data.pipeline=split decodes
+    # with torchvision, data.pipeline=device passes the bytes on; quest/data/train_input.py)
+    reads_files: bool = False
     module: str = ""
 
 
@@ -79,7 +82,8 @@ def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[
                      num_classes: Callable[[Any], int | None] | int | None = None,
                      check_data: Callable[[Any], None] | None = None, streamed: bool = False,
                      reads_root: bool = True, where_classes: Callable[[Any], str] | None = None,
-                     val_folder: Callable[[Any], Path | None] | None = None) -> Callable[[B], B]:
+                     val_folder: Callable[[Any], Path | None] | None = None,
+                     reads_files: bool = False) -> Callable[[B], B]:
     """Decorator: ``build(data, split, transform)`` becomes the data set ``name``, its ``data`` node typed by
     ``settings`` (a dataclass extending :class:`DataConfig`). ``check(checks)`` adds value checks of its options
     (:class:`quest.config_checks.Checks`, keys ``data.<option>``); ``num_classes`` (an int or a function of the data
@@ -97,7 +101,7 @@ def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[
         if old is not None and old.module != module:
             raise ValueError(f"data set {name!r} is registered twice: by {old.module} and by {module}")
         _REGISTRY[name] = DataSet(name, build, settings, check, classes, check_data, streamed, reads_root,
-                                  where_classes, val_folder, module)
+                                  where_classes, val_folder, reads_files, module)
         return build
 
     return decorate

@@ -22,6 +22,7 @@ from quest.data import (
     WdsDataset,
     build_dataset,
     build_train_sampler,
+    build_train_input,
     build_transforms,
     class_balanced_subset,
     collate_skipping_bad,
@@ -47,6 +48,10 @@ class Components:
     scheduler: Any
     train_loader: DataLoader
     val_loader: DataLoader
+    # data.pipeline: the step that turns a training batch into the model's input on the device (None: the loader's
+    # batches are that input already), and what the run records as its training input
+    train_finish: Any
+    train_input: str
     mixup: Mixup | None
     train_loss: nn.Module
     lr: float
@@ -148,12 +153,13 @@ def _train_loss(recipe: Any, mixup_active: bool) -> nn.Module:
     return nn.CrossEntropyLoss()
 
 
-def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, DataLoader]:
+def _loaders(cfg: Any, ctx: DistContext, img_size: int, train_input: Any) -> tuple[DataLoader, DataLoader]:
     data = cfg.data
     if data.batch_size < 1:
         raise ValueError(f"data.batch_size must be a positive integer (per process), got {data.batch_size}")
-    train_tf, val_tf = build_transforms(cfg.recipe, data, img_size)
-    train_ds = class_balanced_subset(build_dataset(data, "train", train_tf), data.subset_fraction, data.subset_seed)
+    val_tf = build_transforms(cfg.recipe, data, img_size)[1]
+    train_ds = class_balanced_subset(build_dataset(data, "train", train_input.transform), data.subset_fraction,
+                                     data.subset_seed)
     val_ds = build_dataset(data, "val", val_tf)
     # before the first collective of training: ranks that see other data would step out of lockstep
     agree_on_sample_counts({"train samples": len(train_ds), "val samples": len(val_ds)}, ctx)
@@ -169,11 +175,11 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int) -> tuple[DataLoader, Dat
     if isinstance(train_ds, WdsDataset):  # tar shards: no sampler, the data set splits itself by rank and worker
         return shard_loaders(train_ds, val_ds, rank=ctx.rank, world_size=ctx.world_size, batch_size=data.batch_size,
                              eval_batch_size=data.eval_batch_size or 2 * data.batch_size, seed=cfg.trainer.seed,
-                             **common)
+                             **common)  # a shard set reads no files itself: every pipeline it takes collates alike
     sampler = build_train_sampler(train_ds, cfg.trainer.seed, ctx.world_size, ctx.rank, cfg.recipe.repeated_aug)
     # Own generators: creating an iterator must not draw from the global RNG, or resuming mid-epoch would shift it.
     train = DataLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,
-                       generator=torch.Generator(), **common)
+                       generator=torch.Generator(), **{**common, "collate_fn": train_input.collate})
     val = DataLoader(val_ds, batch_size=data.eval_batch_size or 2 * data.batch_size,
                      sampler=ShardSampler(len(val_ds), ctx.rank, ctx.world_size), generator=torch.Generator(), **common)
     return train, val
@@ -185,7 +191,9 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     model = build_model(cfg)
     check_patch_size(model, img_size, img_size_source(cfg))  # before any data is read
     model = model.to(ctx.device)
-    train_loader, val_loader = _loaders(cfg, ctx, img_size)
+    train_input = build_train_input(recipe, cfg.data, img_size)
+    log.info("training input: data.pipeline=%s (%s)", cfg.data.get("pipeline", "timm"), train_input.label)
+    train_loader, val_loader = _loaders(cfg, ctx, img_size, train_input)
     if cfg.trainer.strategy not in ("ddp", "fsdp"):
         raise ValueError(f"trainer.strategy must be ddp or fsdp, got {cfg.trainer.strategy!r}")
     if cfg.trainer.strategy == "fsdp":
@@ -217,5 +225,6 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema else None
     log.info("global batch %d (%d per process x %d processes x %d accumulation), lr %.3g",
              global_batch, cfg.data.batch_size, ctx.world_size, cfg.trainer.accum_steps, lr)
-    return Components(model, ema, optimizer, scheduler, train_loader, val_loader, mixup,
+    return Components(model, ema, optimizer, scheduler, train_loader, val_loader, train_input.finish,
+                      train_input.label, mixup,
                       _train_loss(recipe, mixup_active), lr, global_batch, steps_per_epoch)

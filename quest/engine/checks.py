@@ -60,6 +60,22 @@ def _recipe(c: Checks) -> None:
     c.one_of("recipe.eval_interpolation", _EVAL_INTERPOLATIONS)
 
 
+def _pipeline(c: Checks, dataset: Any) -> None:
+    """data.pipeline: a registered training input, one the data set can feed, and a recipe it can follow."""
+    from quest.data.train_input import get_train_input, list_train_inputs
+
+    c.one_of("data.pipeline", list_train_inputs())
+    if c.value("data.pipeline") not in list_train_inputs():
+        return
+    kind = get_train_input(c.value("data.pipeline"))
+    if kind.reads_files and not dataset.reads_files:
+        readers = [name for name in list_datasets() if get_dataset(name).reads_files]
+        c.fail("data.pipeline", f"needs a data set that reads image files ({', '.join(readers)}); data="
+               f"{dataset.name} does not (data.pipeline=split or timm work with every data set)")
+    if kind.check is not None:
+        kind.check(c)
+
+
 def _data(c: Checks) -> None:
     """The keys every data set has, then the data set's own checks (its module in quest/data/sets/ or a plugin)."""
     c.one_of("data.name", list_datasets())
@@ -78,6 +94,7 @@ def _data(c: Checks) -> None:
     c.finite(*(k for k in float_keys(dataset.settings, "data.") if k not in shared))  # its own, from its settings
     if dataset.check is not None:
         dataset.check(c)
+    _pipeline(c, dataset)
     if dataset.streamed:  # read in order: no random access (quest/data/shards.py)
         if c.value("data.subset_fraction") != 1:
             c.fail("data.subset_fraction", "must be 1 with tar shards (a class-balanced subset needs random access)")

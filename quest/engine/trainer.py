@@ -260,6 +260,8 @@ class Run:
             self._counts[1] += n_bad + len(targets)
             st.micro_in_epoch += 1
             if len(targets):
+                if p.train_finish is not None:  # data.pipeline: the rest of the transform, on the device, per batch
+                    images = p.train_finish(images, self.ctx.device)
                 pending.append((images, targets))
             if pending and not (st.micro_in_epoch % cfg.trainer.accum_steps
                                 and st.micro_in_epoch < per_epoch):

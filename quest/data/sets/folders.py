@@ -46,7 +46,9 @@ def _build(data: Any, split: str, transform: Callable | None) -> Any:
     from ..preflight import apply_preflight
 
     root, _ = folder_classes(data, split)
-    ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images)
+    # a training input may read the files itself (quest/data/train_input.py: torchvision's decoder, or the bytes)
+    ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images,
+                         loader=getattr(transform, "read_file", None))
     # every file checked before the first step (docs/data.md)
     if data.get("preflight", True):
         apply_preflight(ds, root, data.bad_images, data.get("max_skipped_fraction", 0.01), split)
@@ -64,4 +66,4 @@ def _val_folder(data: Any) -> Path | None:
 
 for _name in ("imagenet", "imagefolder"):
     register_dataset(_name, DataConfig, num_classes=_num_classes, check_data=check_split_classes,
-                     where_classes=_where, val_folder=_val_folder)(_build)
+                     where_classes=_where, val_folder=_val_folder, reads_files=True)(_build)

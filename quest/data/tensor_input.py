@@ -1,0 +1,193 @@
+"""The built-in training input pipelines (``data.pipeline``; the registry is quest/data/train_input.py).
+
+``timm`` is today's transform (quest.data.transforms). ``split`` and ``device`` keep images as uint8 tensors until the
+device: the crop parameters come from timm's own ``RandomResizedCropAndInterpolation.get_params`` and the flip from
+torch's RNG as torchvision's ``RandomHorizontalFlip`` draws it, so both follow timm's distributions draw for draw;
+RandAugment runs as :class:`quest.data.device_augment.DeviceRandAugment` (timm's policy, per-sample draws, batched
+ops) and random erasing is timm's own ``RandomErasing`` on the normalised batch, as timm's ``PrefetchLoader`` does.
+Every draw made in the training process comes from its global RNGs, which checkpoints hold, so a run resumes exactly.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+from .folder import CorruptImageError, collate_skipping_bad
+from .train_input import TrainInput, jitter_active, register_train_input
+from .transforms import build_transforms
+
+__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "collate_bytes", "RESAMPLING"]
+
+#: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
+RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
+              "nearest": InterpolationMode.NEAREST}
+_JPEG_MAGIC = b"\xff\xd8"
+
+
+def decode_rgb(encoded: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An encoded image (a 1-d uint8 tensor of the file's bytes) as a uint8 RGB tensor (3, H, W) on ``device``:
+    torchvision's decoders (libjpeg-turbo on the CPU, nvJPEG for a JPEG on CUDA), PIL for what they cannot read
+    (PIL is what the ``timm`` pipeline reads every image with). A CorruptImageError when neither can."""
+    device = torch.device(device)
+    if device.type == "cuda" and bytes(encoded[:2].tolist()) == _JPEG_MAGIC:
+        try:
+            return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            pass  # nvJPEG refuses some files libjpeg reads (progressive, arithmetic coding): the CPU's turn
+    try:
+        image = decode_image(encoded, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        import io
+
+        try:
+            with Image.open(io.BytesIO(encoded.numpy().tobytes())) as img:
+                image = F.pil_to_tensor(img.convert("RGB"))
+        except Exception as exc:
+            raise CorruptImageError(f"cannot decode an image of {encoded.numel()} bytes: {exc}") from exc
+    return image.to(device, non_blocking=True)
+
+
+def _read_rgb(path: str) -> torch.Tensor:
+    return decode_rgb(read_file(path))
+
+
+class CropFlip:
+    """RandomResizedCrop + horizontal flip on a uint8 tensor (3, H, W) on any device: timm's crop draw
+    (``get_params``: python's ``random``), torchvision's flip draw (``torch.rand(1) < p``), the crop resized with the
+    antialiased kernel PIL's resize uses. A PIL image is converted to a tensor first. With ``read_file`` a data set
+    that reads image files decodes them with torchvision (:func:`decode_rgb`) instead of PIL."""
+
+    def __init__(self, size: int, scale: Sequence[float], ratio: Sequence[float], interpolation: str, hflip: float):
+        from timm.data.transforms import RandomResizedCropAndInterpolation
+
+        self.size, self.scale, self.ratio, self.hflip = size, tuple(scale), tuple(ratio), float(hflip)
+        self.mode = RESAMPLING[interpolation]
+        self.get_params = RandomResizedCropAndInterpolation.get_params
+        self.read_file = _read_rgb
+
+    def __call__(self, img: Any) -> torch.Tensor:
+        if isinstance(img, Image.Image):
+            img = F.pil_to_tensor(img.convert("RGB"))
+        top, left, height, width = self.get_params(img, self.scale, self.ratio)
+        out = F.resized_crop(img, top, left, height, width, [self.size, self.size], interpolation=self.mode,
+                             antialias=self.mode != InterpolationMode.NEAREST)
+        if self.hflip > 0 and torch.rand(1) < self.hflip:
+            out = out.flip(-1)
+        return out
+
+
+class DeviceFinish:
+    """A uint8 batch (N, 3, S, S) -> the model's float input on the device: RandAugment (when the recipe has it),
+    normalisation, random erasing (timm's RandomErasing on the batch, as timm's PrefetchLoader does it)."""
+
+    def __init__(self, recipe: Any, data: Any, img_size: int, crop: CropFlip | None = None):
+        self.rand_augment, self.policy = None, recipe.get("auto_augment")
+        if self.policy:
+            from .device_augment import DeviceRandAugment
+
+            self.rand_augment = DeviceRandAugment(recipe.auto_augment, img_size, tuple(data.mean),
+                                                  interpolation=recipe.train_interpolation)
+        self.mean, self.std = tuple(data.mean), tuple(data.std)
+        self.reprob, self.remode, self.recount = float(recipe.reprob), recipe.remode, int(recipe.recount)
+        self.crop = crop  # data.pipeline=device: the crop and flip happen here too, per image
+        self._erasing: dict[str, Any] = {}
+
+    def _erase(self, images: torch.Tensor) -> None:
+        from timm.data.random_erasing import RandomErasing
+
+        key = str(images.device)
+        if key not in self._erasing:
+            self._erasing[key] = RandomErasing(self.reprob, mode=self.remode, max_count=self.recount, device=key)
+        self._erasing[key](images)
+
+    def describe(self) -> str:
+        steps = ["decode (nvJPEG on CUDA, libjpeg-turbo otherwise)", "crop + flip"] if self.crop is not None else []
+        if self.rand_augment is not None:
+            steps.append(f"RandAugment {self.policy} (quest DeviceRandAugment)")
+        steps.append("normalise")
+        if self.reprob > 0:
+            steps.append(f"timm RandomErasing p={self.reprob:g} mode={self.remode}")
+        return ", ".join(steps)
+
+    def __call__(self, images: Any, device: torch.device) -> torch.Tensor:
+        if self.crop is not None:  # a list of encoded images
+            try:
+                images = torch.stack([self.crop(decode_rgb(encoded, device)) for encoded in images])
+            except CorruptImageError as exc:
+                raise CorruptImageError(f"data.pipeline=device: {exc}; data.preflight=true (the default) finds such "
+                                        "files before training, and data.bad_images=skip leaves them out") from exc
+        images = images.to(device, non_blocking=True)
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"expected a uint8 batch (N, 3, H, W), got {tuple(images.shape)} {images.dtype}")
+        if self.rand_augment is not None:
+            images = self.rand_augment(images)
+        mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
+        out = (images.float() / 255).sub_(mean).div_(std)  # timm: ToTensor (x / 255), then Normalize
+        if self.reprob > 0:
+            self._erase(out)
+        return out
+
+
+def collate_bytes(batch: list) -> tuple[list[torch.Tensor], torch.Tensor, int]:
+    """A batch of encoded images (their lengths differ): the list of byte tensors, the targets, the skipped count."""
+    good = [b for b in batch if b is not None]
+    return [b[0] for b in good], torch.tensor([b[1] for b in good], dtype=torch.long), len(batch) - len(good)
+
+
+def _crop(recipe: Any, img_size: int) -> CropFlip:
+    return CropFlip(img_size, recipe.scale, recipe.ratio, recipe.train_interpolation, recipe.hflip)
+
+
+def _check_uint8(c: Any) -> None:
+    """The recipe steps a uint8 pipeline reproduces: timm's RandomResizedCrop, flip, a RandAugment policy
+    (``rand-...``) and random erasing; not colour jitter, 3-Augment, AutoAugment or AugMix, nor random resampling."""
+    name = c.value("data.pipeline")
+    policy = c.value("recipe.auto_augment")
+    if policy and not str(policy).startswith("rand"):
+        c.fail("recipe.auto_augment", f"must be a RandAugment policy (rand-...) or null with data.pipeline={name} "
+               "(its device stage runs timm's RandAugment only; data.pipeline=timm runs every policy)")
+    recipe = c.value("recipe")
+    if recipe is not None and jitter_active(recipe):
+        c.fail("recipe.color_jitter", f"must be null (or off under RandAugment, as timm does) with "
+               f"data.pipeline={name} (no colour jitter on uint8 batches; data.pipeline=timm has it)")
+    c.one_of("recipe.train_interpolation", RESAMPLING)
+
+
+@register_train_input("timm", "timm create_transform on PIL images in the loader workers, float tensors out")
+def _timm(recipe: Any, data: Any, img_size: int) -> TrainInput:
+    return TrainInput(build_transforms(recipe, data, img_size)[0], collate_skipping_bad, None,
+                      "timm: PIL decode + timm create_transform in the loader workers")
+
+
+@register_train_input("split", "workers: decode (torchvision) + crop + flip to uint8; device: RandAugment, "
+                      "normalise, random erasing on batches", check=_check_uint8)
+def _split(recipe: Any, data: Any, img_size: int) -> TrainInput:
+    finish = DeviceFinish(recipe, data, img_size)
+    return TrainInput(_crop(recipe, img_size), collate_skipping_bad, finish,
+                      "split: workers: decode (torchvision, PIL for other formats) + timm RandomResizedCrop draw + "
+                      f"flip to uint8; device: {finish.describe()}")
+
+
+class _Bytes:
+    """data.pipeline=device's per-sample step: the file's bytes, untouched (``read_file`` reads them)."""
+
+    read_file = staticmethod(read_file)
+
+    def __call__(self, encoded: Any) -> Any:
+        if not isinstance(encoded, torch.Tensor):
+            raise TypeError("data.pipeline=device needs a data set that reads image files (its samples were "
+                            f"{type(encoded).__name__}, not the file's bytes)")
+        return encoded
+
+
+@register_train_input("device", "workers: read the file's bytes; device: decode (nvJPEG on CUDA), crop, flip, "
+                      "RandAugment, normalise, random erasing", check=_check_uint8, reads_files=True)
+def _device(recipe: Any, data: Any, img_size: int) -> TrainInput:
+    finish = DeviceFinish(recipe, data, img_size, crop=_crop(recipe, img_size))
+    return TrainInput(_Bytes(), collate_bytes, finish, f"device: workers: the file's bytes; device: {finish.describe()}")

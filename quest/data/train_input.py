@@ -1,0 +1,91 @@
+"""The training input pipelines ``data.pipeline=<name>`` can name: where each step of the training transform runs.
+
+Every pipeline draws the same augmentation (the recipe's RandomResizedCrop, flip, RandAugment, random erasing) from
+the same distributions; they differ in where the work is done and so in how many loader processes a GPU needs
+(docs/data.md, "Training input pipelines"; docs/benchmarks.md):
+
+- ``timm`` (the default, and the paper's): timm's ``create_transform`` on PIL images, everything in the loader's
+  worker processes, float tensors out.
+- ``split``: the workers decode (torchvision, libjpeg-turbo) and crop + flip to a uint8 tensor; RandAugment,
+  normalisation and random erasing run on the device on whole batches.
+- ``device``: the workers only read each file's bytes; the device decodes (nvJPEG on CUDA), crops, flips and does
+  the rest. Needs a data set that reads image files.
+
+A pipeline is registered with :func:`register_train_input`: a builder ``(recipe, data, img_size) -> TrainInput``
+and a check of the config it supports. Imports no torch: the config checks read this registry.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_input", "list_train_inputs",
+           "build_train_input", "jitter_active"]
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """What a pipeline builds for the training split.
+
+    ``transform`` runs per sample in the loader's workers (it may carry ``read_file(path)``, how a data set that
+    reads image files should read one); ``collate`` makes a batch of its outputs (``(images, targets, n_skipped)``);
+    ``finish(images, device)``, when set, turns a collated batch into the model's float input on the device.
+    """
+
+    transform: Callable[[Any], Any]
+    collate: Callable[[list], tuple[Any, Any, int]]
+    finish: Callable[[Any, Any], Any] | None
+    label: str  # what the run's summary and log record as its training input
+
+
+@dataclass(frozen=True)
+class TrainInputKind:
+    name: str
+    build: Callable[[Any, Any, int], TrainInput]  # (recipe, data, img_size) -> TrainInput
+    check: Callable[[Any], None] | None  # given quest.config_checks.Checks: the recipe keys it cannot follow
+    reads_files: bool  # True: needs a data set that reads image files (quest.data.registry DataSet.reads_files)
+    description: str
+
+
+_REGISTRY: dict[str, TrainInputKind] = {}
+
+
+def register_train_input(name: str, description: str, *, check: Callable[[Any], None] | None = None,
+                         reads_files: bool = False) -> Callable:
+    """Decorator: ``build(recipe, data, img_size) -> TrainInput`` becomes ``data.pipeline=<name>``."""
+    def decorate(build: Callable[[Any, Any, int], TrainInput]) -> Callable[[Any, Any, int], TrainInput]:
+        _REGISTRY[name] = TrainInputKind(name, build, check, reads_files, description)
+        return build
+
+    return decorate
+
+
+def _load() -> None:
+    """Import the built-in pipelines (quest/data/tensor_input.py registers them as it is imported, as a data set's
+    module does; by name, so that this registry stays below the modules that fill it)."""
+    importlib.import_module(f"{__package__}.tensor_input")
+
+
+def list_train_inputs() -> list[str]:
+    _load()
+    return sorted(_REGISTRY)
+
+
+def get_train_input(name: str) -> TrainInputKind:
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data.pipeline {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
+    """The training input of ``data.pipeline`` (``timm`` when a config predates the key)."""
+    return get_train_input(data.get("pipeline", "timm")).build(recipe, data, img_size)
+
+
+def jitter_active(recipe: Any) -> bool:
+    """timm's rule (create_transform): colour jitter applies unless an auto-augment policy other than 3-Augment is
+    on. quest passes ``color_jitter=null`` as 0.0, which timm still builds as a ColorJitter of strength 0."""
+    policy = recipe.get("auto_augment")
+    return bool(recipe.get("color_jitter")) and (not policy or "3a" in policy)
