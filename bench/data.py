@@ -19,8 +19,12 @@ rounds: (a) uint8 tensors with decode_jpeg + transforms.v2, (b) JPEG DCT-scaled 
 (b') resolution-capped storage (short side <= 256 / 320) under today's transform, (c) NVIDIA DALI's CPU operators
 (skipped with a note where the package is missing), (d) RandAugment and random erasing moved to the device.
 
+quest's own pipelines are rows too: pipeline_split and pipeline_device are what a loader worker does per image under
+data.pipeline=split and data.pipeline=device (quest/data/tensor_input.py) with the DeiT recipe.
+
 Medians over rounds of images/s per core (one thread), the ratio to today's, and the workers one GPU needs at a given
-consumption rate. The last line names the fastest candidate that decodes on the CPU and its ratio to today's.
+consumption rate. The line before the last names the fastest candidate that decodes on the CPU and its ratio to
+today's; the last line gives today's (data.pipeline=timm) and quest's two new pipelines side by side with their ratios.
 
     python bench/data.py [--images 64] [--rounds 5] [--quick] [--no-dali] [--gpu-rates vit_ti=2294,vit_s=1053,vit_b=391]
 """
@@ -56,17 +60,34 @@ def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
     return paths
 
 
-def deit_transform():
-    """quest's own training transform of configs/recipe/deit.yaml (quest.data.build_transforms)."""
+def deit_config(pipeline: str = "timm"):
     from hydra import compose, initialize_config_dir
 
     from quest.config_store import register_configs
-    from quest.data import build_transforms
 
     register_configs()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["recipe=deit", "model=vit_base", "data=imagenet", "data.root=/x"])
+        return compose("train", overrides=["recipe=deit", "model=vit_base", "data=imagenet", "data.root=/x",
+                                           f"data.pipeline={pipeline}"])
+
+
+def deit_transform():
+    """quest's own training transform of configs/recipe/deit.yaml (quest.data.build_transforms)."""
+    from quest.data import build_transforms
+
+    cfg = deit_config()
     return build_transforms(cfg.recipe, cfg.data, 224)[0]
+
+
+def pipeline_worker(pipeline: str, paths: list[Path]):
+    """What a loader worker does per image under ``data.pipeline=<pipeline>`` with the DeiT recipe: the pipeline's
+    own transform, reading the file as an image folder does (its ``read_file``)."""
+    from quest.data import build_train_input
+
+    cfg = deit_config(pipeline)
+    transform = build_train_input(cfg.recipe, cfg.data, 224).transform
+    names = [str(p) for p in paths]
+    return lambda i: transform(transform.read_file(names[i]))
 
 
 def deit_prefetcher_transform():  # quest.data.transforms is imported by deit_transform (RandAugment's posterize)
@@ -145,6 +166,10 @@ def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tup
     rows = [
         ("today", "PIL decode + timm DeiT transform (quest build_transforms, recipe=deit)", "float",
          lambda i: deit(Image.open(paths[i]).convert("RGB"))),
+        ("pipeline_split", "data.pipeline=split's worker: decode_jpeg + timm crop draw + antialiased resize + flip",
+         "uint8, device: RA/norm/erase", pipeline_worker("split", paths)),
+        ("pipeline_device", "data.pipeline=device's worker: the file's bytes (the device does the rest)", BYTES,
+         pipeline_worker("device", paths)),
         ("a_tv2_uint8", "(a) decode_jpeg + v2 RRC(bicubic, antialias) + flip + v2.RandAugment(2, m9)", to_dev,
          dc.tv2_uint8(paths, rand_augment=True)),
         ("b_draft_crop", "(b) crop drawn on full size, DCT-scaled decode (crop >= 224 px), today's rest", "float",
@@ -264,6 +289,9 @@ def main() -> None:
     print(f"best candidate that decodes on the CPU: {best[0]} ({best[2]}) {median[best[0]]:.0f} images/s per core "
           f"vs today's {today:.0f}: "
           f"ratio {median[best[0]] / today:.2f}")
+    split, device = median["pipeline_split"], median["pipeline_device"]
+    print(f"per core, today's (data.pipeline=timm) {today:.0f} images/s; data.pipeline=split {split:.0f}: ratio "
+          f"{split / today:.2f}; data.pipeline=device {device:.0f}: ratio {device / today:.2f}")
 
 
 if __name__ == "__main__":

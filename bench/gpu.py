@@ -163,6 +163,50 @@ def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str]) -> dic
     return out
 
 
+def input_on_device(device: torch.device, smoke: bool) -> dict[str, Any]:
+    """The device's share of data.pipeline=split and =device (docs/data.md): img/s of the DeiT augmentation on
+    batches (RandAugment rand-m9-mstd0.5-inc1, normalise, random erasing 0.25) from uint8 crops, and of the whole
+    input from JPEG bytes (decode with nvJPEG, crop, flip, then the same); and whether the device's RandAugment
+    gives the CPU's pixels for the same draws."""
+    import random
+
+    from omegaconf import OmegaConf
+
+    from bench.data import make_jpegs
+    from quest.data.device_augment import DeviceRandAugment
+    from quest.data.tensor_input import CropFlip, DeviceFinish, decode_rgb
+
+    size, batch, rounds = (32, 8, 2) if smoke else (224, 128, 10)
+    recipe = OmegaConf.create({"auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "remode": "pixel",
+                               "recount": 1, "train_interpolation": "bicubic"})
+    data = OmegaConf.create({"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]})
+    crop = CropFlip(size, (0.08, 1.0), (3 / 4, 4 / 3), "bicubic", 0.5)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    random.seed(0), torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        encoded = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8)
+                   for p in make_jpegs(Path(tmp), batch)]
+    crops = torch.stack([crop(decode_rgb(e)) for e in encoded]).to(device)
+    stages = {"split: RA + normalise + erase from uint8 crops": (DeviceFinish(recipe, data, size), crops),
+              "device: decode + crop + flip + RA + normalise + erase from JPEG bytes":
+                  (DeviceFinish(recipe, data, size, crop=crop), encoded)}
+    out: dict[str, Any] = {"batch": batch, "img_size": size}
+    for name, (finish, images) in stages.items():
+        finish(images, device)  # warm-up
+        sync()
+        times = []
+        for _ in range(rounds):
+            tic = time.perf_counter()
+            finish(images, device)
+            sync()
+            times.append(time.perf_counter() - tic)
+        out[name] = batch / statistics.median(times)
+    augment = DeviceRandAugment("rand-m9-mstd0.5-inc1", size, data.mean)
+    draws = augment.draw(batch)
+    out["rand_augment_equals_cpu"] = torch.equal(augment.apply(crops, draws).cpu(), augment.apply(crops.cpu(), draws))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: every code path, in seconds")
@@ -203,6 +247,8 @@ def main() -> int:
         report["torchrun_one_process"]["backend"] = "nccl" if device.type == "cuda" else "gloo"
     report["toy"] = toy_on_device(device, smoke, env)
     print(json.dumps(report["toy"], default=str))
+    report["input"] = input_on_device(device, smoke)
+    print(json.dumps(report["input"]))
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     lines = [f"# GPU check: {device_name} (torch {torch.__version__}){' — CPU smoke, not a measurement' if smoke else ''}",
              "", f"{name} at {size} px, batch {batch}, median of {steps} training steps (AdamW).", "",
@@ -224,9 +270,15 @@ def main() -> int:
               f"{y['full_grid_estimate_s'] / 60:.1f} min",
               f"`python -m quest.toy grid=quick device={device.type}`: exit {y['quick_grid']['returncode']}, "
               f"{y['quick_grid']['seconds']:.1f} s", "", y["quick_grid"]["table"]]
+    i = report["input"]
+    lines += ["", f"Training input on the device (data.pipeline, batch {i['batch']} at {i['img_size']} px; "
+              f"RandAugment equals the CPU's pixels for the same draws: {i['rand_augment_equals_cpu']}):", "",
+              "| stage | img/s |", "|---|---|"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in i.items() if isinstance(v, float)]
     (out_dir / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if d["returncode"] == 0 and t["returncode"] == 0 and y["quick_grid"]["returncode"] == 0 else 1
+    ok = d["returncode"] == 0 and t["returncode"] == 0 and y["quick_grid"]["returncode"] == 0
+    return 0 if ok and i["rand_augment_equals_cpu"] else 1
 
 
 if __name__ == "__main__":

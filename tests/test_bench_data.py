@@ -28,7 +28,7 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
             rows[cells[0]] = cells
     expected = {"today", "a_tv2_uint8", "b_draft_crop", "b'_cap256", "b'_cap320", "d_pil_crop_uint8",
                 "d_tv2_crop_uint8", "d_cap256_uint8", "d_tv2_cap256_uint8",
-                "d_tv2_cap320_uint8", "e_bytes_only"}
+                "d_tv2_cap320_uint8", "e_bytes_only", "pipeline_split", "pipeline_device"}
     assert set(rows) == expected
     assert "skipped the DALI rows (c): --no-dali" in lines
     today = float(rows["today"][3])
@@ -39,10 +39,20 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
         assert float(cells[6]) == pytest.approx(2000 / rate, abs=0.05 + 1000 / rate ** 2)
         assert float(cells[7]) == pytest.approx(400 / rate, abs=0.05 + 200 / rate ** 2)
     last = re.fullmatch(r"best candidate that decodes on the CPU: (\S+) \((.+)\) (\d+) images/s per core "
-                        r"vs today's (\d+): ratio (\d+\.\d+)", lines[-1])
-    assert last, lines[-1]
+                        r"vs today's (\d+): ratio (\d+\.\d+)", lines[-2])
+    assert last, lines[-2]
     best, output, best_rate, today_rate, ratio = last.groups()
     assert best != "today" and rows[best][2] == output and rows[best][3] == best_rate and today_rate == rows["today"][3]
-    assert float(best_rate) == max(float(c[3]) for n, c in rows.items() if n not in ("today", "e_bytes_only"))
+    assert float(best_rate) == max(float(c[3]) for n, c in rows.items()
+                                   if n not in ("today", "e_bytes_only", "pipeline_device"))
     fast, slow = float(best_rate), float(today_rate)
     assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)
+    # the last line: today's and quest's two new pipelines side by side, each with its ratio
+    pipelines = re.fullmatch(r"per core, today's \(data.pipeline=timm\) (\d+) images/s; data.pipeline=split (\d+): "
+                             r"ratio (\d+\.\d+); data.pipeline=device (\d+): ratio (\d+\.\d+)", lines[-1])
+    assert pipelines, lines[-1]
+    today_rate, split, split_ratio, device, device_ratio = pipelines.groups()
+    assert today_rate == rows["today"][3] and split == rows["pipeline_split"][3] and device == rows["pipeline_device"][3]
+    for rate, ratio in ((split, split_ratio), (device, device_ratio)):
+        fast = float(rate)
+        assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)

@@ -31,5 +31,8 @@ def test_gpu_check_cpu_smoke_covers_every_formulation_and_both_runs(tmp_path):
     toy = report["toy"]  # one full-grid chunk of the toy study (150 runs) and the quick grid, on the device
     assert toy["chunk_runs"] == 150 and toy["run_steps_per_s"] > 0 and toy["quick_grid"]["returncode"] == 0
     assert "| standard |" in toy["quick_grid"]["table"] and "| quest |" in toy["quick_grid"]["table"]
+    inputs = report["input"]  # the device's share of data.pipeline=split and =device
+    assert inputs["rand_augment_equals_cpu"] is True
+    assert sum(isinstance(v, float) and v > 0 for v in inputs.values()) == 2
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| attention | dtype | compiled | img/s | MFU |" in md and "Toy study, one full-grid chunk" in md

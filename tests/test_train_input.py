@@ -154,6 +154,10 @@ def test_device_pipeline_decodes_crops_and_finishes_like_split():
     (["data.pipeline=split", "recipe.auto_augment=3a"], "recipe.auto_augment", "must be a RandAugment policy"),
     (["data.pipeline=split", "recipe.color_jitter=0.4"], "recipe.color_jitter", "must be null"),
     (["data.pipeline=split", "recipe.train_interpolation=random"], "recipe.train_interpolation", "must be one of"),
+    (["data.pipeline=split", "recipe.auto_augment=rand-m9-t3a"], "recipe.auto_augment", "GaussianBlur"),
+    (["data.pipeline=device", "data=imagefolder", "data.root=/nowhere", "data.num_classes=3",
+      "recipe.auto_augment=rand-m9-mstd0.5-inc1", "recipe.train_interpolation=nearest"],
+     "recipe.train_interpolation", "must be bicubic or bilinear"),
 ])
 def test_a_pipeline_that_cannot_follow_the_config_is_refused_naming_the_key(overrides, key, words):
     with pytest.raises(ConfigError) as err:
@@ -234,3 +238,18 @@ def test_reading_a_file_is_the_pipeline_s_choice(tmp_path):
         assert torch.equal(read, expected)
     cfg.data.pipeline = "timm"
     assert not hasattr(build_train_input(cfg.recipe, cfg.data, 16).transform, "read_file")
+
+
+def test_the_commands_of_the_docs_pass_every_config_check():
+    """docs/data.md's data.pipeline commands compose and pass every value check; what is left is the data itself
+    (here: /datasets/imagenet does not exist)."""
+    from .helpers import ROOT
+
+    text = (ROOT / "docs" / "data.md").read_text()
+    section = text[text.index("## Training input pipelines"):text.index("### RandAugment on the device")]
+    commands = [line.split()[2:] for line in section.splitlines() if line.startswith("python train.py")]
+    assert len(commands) == 2
+    for overrides in commands:
+        cfg = compose_cfg(*overrides)
+        with pytest.raises(FileNotFoundError, match="/datasets/imagenet"):
+            check_train_config(cfg)

@@ -9,6 +9,7 @@ Every draw made in the training process comes from its global RNGs, which checkp
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -27,6 +28,10 @@ __all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "collate_bytes", "RESAMPLIN
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
               "nearest": InterpolationMode.NEAREST}
 _JPEG_MAGIC = b"\xff\xd8"
+# torchvision 0.29 announces on every decode that TorchCodec will take its decoders over (docs/data.md); they are what
+# these pipelines use until then, and a warning per image would bury the run's own messages
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated",
+                        category=DeprecationWarning)
 
 
 def decode_rgb(encoded: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -148,10 +153,20 @@ def _check_uint8(c: Any) -> None:
     """The recipe steps a uint8 pipeline reproduces: timm's RandomResizedCrop, flip, a RandAugment policy
     (``rand-...``) and random erasing; not colour jitter, 3-Augment, AutoAugment or AugMix, nor random resampling."""
     name = c.value("data.pipeline")
-    policy = c.value("recipe.auto_augment")
+    policy, interpolation = c.value("recipe.auto_augment"), c.value("recipe.train_interpolation")
     if policy and not str(policy).startswith("rand"):
         c.fail("recipe.auto_augment", f"must be a RandAugment policy (rand-...) or null with data.pipeline={name} "
                "(its device stage runs timm's RandAugment only; data.pipeline=timm runs every policy)")
+    elif policy and interpolation in ("bicubic", "bilinear"):
+        from .device_augment import DeviceRandAugment
+
+        try:  # timm parses the policy; what has no batched op (GaussianBlur, a typo timm ignores) is named
+            DeviceRandAugment(str(policy), 224, (0.5, 0.5, 0.5), interpolation=interpolation)
+        except ValueError as exc:
+            c.fail("recipe.auto_augment", f"must be a policy the device can run with data.pipeline={name} ({exc})")
+    elif policy and interpolation == "nearest":
+        c.fail("recipe.train_interpolation", f"must be bicubic or bilinear with RandAugment on the device "
+               f"(data.pipeline={name}), as timm's RandAugment resamples")
     recipe = c.value("recipe")
     if recipe is not None and jitter_active(recipe):
         c.fail("recipe.color_jitter", f"must be null (or off under RandAugment, as timm does) with "
