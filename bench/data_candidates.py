@@ -20,17 +20,15 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def make_capped(paths: list[Path], folder: Path, short_side: int) -> list[Path]:
-    """(b') FFCV-style resolution-capped storage: each JPEG re-encoded (quality 90) with its short side at most
-    `short_side`, resized with PIL's antialiased bicubic as a conversion tool would."""
+    """(b') FFCV-style resolution-capped storage as `quest-data cap` writes it (quest.data.capped.cap_image: short
+    side at most `short_side`, PIL's antialiased bicubic, JPEG quality 90; smaller images copied unchanged)."""
+    from quest.data.capped import cap_image
+
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for path in paths:
-        img = Image.open(path).convert("RGB")
-        factor = short_side / min(img.size)
-        if factor < 1:
-            img = img.resize((round(img.width * factor), round(img.height * factor)), Image.Resampling.BICUBIC)
         target = folder / path.name
-        img.save(target, quality=90)
+        target.write_bytes(cap_image(path.read_bytes(), short_side, 90)[0])
         out.append(target)
     return out
 

@@ -28,7 +28,8 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
             rows[cells[0]] = cells
     expected = {"today", "a_tv2_uint8", "b_draft_crop", "b'_cap256", "b'_cap320", "d_pil_crop_uint8",
                 "d_tv2_crop_uint8", "d_cap256_uint8", "d_tv2_cap256_uint8",
-                "d_tv2_cap320_uint8", "e_bytes_only", "pipeline_split", "pipeline_device"}
+                "d_tv2_cap320_uint8", "e_bytes_only", "pipeline_split", "pipeline_device",
+                "pipeline_split_cap256"}
     assert set(rows) == expected
     assert "skipped the DALI rows (c): --no-dali" in lines
     today = float(rows["today"][3])
@@ -49,10 +50,12 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
     assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)
     # the last line: today's and quest's two new pipelines side by side, each with its ratio
     pipelines = re.fullmatch(r"per core, today's \(data.pipeline=timm\) (\d+) images/s; data.pipeline=split (\d+): "
-                             r"ratio (\d+\.\d+); data.pipeline=device (\d+): ratio (\d+\.\d+)", lines[-1])
+                             r"ratio (\d+\.\d+); data.pipeline=device (\d+): ratio (\d+\.\d+); data.pipeline=split "
+                             r"on a copy capped at 256 (\d+): ratio (\d+\.\d+)", lines[-1])
     assert pipelines, lines[-1]
-    today_rate, split, split_ratio, device, device_ratio = pipelines.groups()
+    today_rate, split, split_ratio, device, device_ratio, capped, capped_ratio = pipelines.groups()
     assert today_rate == rows["today"][3] and split == rows["pipeline_split"][3] and device == rows["pipeline_device"][3]
-    for rate, ratio in ((split, split_ratio), (device, device_ratio)):
+    assert capped == rows["pipeline_split_cap256"][3]
+    for rate, ratio in ((split, split_ratio), (device, device_ratio), (capped, capped_ratio)):
         fast = float(rate)
         assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)

@@ -16,6 +16,7 @@ and a check of the config it supports. Imports no torch: the config checks read 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -80,8 +81,17 @@ def get_train_input(name: str) -> TrainInputKind:
 
 
 def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
-    """The training input of ``data.pipeline`` (``timm`` when a config predates the key)."""
-    return get_train_input(data.get("pipeline", "timm")).build(recipe, data, img_size)
+    """The training input of ``data.pipeline`` (``timm`` when a config predates the key); its label also names a
+    resolution-capped copy of the data (quest-data cap) when ``data.root`` is one."""
+    from .capped import read_capped
+
+    built = get_train_input(data.get("pipeline", "timm")).build(recipe, data, img_size)
+    capped = read_capped(data.get("root"))
+    if capped is None:
+        return built
+    return dataclasses.replace(built, label=f"{built.label}; storage: {capped['layout']} capped at short side "
+                               f"{capped['short_side']} (quest-data cap, {capped['resample']}, JPEG quality "
+                               f"{capped['quality']}) from {capped['source']}")
 
 
 def jitter_active(recipe: Any) -> bool:
