@@ -59,3 +59,20 @@ def test_data_bench_quick_prints_every_candidate_and_ends_with_the_best_ratio(tm
     for rate, ratio in ((split, split_ratio), (device, device_ratio), (capped, capped_ratio)):
         fast = float(rate)
         assert float(ratio) == pytest.approx(fast / slow, abs=0.006 + 0.5 / slow + 0.5 * fast / slow ** 2)
+
+
+@pytest.mark.slow
+def test_the_training_comparison_runs_every_pipeline_on_both_data_sets(tmp_path):
+    """bench/train_input_equivalence.py --quick (2 seeds, 2 epochs): one row per data set and pipeline, each with
+    its seeds' accuracies and their mean (the full run's table is in docs/benchmarks.md)."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "train_input_equivalence.py"), "--quick"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
+            if line.startswith("| digits") or line.startswith("| imagefolder")]
+    assert [(r[0], r[1]) for r in rows] == [("digits", "timm"), ("digits", "split"), ("imagefolder", "timm"),
+                                            ("imagefolder", "split"), ("imagefolder", "device")]
+    for data, pipeline, seeds, mean, *_ in rows:
+        values = [float(v) for v in seeds.split(", ")]
+        assert len(values) == 2 and float(mean) == pytest.approx(sum(values) / 2, abs=0.006)
