@@ -73,7 +73,9 @@ def test_hydra_submitit_multirun_one_job_per_config(cluster, tmp_path):
 
 
 def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(cluster, tmp_path):
-    longer = [*TINY, "trainer.epochs=6", "recipe.drop_path=0.1"]
+    # 160 steps: on a quiet machine 6 epochs (24 steps, half a second) ended before the signal reached the job, and
+    # the test saw no requeue; the signal is sent after step 5, so the job has over 150 steps (seconds) left to get it
+    longer = [*TINY, "trainer.epochs=40", "recipe.drop_path=0.1"]
     # the uninterrupted reference, run directly
     ref = subprocess.run([sys.executable, str(ROOT / "train.py"), *longer, f"hydra.run.dir={tmp_path / 'ref'}"],
                          env=_job_env(cluster), capture_output=True, text=True, timeout=900, cwd=tmp_path)
@@ -86,7 +88,7 @@ def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(cluster,
     while time.time() < deadline:  # let it train a few steps, then send the pre-timeout signal
         if metrics.exists() and sum('"train/loss"' in line for line in metrics.read_text().splitlines()) >= 5:
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     cluster.run("scancel", "--signal=USR1", job)
     # the job saves, requeues itself, runs again and completes
     deadline = time.time() + 900
@@ -103,7 +105,7 @@ def test_preempted_job_requeues_and_ends_with_the_uninterrupted_weights(cluster,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed"]
     a, b = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (tmp_path / "ref", run_dir))
-    assert a["state"]["step"] == b["state"]["step"] == 24
+    assert a["state"]["step"] == b["state"]["step"] == 160  # 40 epochs of 4 steps
     for part in ("model", "ema"):
         for key, value in a[part].items():
             torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
