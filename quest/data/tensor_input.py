@@ -101,6 +101,7 @@ class DeviceFinish:
         self.reprob, self.remode, self.recount = float(recipe.reprob), recipe.remode, int(recipe.recount)
         self.crop = crop  # data.pipeline=device: the crop and flip happen here too, per image
         self._erasing: dict[str, Any] = {}
+        self._moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (mean, std) per device, made once
 
     def _erase(self, images: torch.Tensor) -> None:
         from timm.data.random_erasing import RandomErasing
@@ -131,8 +132,11 @@ class DeviceFinish:
             raise ValueError(f"expected a uint8 batch (N, 3, H, W), got {tuple(images.shape)} {images.dtype}")
         if self.rand_augment is not None:
             images = self.rand_augment(images)
-        mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
+        key = str(images.device)
+        if key not in self._moments:  # not a host-to-device copy per batch
+            self._moments[key] = tuple(torch.tensor(v, device=images.device).view(1, 3, 1, 1)
+                                       for v in (self.mean, self.std))
+        mean, std = self._moments[key]
         out = (images.float() / 255).sub_(mean).div_(std)  # timm: ToTensor (x / 255), then Normalize
         if self.reprob > 0:
             self._erase(out)
