@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,23 @@ def test_export_writes_timm_and_hugging_face_layout(tiny_run, tmp_path):
     assert "library_name: timm" in card and "quest_vit.quest" in card and "val/top1" in card
     assert "sha256" in card and "attention:" in card  # provenance and the run's config
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_the_model_card_s_example_runs_as_written_offline(tiny_run, tmp_path, monkeypatch):
+    """The card's Python block, with this folder's path in place of its placeholder, loads the exported weights
+    with the run's preprocessing, and reads nothing from the network (HF_HUB_OFFLINE: a download would raise)."""
+    from quest.engine.export import CARD_FOLDER
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = _export(tiny_run[1], tmp_path / "export", "model")
+    card = (out / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    assert len(blocks) == 1 and CARD_FOLDER in blocks[0] and "hf-hub:" not in blocks[0]
+    scope: dict = {}
+    exec(blocks[0].replace(CARD_FOLDER, str(out)), scope)  # noqa: S102 - the card this test just wrote
+    saved = load_file(out / "model.safetensors")
+    assert all(torch.equal(scope["model"].state_dict()[k], v) for k, v in saved.items())
+    assert scope["config"]["input_size"] == (3, 16, 16) and scope["transform"] is not None
 
 
 def test_export_refusals_name_the_problem(tiny_run, tmp_path, capsys):

@@ -31,6 +31,8 @@ from quest.models.timm_model import ARCHITECTURE, exported_architecture
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
 
 WEIGHTS_FILE = "model.safetensors"
+# what the model card's example writes for the folder's path (tests put the real path in its place and run it)
+CARD_FOLDER = "path/to/this/folder"
 
 
 def resolve_checkpoint(source: str | Path) -> Path:
@@ -127,10 +129,12 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str
         "only after `import quest`; without it timm refuses the folder instead of building a model with other "
         "attention.", "",
         "```python", "import quest  # registers the quest_vit architecture and quest's attn_layer names with timm",
-        # the card's usage example for a folder pushed to the Hub (a reader's choice to download), not a default
-        "import timm", "", "model = timm.create_model(\"hf-hub:<user>/<repo>\", pretrained=True).eval()",
+        # the example reads this folder's own files (offline); downloading from the Hub is left to the reader
+        "import timm", "", f"model = timm.create_model(\"local-dir:{CARD_FOLDER}\", pretrained=True).eval()",
         "config = timm.data.resolve_data_config({}, model=model)",
         "transform = timm.data.create_transform(**config)", "```", "",
+        "Once this folder is uploaded to the Hugging Face Hub, `hf-hub:<user>/<repo>` in place of the `local-dir:` "
+        "path loads it from there (a download).", "",
         "## Metrics", "",
     ]
     if metrics:
