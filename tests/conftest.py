@@ -1,6 +1,8 @@
 import inspect
 import os
 import re
+import subprocess
+import sys
 
 # No test may reach the network.
 os.environ["WANDB_MODE"] = "offline"
@@ -48,3 +50,39 @@ def pytest_collection_modifyitems(config, items):
                 sources[function] = False
         if sources[function]:
             item.add_marker(pytest.mark.numerics)
+
+
+# A test that starts a Python interpreter (python, torchrun, a quest-* script, a Slurm job) pays 5-10 s of imports
+# before any work, so it must say that the process boundary is its point: @pytest.mark.process. Everything else
+# runs in-process, or through tests.warm.run_app (a fork of a warm zygote, no new interpreter). Counted, not timed:
+# a busy machine cannot make this check pass or fail.
+_INTERPRETER = re.compile(r"(^|/)(python[\d.]*|torchrun|sbatch|srun|salloc|quest-[a-z]+)$")
+
+
+def _starts_an_interpreter(args) -> bool:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args or [])
+    if not argv:
+        return False
+    first = os.fsdecode(argv[0]).split()[0] if isinstance(argv[0], (str, bytes)) else os.fsdecode(argv[0])
+    return first == sys.executable or bool(_INTERPRETER.search(first))
+
+
+@pytest.fixture(autouse=True)
+def _interpreters_started_only_by_process_tests(request, monkeypatch):
+    if request.node.get_closest_marker("process"):
+        yield
+        return
+    started: list[str] = []
+    original = subprocess.Popen.__init__
+
+    def counting_init(self, args, *a, **k):
+        if _starts_an_interpreter(args):
+            started.append(" ".join(map(str, [args] if isinstance(args, str) else args))[:200])
+        original(self, args, *a, **k)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", counting_init)
+    yield
+    if started:
+        pytest.fail(f"this test started {len(started)} interpreter(s) without @pytest.mark.process "
+                    f"(first: {started[0]}); run the app through tests.warm.run_app, or mark the test if the "
+                    "process boundary is what it proves", pytrace=False)

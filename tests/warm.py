@@ -1,0 +1,106 @@
+"""Run quest's command-line apps the way a shell runs them, without paying for a new interpreter each time.
+
+``run_app("train.py", *args, cwd=..., env=...)`` behaves like ``subprocess.run([sys.executable, "train.py", *args],
+capture_output=True, text=True)``: the same argv, working directory, environment, exit code, stdout and stderr, in a
+process of its own. The process is forked from a warm zygote (multiprocessing's forkserver) that imported torch,
+timm, Hydra and quest once per test session and never computed anything, so the child starts in milliseconds
+instead of the 5-10 s of imports a fresh interpreter spends, and nothing of the test process (its threads, its
+Hydra state, its monkeypatches) leaks into it.
+
+What a forked child cannot show, and where a test must start a real interpreter instead (``@pytest.mark.process``):
+the interpreter's start itself (imports, entry scripts, the wheel), environment variables read while the zygote
+imported (``ATEN_CPU_CAPABILITY``, ``OMP_NUM_THREADS`` at torch's import), signals to a process group started from
+a terminal, and launchers that start interpreters of their own (torchrun, Slurm, submitit).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the modules every app imports before it does any work: imported once, in the zygote
+_PRELOAD = ["tests.warm_preload"]
+
+# the apps by the argv[0] a shell would name, each the function its console script or __main__ runs
+APPS = {
+    "train.py": ("quest.cli", "train"),
+    "eval.py": ("quest.cli", "evaluate"),
+    "quest.toy": ("quest.cli", "toy"),
+    "quest.report": ("quest.cli", "report"),
+    "quest.report.plot": ("quest.cli", "plot"),
+    "quest.engine.export": ("quest.cli", "export"),
+    "quest.data.check": ("quest.cli", "data"),
+}
+
+_context: multiprocessing.context.ForkServerContext | None = None
+
+
+def _zygote() -> multiprocessing.context.ForkServerContext:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(_PRELOAD)
+    return _context
+
+
+def _child(app: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """In the forked process: the shell's view of a command (argv, cwd, environment, fds 1 and 2), then the app."""
+    import importlib
+    import importlib.util
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (closed with the process)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    module, function = APPS[app]
+    # argv[0] as the interpreter sets it: the script's path, or the module's file for ``python -m``
+    sys.argv = [str(ROOT / app) if app.endswith(".py") else importlib.util.find_spec(app).origin, *args]
+    code = 0
+    try:
+        getattr(importlib.import_module(module), function)()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # an uncaught exception: the interpreter's own report and exit status
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def run_app(app: str, *args: str, cwd: str | Path, env: dict[str, str] | None = None,
+            timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python <app> *args`` (``app``: "train.py", "eval.py", or a ``python -m`` module in APPS) in ``cwd``, with
+    ``env`` (default: this process's environment), as a CompletedProcess with text stdout and stderr."""
+    if app not in APPS:
+        raise KeyError(f"no warm app {app!r}; known: {', '.join(APPS)}")
+    env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        for path in (out, err):
+            Path(path).touch()
+        proc = _zygote().Process(target=_child, args=(app, list(args), str(cwd), env, out, err))
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired([app, *args], timeout, Path(out).read_text(), Path(err).read_text())
+        code = proc.exitcode  # -N for a signal, as subprocess reports it
+        argv = [sys.executable, *([str(ROOT / app)] if app.endswith(".py") else ["-m", app]), *args]
+        return subprocess.CompletedProcess(argv, code, Path(out).read_text(), Path(err).read_text())
