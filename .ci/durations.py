@@ -12,6 +12,15 @@ import collections
 import xml.etree.ElementTree as ET
 
 
+def _file_of(classname: str) -> str:
+    """tests.test_x.TestY -> tests/test_x.py: the dotted path up to the first test module."""
+    parts = classname.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("test_") or part == "conftest":
+            return "/".join(parts[:i + 1]) + ".py"
+    return "/".join(parts) + ".py"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit")
@@ -23,8 +32,7 @@ def main() -> None:
     wall = sum(float(s.get("time", 0)) for s in suites)
     cases = []
     for case in root.iter("testcase"):
-        module = case.get("classname", "").rsplit(".", 1)[0] if "." in case.get("classname", "") else case.get("classname", "")
-        file = (case.get("file") or module.replace(".", "/") + ".py")
+        file = case.get("file") or _file_of(case.get("classname", ""))
         cases.append((float(case.get("time", 0)), file, f"{case.get('classname', '')}::{case.get('name', '')}"))
     per_file = collections.Counter()
     count = collections.Counter()

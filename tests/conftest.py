@@ -1,3 +1,4 @@
+import functools
 import inspect
 import os
 import re
@@ -21,6 +22,13 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# CI draws the same examples every run (a failure found once is found again, and nothing depends on luck);
+# a contributor's default profile explores new ones and keeps failures in the example database.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +45,37 @@ def _seeded():
 _FLOAT_COMPARISON = re.compile(r"assert_close|allclose|isclose|approx\(")
 
 
+# The fast tier (-m "not e2e") leaves out whole-app runs: a test that starts an interpreter, needs Slurm, or is marked
+# slow is end-to-end without anyone remembering to say so.
+_END_TO_END = ("process", "slurm", "slow")
+
+
+@functools.cache
+def _permissions_bind() -> bool:
+    """Whether a file without read permission is unreadable to this process: not for root with CAP_DAC_OVERRIDE
+    (CI runs the `unprivileged` tests again with that capability dropped, as root's `setpriv --bounding-set`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        locked = os.path.join(tmp, "locked")
+        with open(locked, "w") as f:
+            f.write("x")
+        os.chmod(locked, 0)
+        try:
+            open(locked).close()
+        except PermissionError:
+            return True
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
     sources: dict[object, bool] = {}
     for item in items:
+        if item.get_closest_marker("unprivileged") and not _permissions_bind():
+            item.add_marker(pytest.mark.skip(reason="file permissions do not bind this user (root): .ci/run runs "
+                                                    "this again without the capability to override them"))
+        if any(item.get_closest_marker(name) for name in _END_TO_END):
+            item.add_marker(pytest.mark.e2e)
         function = getattr(item, "function", None)
         if function is None or "numerics" in item.keywords:
             continue

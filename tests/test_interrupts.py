@@ -114,6 +114,8 @@ def _wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen) -> None:
     raise AssertionError(f"the run did not reach step {steps}: {proc.communicate()[0][-3000:]}")
 
 
+@pytest.mark.process  # a signal to a process group, its loader workers included: only a real process has one
+@pytest.mark.xdist_group("machine")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cli_ctrl_c_to_the_process_group_saves_and_exits_with_its_code(tmp_path, signum):
     # Ctrl-C reaches the whole foreground process group, data loader workers too: they must leave it to the

@@ -100,7 +100,7 @@ def test_a_damaged_record_is_named_with_what_was_expected(tmp_path, content, pro
     assert io.read_json(tmp_path / "ok.json") == {"a": [1]}
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: the permission cannot be taken away")
+@pytest.mark.unprivileged
 def test_an_unreadable_record_names_the_file_and_the_permission(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text("{}")

@@ -9,7 +9,6 @@ import sys
 import tomllib
 import zipfile
 from importlib.metadata import entry_points, version
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -29,6 +28,7 @@ def test_every_subpackage_and_config_folder_is_shipped():
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"quest.configs": "configs"}
 
 
+@pytest.mark.process  # pip builds the wheel in an interpreter of its own
 def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ beside the sources
     for name in ("quest", "configs"):
@@ -49,12 +49,10 @@ def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
         assert f"{script} = quest.cli:" in scripts, script
 
 
-def test_console_scripts_are_installed_and_run():
+def test_console_scripts_are_installed():
+    # that each one starts and runs is the wheel smoke's proof (.ci/run runs every quest-* script from the wheel)
     installed = {ep.name: ep.value for ep in entry_points(group="console_scripts") if ep.name.startswith("quest-")}
     assert installed == dict(PYPROJECT["project"]["scripts"])
-    bin_dir = Path(sys.executable).parent
-    out = subprocess.run([str(bin_dir / "quest-report"), "--help"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "SWEEP_DIR" in out.stdout
 
 
 def test_dependencies_are_ranges_that_admit_the_installed_versions():

@@ -373,39 +373,50 @@ def test_checkpoint_round_trip_holds_tensors_and_plain_containers_only(tmp_path)
 
 # --- the README's command sequence, as written ----------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.process
 def test_readme_quickstart_sequence(tmp_path):
     import os
     import subprocess
     import sys
 
     from .helpers import ROOT
+    from .warm import run_app
 
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=900)
-        assert out.returncode == 0, (args, out.stdout[-2000:], out.stderr[-3000:])
+    def run(app: str, *args: str, fresh: bool = False) -> subprocess.CompletedProcess:
+        # the newcomer's first command starts a real interpreter (its imports and entry script are part of what the
+        # README promises); the rest are the same argv forked from the warm zygote, which saves an interpreter's
+        # imports each (the wheel smoke in .ci/run starts quest-eval and quest-report in real interpreters)
+        if fresh:
+            out = subprocess.run([sys.executable, str(ROOT / app), *args], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=900)
+        else:
+            out = run_app(app, *args, cwd=tmp_path, env=env)
+        assert out.returncode == 0, (app, args, out.stdout[-2000:], out.stderr[-3000:])
         return out
 
-    run(str(ROOT / "train.py"))  # python train.py
+    run("train.py", fresh=True)  # python train.py
     quickstart = tmp_path / "runs" / "digits" / "vit_pico-quest-light-seed0"
     summary = json.loads((quickstart / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["val/top1"] >= 95.0, summary
-    again = run(str(ROOT / "train.py"))  # the same command: reported, not retrained
+    again = run("train.py")  # the same command: reported, not retrained
     assert "already holds this finished run" in again.stdout + again.stderr
     assert json.loads((quickstart / "summary.json").read_text()) == summary
     # the diagnostics comparison: both formulations again with diagnostics, each in its own named directory
-    run(str(ROOT / "train.py"), "attention=standard", "diagnostics=default")
-    run(str(ROOT / "train.py"), "diagnostics=default")
+    run("train.py", "attention=standard", "diagnostics=default")
+    run("train.py", "diagnostics=default")
     diag_runs = sorted((tmp_path / "runs" / "digits").glob("*-diagnostics_default"))  # the README's glob
     assert [p.name for p in diag_runs] == ["vit_pico-quest-light-seed0-diagnostics_default",
                                            "vit_pico-standard-light-seed0-diagnostics_default"]
     for diag_run in diag_runs:
         assert any("diag/max_logit" in line for line in (diag_run / "metrics.jsonl").read_text().splitlines())
-    plotted = run("-m", "quest.report.plot", "diagnostics", *map(str, diag_runs), "--out", "diag.png")
+        # the default run reaches 95% with either formulation (diagnostics only watch; they do not change training)
+        diag_summary = json.loads((diag_run / "summary.json").read_text())
+        assert diag_summary["status"] == "completed" and diag_summary["val/top1"] >= 95.0, diag_summary
+    plotted = run("quest.report.plot", "diagnostics", *map(str, diag_runs), "--out", "diag.png")
     assert (tmp_path / "diag.png").stat().st_size > 10_000 and "skipped" not in plotted.stderr
     # the report counts the quickstart run and its diagnostics rerun (same seed) once, and says so
-    report = run("-m", "quest.report", "runs/digits")
+    report = run("quest.report", "runs/digits")
     assert "repeats" in report.stderr and "1 duplicate seed (counted once)" in report.stdout
-    run(str(ROOT / "eval.py"), f"checkpoint={quickstart / 'checkpoints' / 'last.pt'}", "eval=clean")
+    run("eval.py", f"checkpoint={quickstart / 'checkpoints' / 'last.pt'}", "eval=clean")
