@@ -10,6 +10,8 @@ import torch
 from quest.attention import QKAttention, list_attentions
 from quest.models import CPU_PRESETS, attention_layers, convert_attention, create_model
 
+from .test_elliptical import ELLIPTICAL
+
 FORMULATIONS = list_attentions()
 
 
@@ -92,9 +94,11 @@ def test_state_dict_round_trip(attention):
     torch.testing.assert_close(clone(x), model(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("attention", FORMULATIONS)
+# the elliptical formulations carry state from one block to the next: compiled at depth 2 in tests/test_elliptical.py
+@pytest.mark.parametrize("attention", [name for name in FORMULATIONS if name not in ELLIPTICAL])
 def test_torch_compile_matches_eager(attention):
-    model = create_model("vit_pico_patch4_16", attention=attention, num_classes=5, depth=2).eval()
+    # one block: every block runs the same layer, and a second one only doubles the graph inductor lowers
+    model = create_model("vit_pico_patch4_16", attention=attention, num_classes=5, depth=1).eval()
     x = torch.randn(2, 3, 16, 16, requires_grad=True)
     eager = model(x)
     (g_eager,) = torch.autograd.grad(eager.sum(), x)
