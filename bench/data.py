@@ -159,7 +159,7 @@ def parse_rates(text: str) -> dict[str, float]:
 
 def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tuple[str, str, str, object]], list[str]]:
     """(name, what, output, sample function) per candidate, today's first; and the notes of skipped ones."""
-    import data_candidates as dc
+    from bench import data_candidates as dc  # the checkout on sys.path (above): run as a script or imported
 
     capped = {side: dc.make_capped(paths, tmp / f"capped{side}", side) for side in (256, 320)}
     to_dev, ra_to_dev = "uint8, device: norm/erase", "uint8, device: RA/norm/erase"
@@ -222,7 +222,8 @@ def _time(sample, count: int) -> tuple[float, float]:
     return count / wall, (time.process_time() - cpu) / wall
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The command (``argv``: default sys.argv[1:]); prints the tables and the two closing lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
@@ -231,18 +232,27 @@ def main() -> None:
     parser.add_argument("--gpu-rates", default=GPU_RATES,
                         help="img/s one GPU consumes per model, name=rate,... (default: timm's published RTX 3090 AMP "
                         "training benchmark, an assumption until bench/gpu.py measures the lent GPU)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.images, args.rounds = 16, 3
     if args.images < 1 or args.rounds < 1:
         raise SystemExit(f"--images and --rounds must be >= 1, got {args.images} and {args.rounds}")
     gpu_rates = parse_rates(args.gpu_rates)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's view: data-loader workers run single-threaded
+    try:
+        bench(args.images, args.rounds, not args.no_dali, gpu_rates)
+    finally:  # a caller in this process (a test) keeps its own setting
+        torch.set_num_threads(threads)
+
+
+def bench(images: int, rounds: int, dali: bool, gpu_rates: dict[str, float]) -> None:
+    """Time every row and stage over ``images`` generated JPEGs in ``rounds`` rounds and print the tables."""
     from timm.data import Mixup
     from torchvision.io import decode_jpeg
 
     with tempfile.TemporaryDirectory() as tmp:
-        paths = make_jpegs(Path(tmp), args.images)
+        paths = make_jpegs(Path(tmp), images)
         sizes = [p.stat().st_size for p in paths]
         raw = [p.read_bytes() for p in paths]
         deit, crop_flip, deit_pf = deit_transform(), crop_flip_transform(), deit_prefetcher_transform()
@@ -255,14 +265,14 @@ def main() -> None:
         }
         shards = _shard_reader(Path(tmp), paths)
         stages["shards"] = lambda i, it=[None]: _next_sample(shards, it)
-        rows, notes = candidates(Path(tmp), paths, deit, dali=not args.no_dali)
+        rows, notes = candidates(Path(tmp), paths, deit, dali=dali)
         timed = {**{name: sample for name, _, _, sample in rows}, **stages}
         mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=1000)
         batch = torch.randn(128, 3, 224, 224)
         targets = torch.randint(0, 1000, (128,))
         rates: dict[str, list[float]] = {k: [] for k in [*timed, "mixup"]}
         cores: dict[str, list[float]] = {k: [] for k in timed}
-        for _ in range(args.rounds):  # every row once per round, today's first: load drifts hit all alike
+        for _ in range(rounds):  # every row once per round, today's first: load drifts hit all alike
             for name, sample in timed.items():
                 rate, busy = _time(sample, len(paths))
                 rates[name].append(rate)
@@ -272,7 +282,7 @@ def main() -> None:
             rates["mixup"].append(128 / (time.perf_counter() - tic))
     median = {name: statistics.median(values) for name, values in rates.items()}
     today = median["today"]
-    print(f"{args.images} JPEGs of 500 x 375, median {statistics.median(sizes) / 1e3:.0f} KB; {args.rounds} rounds; "
+    print(f"{images} JPEGs of 500 x 375, median {statistics.median(sizes) / 1e3:.0f} KB; {rounds} rounds; "
           f"one thread; load average {os.getloadavg()[0]:.2f}")
     for note in notes:
         print(note)

@@ -10,21 +10,28 @@ one chunk of its full grid at 4,096 samples (150 runs, 6,400 steps, all in one c
 estimated from it (30 such chunks), and `python -m quest.toy grid=quick device=cuda` end to end.
 
     python bench/gpu.py --out docs/results/gpu             # on a GPU, about 6-8 minutes
-    python bench/gpu.py --cpu-smoke --out /tmp/gpu-smoke   # the same code paths, tiny shapes, on the CPU (CI)
+    python bench/gpu.py --cpu-smoke --out /tmp/gpu-smoke   # the same code paths, tiny shapes, on the CPU
+
+The test (tests/test_bench_gpu.py) calls main(..., in_process=True, compile_backend="aot_eager"): train.py, the
+torchrun job and quest.toy run as calls in its process (the same overrides, through quest's Python API) instead of
+child interpreters, and the compiled rows stop before inductor's code generation (30-40 s per graph on a CPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -79,9 +86,11 @@ def step_flops(model, images, targets, dtype) -> int:
 
 
 def train_throughput(name: str, attention: str, size: int, batch: int, dtype: torch.dtype | None, compiled: bool,
-                     steps: int, device: torch.device) -> dict[str, Any]:
+                     steps: int, device: torch.device, compile_backend: str = "inductor",
+                     depth: int | None = None, warmup: int = 2) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = create_model(name, attention=attention, num_classes=1000, img_size=size).to(device)
+    blocks = {"depth": depth} if depth else {}  # None: the model's own
+    model = create_model(name, attention=attention, num_classes=1000, img_size=size, **blocks).to(device)
     images = torch.randn(batch, 3, size, size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     flops = step_flops(model, images, targets, dtype)
@@ -90,7 +99,7 @@ def train_throughput(name: str, attention: str, size: int, batch: int, dtype: to
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     if compiled:  # a fresh dynamo cache per model: a dozen compiled ViTs share timm's forward, and past dynamo's
         torch._dynamo.reset()  # recompile limit (8 entries per code object) the later ones would run eagerly
-    forward = torch.compile(model) if compiled else model
+    forward = torch.compile(model, backend=compile_backend) if compiled else model
 
     def step() -> None:
         with _autocast(device, dtype):
@@ -105,7 +114,7 @@ def train_throughput(name: str, attention: str, size: int, batch: int, dtype: to
     step()  # compiles, when compiled
     sync()
     first = time.perf_counter() - tic
-    for _ in range(2):
+    for _ in range(warmup):  # untimed: a compiled step's recompilation, the allocator's growth
         step()
     sync()
     if device.type == "cuda":
@@ -119,7 +128,8 @@ def train_throughput(name: str, attention: str, size: int, batch: int, dtype: to
     median = statistics.median(times)
     _, peak = device_peak(device)
     return {"attention": attention, "dtype": str(dtype).replace("torch.", "") if dtype else "fp32",
-            "compiled": compiled, "img_per_s": batch / median, "step_s": median, "first_step_s": first,
+            "compiled": compiled, "compile_backend": compile_backend if compiled else None,
+            "img_per_s": batch / median, "step_s": median, "first_step_s": first,
             "flops_per_step": flops, "mfu": (flops / median / peak) if peak else None, "sdpa_backend": backend,
             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
 
@@ -133,7 +143,87 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: int) -> di
             "stderr_tail": out.stderr[-1500:] if out.returncode else ""}
 
 
-def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str]) -> dict[str, Any]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _in_process(work) -> dict[str, Any]:
+    """``work()`` (an exit code) as cli_run reports a child: an exception is exit 1 with its traceback as stderr."""
+    tic = time.perf_counter()
+    try:
+        code, tail = int(work()), ""
+    except Exception:
+        code, tail = 1, traceback.format_exc()[-1500:]
+    return {"returncode": code, "seconds": time.perf_counter() - tic, "stderr_tail": tail}
+
+
+def train_run(overrides: list[str], cwd: Path, env: dict[str, str], torchrun: bool, in_process: bool) -> dict[str, Any]:
+    """``python train.py *overrides`` in ``cwd`` (``torchrun``: launched by torch.distributed.run, one process). With
+    ``in_process``: the config composed from the same overrides and trained by quest.engine.fit in this process, under
+    the variables torchrun gives its one worker (so fit joins a one-process gloo group), instead of a child."""
+    if not in_process:
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port=29511"]
+                    if torchrun else [sys.executable])
+        return cli_run([*launcher, str(ROOT / "train.py"), *overrides], cwd, env, 1200)
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+
+    from quest.cli import config_root
+    from quest.config_store import register_configs
+    from quest.engine import exit_code, fit
+
+    def work() -> int:
+        register_configs()
+        with initialize_config_dir(config_dir=str(config_root()), version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+        ranks = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())} if torchrun else {}
+        with mock.patch.dict(os.environ, {**env, **ranks}):  # restored afterwards: the caller's process goes on
+            try:
+                return exit_code(fit(cfg, cwd / "run"))
+            finally:
+                if torchrun and dist.is_initialized():  # a process goes on after this run: leave no group behind
+                    dist.destroy_process_group()
+
+    out = _in_process(work)
+    summary = next(cwd.rglob("summary.json"), None)
+    return {**out, "summary": json.loads(summary.read_text()) if summary else None}
+
+
+def toy_quick(device: torch.device, overrides: list[str], env: dict[str, str], in_process: bool) -> dict[str, Any]:
+    """``python -m quest.toy grid=quick device=<device> *overrides``: its exit code, time and summary table; with
+    ``in_process`` the same config composed and run by quest.toy.study.run_study in this process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["grid=quick", f"device={device.type}", f"out_dir={tmp}", *overrides]
+        if not in_process:
+            tic = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "quest.toy", *args], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=1200)
+            return {"returncode": proc.returncode, "seconds": time.perf_counter() - tic,
+                    "table": proc.stdout.strip()[-600:], "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from quest.cli import config_root
+        from quest.toy.config import register_toy_config
+        from quest.toy.outcomes import summary_table
+        from quest.toy.study import run_study
+
+        table: list[str] = []
+
+        def work() -> int:
+            register_toy_config()
+            with initialize_config_dir(config_dir=str(config_root() / "toy"), version_base="1.3"):
+                cfg = compose("toy", overrides=args)
+            table.append(summary_table(run_study(OmegaConf.to_container(cfg, resolve=True), tmp)["success_rates"]))
+            return 0
+
+        return {**_in_process(work), "table": "".join(table).strip()[-600:]}
+
+
+def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str], in_process: bool = False) -> dict[str, Any]:
     """One full-grid chunk of the toy study (QUEST, 150 runs: every lr x weight decay x 5 initialisations) timed
     end to end, compilation included, and the quick grid as a user runs it."""
     from bench.toy import grid_specs  # the full grid's chunk: every lr x weight decay cell x 5 initialisations
@@ -151,15 +241,10 @@ def toy_on_device(device: torch.device, smoke: bool, env: dict[str, str]) -> dic
     out: dict[str, Any] = {"chunk_runs": len(specs), "train_size": cfg.train_size, "epochs": epochs,
                            "chunk_seconds": seconds, "phases": res.seconds, "run_steps_per_s": run_steps / seconds,
                            "full_grid_estimate_s": 30 * seconds}  # 6 formulations x 5 data realisations
-    with tempfile.TemporaryDirectory() as tmp:
-        quick = ["grid.lrs=[0.01]", "grid.init_seeds=[0]", "data.train_size=64", "train.epochs=1",
-                 "compile=false"] if smoke else []
-        tic = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "quest.toy", "grid=quick", f"device={device.type}",
-                               f"out_dir={tmp}", *quick], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=1200)
-        out["quick_grid"] = {"returncode": proc.returncode, "seconds": time.perf_counter() - tic,
-                             "table": proc.stdout.strip()[-600:], "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+    # one process, as on a GPU (quest.toy's default there): on a CPU it would spawn a worker per core
+    quick = ["grid.lrs=[0.01]", "grid.init_seeds=[0]", "data.train_size=64", "data.test_size=64", "probe_size=32",
+             "train.epochs=1", "compile=false", "workers=1"] if smoke else []
+    out["quick_grid"] = toy_quick(device, quick, env, in_process)
     return out
 
 
@@ -207,51 +292,74 @@ def input_on_device(device: torch.device, smoke: bool) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def measure(smoke: bool, steps: int | None, device: torch.device, in_process: bool = False,
+            compile_backend: str = "inductor") -> dict[str, Any]:
+    """Every figure of the check, as the report's dict (main writes it as JSON and markdown)."""
+    name, size, batch = ("vit_pico_patch4_16", 16, 4) if smoke else ("vit_base_patch16_224", 224, 128)
+    # the smoke's ViT: two blocks, the fewest where the elliptical formulations carry state from one block to the
+    # next; its compilation takes a third of the time four blocks take
+    depth = 2 if smoke else None
+    steps = steps or (2 if smoke else 10)
+    formulations = list_attentions()
+    dtypes = [torch.bfloat16, torch.float16]
+    device_name, peak = device_peak(device)
+    report: dict[str, Any] = {"device": device_name, "peak_flops": peak, "torch": torch.__version__, "model": name,
+                              "depth": depth, "img_size": size, "batch": batch, "steps": steps, "smoke": smoke,
+                              "throughput": []}
+    for attention in formulations:
+        for dtype in dtypes:
+            # compiled: every row on a GPU; in the CPU smoke the first formulation in each dtype (compiling on CPU
+            # is slow; the compiled step is the same code for every formulation, but fp16's adds the GradScaler)
+            first = attention == formulations[0]
+            for compiled in ((False, True) if not smoke or first else (False,)):
+                row = train_throughput(name, attention, size, batch, dtype, compiled, steps, device, compile_backend,
+                                       depth, warmup=0 if smoke else 2)  # the smoke's times mean nothing
+                report["throughput"].append(row)
+                print(json.dumps(row))
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        digits = ["trainer.epochs=1", "trainer.max_steps=2"] if smoke else []
+        report["digits_default_run"] = train_run([*digits, f"trainer.device={device.type}"], Path(tmp), env,
+                                                 torchrun=False, in_process=in_process)
+    with tempfile.TemporaryDirectory() as tmp:
+        short = ["trainer.epochs=1", "trainer.max_steps=5", f"trainer.device={device.type}"]
+        report["torchrun_one_process"] = train_run(short, Path(tmp), env, torchrun=True, in_process=in_process)
+        report["torchrun_one_process"]["backend"] = "nccl" if device.type == "cuda" else "gloo"
+    report["toy"] = toy_on_device(device, smoke, env, in_process)
+    print(json.dumps(report["toy"], default=str))
+    report["input"] = input_on_device(device, smoke)
+    print(json.dumps(report["input"]))
+    return report
+
+
+def main(argv: list[str] | None = None, *, in_process: bool = False, compile_backend: str = "inductor") -> int:
+    """The command (``argv``: default sys.argv[1:]). ``in_process`` and ``compile_backend``: what a test sets (the
+    module's docstring says why); the command line runs the apps as child interpreters and compiles with inductor."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: every code path, in seconds")
     parser.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--steps", type=int, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not smoke:
         print("no GPU: run with --cpu-smoke for the CPU check of the code paths", file=sys.stderr)
         return 2
-    name, size, batch = ("vit_pico_patch4_16", 16, 4) if smoke else ("vit_base_patch16_224", 224, 128)
-    steps = args.steps or (2 if smoke else 10)
-    formulations = list_attentions()
-    dtypes = [torch.bfloat16, torch.float16]
-    device_name, peak = device_peak(device)
-    report: dict[str, Any] = {"device": device_name, "peak_flops": peak, "torch": torch.__version__, "model": name,
-                              "img_size": size, "batch": batch, "smoke": smoke, "throughput": []}
-    for attention in formulations:
-        for dtype in dtypes:
-            # compiled: every formulation on a GPU; in the CPU smoke only the first (compiling on CPU is slow)
-            for compiled in ((False, True) if not smoke or attention == formulations[0] else (False,)):
-                row = train_throughput(name, attention, size, batch, dtype, compiled, steps, device)
-                report["throughput"].append(row)
-                print(json.dumps(row))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    with tempfile.TemporaryDirectory() as tmp:
-        digits = ["trainer.epochs=1", "trainer.max_steps=2"] if smoke else []
-        report["digits_default_run"] = cli_run([sys.executable, str(ROOT / "train.py"), *digits,
-                                                f"trainer.device={device.type}"], Path(tmp), env, 1200)
-    with tempfile.TemporaryDirectory() as tmp:
-        short = ["trainer.epochs=1", "trainer.max_steps=5", f"trainer.device={device.type}"]
-        report["torchrun_one_process"] = cli_run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_port=29511",
-             str(ROOT / "train.py"), *short], Path(tmp), env, 1200)
-        report["torchrun_one_process"]["backend"] = "nccl" if device.type == "cuda" else "gloo"
-    report["toy"] = toy_on_device(device, smoke, env)
-    print(json.dumps(report["toy"], default=str))
-    report["input"] = input_on_device(device, smoke)
-    print(json.dumps(report["input"]))
+    threads = torch.get_num_threads()
+    if smoke:  # tiny shapes gain nothing from a second thread, and on shared cores threads waiting for each other at
+        torch.set_num_threads(1)  # every op made an eager row 30x slower (4 s instead of 0.1 s)
+    try:
+        report = measure(smoke, args.steps, device, in_process, compile_backend)
+    finally:  # a caller in this process (a test) keeps its own setting; fit sets one thread on a CPU too
+        torch.set_num_threads(threads)
+    device_name, name, depth, size, batch, steps = (report[k] for k in ("device", "model", "depth", "img_size", "batch",
+                                                                        "steps"))
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     lines = [f"# GPU check: {device_name} (torch {torch.__version__}){' — CPU smoke, not a measurement' if smoke else ''}",
-             "", f"{name} at {size} px, batch {batch}, median of {steps} training steps (AdamW).", "",
+             "", f"{name}{f' at depth {depth}' if depth else ''} at {size} px, batch {batch}, median of {steps} "
+             "training steps (AdamW).", "",
              "| attention | dtype | compiled | img/s | MFU | SDPA backend | peak memory (GiB) |", "|---|---|---|---|---|---|---|"]
     for r in report["throughput"]:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
