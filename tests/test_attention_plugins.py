@@ -3,7 +3,6 @@ trains and evaluates by config alone; formulations learn their place in the mode
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
@@ -15,8 +14,9 @@ from quest.engine import fit, load_checkpoint
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models import create_model
 
-from .helpers import CONFIGS, FAST, ROOT, compose_cfg
+from .helpers import CONFIGS, FAST, compose_cfg
 from .reference import l2n
+from .warm import run_app
 
 register_eval_configs()
 
@@ -94,9 +94,10 @@ def test_an_import_path_that_is_not_an_attention_is_a_clear_error(plugin, tmp_pa
 
 def test_cli_trains_a_formulation_of_another_package(plugin, tmp_path):
     env = {"PYTHONPATH": str(tmp_path), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    # attention=<package.module:Class>, as a user types it (train.py turns it into attention=path attention.name=...)
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), *FAST, "trainer.epochs=1", f"attention={PATH}",
-                          f"hydra.run.dir={tmp_path / 'cli'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    # attention=<package.module:Class>, as a user types it (train.py turns it into attention=path attention.name=...),
+    # in a process of its own forked from the warm zygote, which never imported the user's module: the command's
+    # PYTHONPATH is where it comes from, as for a new interpreter
+    out = run_app("train.py", *FAST, "trainer.epochs=1", f"attention={PATH}", f"hydra.run.dir={tmp_path / 'cli'}",
+                  cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["attention"] == PATH

@@ -3,6 +3,8 @@ does not import torch."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -40,8 +42,6 @@ def test_every_schema_key_has_a_description(app):
 def test_description_sources_and_a_missing_one(tmp_path, monkeypatch):
     """Where a description comes from, in order, and that a field with none reads as undocumented (so the test
     above can fail)."""
-    import importlib.util
-
     path = tmp_path / "probe_schema_for_help.py"
     path.write_text(textwrap.dedent('''
         from dataclasses import dataclass, field
@@ -128,11 +128,69 @@ def test_help_lists_the_apps_own_groups_and_describes_every_key(monkeypatch, cap
     assert "toy" not in _listed_groups(text)
 
 
-def _completion(app: str, line: str) -> subprocess.CompletedProcess:
-    """The app's bash completion query (what Hydra's installed completion runs on a TAB), in a fresh process that
-    then says whether torch or timm got imported."""
-    code = textwrap.dedent(f"""
-        import contextlib, io, runpy, sys
+# One interpreter for many fresh starts: the driver imports only what an "import" step names, and runs each case in
+# a child forked from that state, so a case sees the sys.modules an interpreter of its own would have (plus what was
+# imported before it was forked, which the case's own checks see too) without paying Python's start and the shared
+# imports once per case. Children run side by side; the driver waits for all and reports each exit status.
+_DRIVER = textwrap.dedent("""
+    import json, os, sys, traceback
+    steps, folder = json.loads(sys.argv[1]), sys.argv[2]
+    children = {}
+    for number, (kind, name, code) in enumerate(steps):
+        if kind == "import":
+            exec(code, {})
+            continue
+        paths = [os.path.join(folder, f"{number}{suffix}") for suffix in (".out", ".err")]
+        for path in paths:
+            open(path, "w").close()  # there to read even if the case dies before writing
+        pid = os.fork()
+        if pid == 0:
+            for fd, path in zip((1, 2), paths):
+                os.dup2(os.open(path, os.O_WRONLY), fd)
+            status = 0
+            try:
+                exec(compile(code, name, "exec"), {"__name__": "__main__"})
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        children[name] = (number, pid)
+    print(json.dumps({name: [number, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]
+                      for name, (number, pid) in children.items()}))
+""")
+
+
+def _fresh_cases(steps: list[tuple[str, str, str]], folder: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Each ("case", name, code) step of ``steps`` as if run by ``python -c code`` in the checkout, all in one
+    interpreter (see _DRIVER); ("import", "", code) steps run in the driver itself, before the cases after them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(steps), str(folder)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    return {name: subprocess.CompletedProcess([name], code, (folder / f"{number}.out").read_text(),
+                                              (folder / f"{number}.err").read_text())
+            for name, (number, code) in json.loads(driver.stdout.strip().splitlines()[-1]).items()}
+
+
+COMPLETIONS = [
+    ("train", "mod", "model="),
+    ("train", "trainer.ep", "trainer.epochs="),
+    ("eval", "eval=digits_r", "eval=digits_robustness"),
+    ("eval", "eval.adversarial.sp", "eval.adversarial.spsa."),
+    ("eval", "eval.roots.v", "eval.roots.val="),
+]
+
+
+def _completion_code(app: str, line: str) -> str:
+    """The app's bash completion query (what Hydra's installed completion runs on a TAB), then whether torch or timm
+    got imported."""
+    return textwrap.dedent(f"""
+        import contextlib, io, os, runpy, sys
+        os.environ["COMP_LINE"] = "python {app}.py {line}"
         sys.argv = ["{app}.py", "-sc", "query=bash"]
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -143,30 +201,33 @@ def _completion(app: str, line: str) -> subprocess.CompletedProcess:
         print(out.getvalue().strip())
         print("imported:", sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))
     """)
-    env = {**os.environ, "COMP_LINE": f"python {app}.py {line}", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("app,line,expected", [
-    ("train", "mod", "model="),
-    ("train", "trainer.ep", "trainer.epochs="),
-    ("eval", "eval=digits_r", "eval=digits_robustness"),
-    ("eval", "eval.adversarial.sp", "eval.adversarial.spsa."),
-    ("eval", "eval.roots.v", "eval.roots.val="),
-])
-def test_tab_completion_answers_without_importing_torch(app, line, expected):
-    result = _completion(app, line)
+@pytest.fixture(scope="module")
+def completions(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every query of COMPLETIONS, each in a fresh process forked from an interpreter that imported only what a TAB
+    imports first (quest.cli: what train.py and eval.py import), so "imported: []" still covers it."""
+    steps = [("import", "", "import quest.cli")]
+    steps += [("case", f"{app} {line}", _completion_code(app, line)) for app, line, _ in COMPLETIONS]
+    return _fresh_cases(steps, tmp_path_factory.mktemp("completion"))
+
+
+@pytest.mark.process  # a TAB starts a Python of its own: what it imports is the point
+@pytest.mark.parametrize("app,line,expected", COMPLETIONS)
+def test_tab_completion_answers_without_importing_torch(completions, app, line, expected):
+    result = completions[f"{app} {line}"]
     assert result.returncode == 0, result.stderr[-3000:]
     answer, imported = result.stdout.strip().rsplit("\n", 1)
     assert expected in answer.split(), answer
     assert imported == "imported: []", imported
 
 
-def test_import_quest_registers_with_timm_when_timm_is_imported():
+@pytest.mark.process  # what the first import of a process registers: only a fresh sys.modules shows it
+def test_import_quest_registers_with_timm_when_timm_is_imported(tmp_path):
     """`import quest` imports no torch; importing timm afterwards (or before) registers quest's attn_layer names and
     quest_vit, also when the first import is a sub-package that imports timm itself."""
     checks = {
-        "import quest": "import sys, quest; assert 'torch' not in sys.modules; import timm",
+        "import quest": "import sys, quest; assert 'timm' not in sys.modules; import timm",
         "timm first": "import timm, quest",
         "quest.attention": "import quest.attention, timm",
         "quest.models": "import quest.models, timm",
@@ -176,8 +237,17 @@ def test_import_quest_registers_with_timm_when_timm_is_imported():
             "assert 'quest' in timm_attention_table()\nassert 'quest.models' in sys.modules\n"
             "import timm\nm = timm.create_model('vit_pico_patch4_16', attn_layer='qknorm', num_classes=3)\n"
             "print(type(m.blocks[0].attn).__name__)\n")
-    for name, head in checks.items():
-        result = subprocess.run([sys.executable, "-c", head + tail], cwd=ROOT, capture_output=True, text=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    # `import quest` without torch is checked in a child forked before anything is imported. The cases are about
+    # the order of quest and timm only, so they are forked after the driver imported what timm imports from other
+    # packages (torch, torchvision, sympy, wandb, ...: most of the seconds), but neither timm nor quest.
+    preload = "import sys, torch, torchvision, huggingface_hub, safetensors.torch, sympy\n"
+    if importlib.util.find_spec("wandb"):  # timm imports it when installed (quest[wandb])
+        preload += "import wandb\n"
+    steps = [("case", "no torch", "import sys, quest\nassert 'torch' not in sys.modules, 'import quest imported torch'"),
+             ("import", "", preload + "assert not {'timm', 'quest'} & set(sys.modules), sorted(sys.modules)")]
+    steps += [("case", name, head + tail) for name, head in checks.items()]
+    results = _fresh_cases(steps, tmp_path)
+    assert len(results) == 6
+    for name, result in results.items():
         assert result.returncode == 0, (name, result.stderr[-3000:])
-        assert "QKNorm" in result.stdout, (name, result.stdout)
+        assert name == "no torch" or "QKNorm" in result.stdout, (name, result.stdout)

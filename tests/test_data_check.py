@@ -5,23 +5,27 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
+import tomllib
 from pathlib import Path
 
 from PIL import Image
 
 from .helpers import ROOT
 from .test_shard_preflight import SHARD, _damage, make_shards
+from .warm import APPS, run_app
 
 
 def _quest_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """``quest-data`` as pyproject.toml declares it (quest.cli:data), from this checkout."""
-    script = tmp_path / "quest-data"
-    if not script.exists():
-        script.write_text(f"#!{sys.executable}\nfrom quest.cli import data\ndata()\n")
-        script.chmod(0o755)
+    """``quest-data`` (quest.cli:data) as a command: exit status, stdout and stderr (the progress bar) of a process
+    of its own, forked from the warm zygote; its worker processes fork that process, not pytest's."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=300, env=env)
+    return run_app("quest.data.check", *args, cwd=tmp_path, env=env, timeout=300)
+
+
+def test_the_warm_app_is_the_console_script():
+    """What _quest_data runs is what pyproject.toml installs as quest-data."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["quest-data"] == ":".join(APPS["quest.data.check"]) == "quest.cli:data"
 
 
 def _folder(root: Path, splits=("train", "val")) -> Path:

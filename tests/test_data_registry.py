@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from quest.engine.run_dir import check_resume, config_differences
 
 from .helpers import CONFIGS, ROOT, compose_cfg
 from .test_data_shards import TRAIN_LENGTHS, VAL_LENGTHS, write_shards
+from .warm import run_app
 
 DOC = ROOT / "docs" / "data.md"
 #: the data sets of configs/data/ (wds is registered as the same module as imagenet_wds, without a yaml of its own)
@@ -217,13 +217,13 @@ def test_the_documented_command_trains_two_steps_and_refuses_a_typo(example):
     command = doc_block("command").strip()
     env_part, _, rest = command.partition(" python ")
     env = dict(item.split("=", 1) for item in env_part.split())
+    assert "QUEST_DATA_MODULES" in env and "PYTHONPATH" in env
     args = [a.replace("$PWD", str(example)).strip('"') for a in rest.split()[1:]]  # after /path/to/quest/train.py
-    environ = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-               "QUEST_DATA_MODULES": env["QUEST_DATA_MODULES"],
-               "PYTHONPATH": os.pathsep.join([str(example), *filter(None, [os.environ.get("PYTHONPATH")]),
-                                              str(ROOT)])}
-    run = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=example, env=environ,
-                         capture_output=True, text=True, timeout=900)
+    # the command's own environment (the data set's module named in QUEST_DATA_MODULES, found through PYTHONPATH=.),
+    # in a process forked from the warm zygote, which never loaded the data sets nor imported my_data: both happen in
+    # the command's process, as in a new interpreter
+    environ = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **env}
+    run = run_app("train.py", *args, cwd=example, env=environ, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     runs = list((example / "runs" / "stripes").glob("*/summary.json"))
     assert len(runs) == 1
@@ -231,9 +231,8 @@ def test_the_documented_command_trains_two_steps_and_refuses_a_typo(example):
     assert summary["status"] == "stopped" and summary["step"] == 2  # trainer.max_steps=2
     checkpoint = torch.load(runs[0].parent / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["config"]["data"]["width"] == 2 and checkpoint["config"]["data"]["name"] == "stripes"
-    typo = subprocess.run([sys.executable, str(ROOT / "train.py"), *[a.replace("data.width", "data.widht")
-                                                                      for a in args]],
-                          cwd=example, env=environ, capture_output=True, text=True, timeout=900)
+    typo = run_app("train.py", *[a.replace("data.width", "data.widht") for a in args], cwd=example, env=environ,
+                   timeout=900)
     assert typo.returncode != 0 and "data has no key 'widht'; did you mean data.width=2?" in typo.stderr
 
 

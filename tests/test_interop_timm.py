@@ -173,6 +173,7 @@ def test_timm_data_and_model_api_give_quests_eval_image_by_image(tiny_run, tmp_p
     assert (other - ours).abs().max() > 1e-4
 
 
+@pytest.mark.process  # a process that never imported quest: neither this one nor the warm zygote is that
 def test_timm_without_quest_refuses_naming_the_attention(tiny_run, tmp_path):
     """A process that never imported quest gets an error naming the attention, never a standard-attention model."""
     _, run = tiny_run

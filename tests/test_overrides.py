@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +15,7 @@ from quest.schema import TrainConfig
 from quest.toy.config import ToyConfig
 
 from .helpers import ROOT
+from .warm import run_app
 
 register_eval_configs()
 TRAIN_GROUPS = app_groups(config_root(), "train")
@@ -71,19 +71,21 @@ def test_eval_and_toy_check_their_own_schema():
     assert len(toy) == 1 and "did you mean grid=quick?" in toy[0]
 
 
-def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _run(tmp_path, app: str, *args: str) -> subprocess.CompletedProcess:
+    """``python <app> *args`` in ``tmp_path``, forked from the warm zygote: its stderr and its working directory are
+    what this test reads, not the interpreter's start."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return run_app(app, *args, cwd=tmp_path, env=env, timeout=600)
 
 
 def test_the_command_line_answers_in_one_line_without_a_traceback(tmp_path):
-    proc = _run(tmp_path, str(ROOT / "train.py"), "atention=standard")
+    proc = _run(tmp_path, "train.py", "atention=standard")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("quest-train: error: atention=standard: ") and "attention=standard?" in proc.stderr
     assert not (tmp_path / "runs").exists()
     # quest-eval with nothing to evaluate: what to pass, and no outputs/eval/None-None/ left behind
-    proc = _run(tmp_path, str(ROOT / "eval.py"))
+    proc = _run(tmp_path, "eval.py")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith("quest-eval: error: nothing to evaluate: pass checkpoint=")
     assert list(tmp_path.iterdir()) == []

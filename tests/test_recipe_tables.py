@@ -11,7 +11,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from quest.schema import model_size
 from tests.helpers import compose_cfg
-from tests.recipe_matrix import FIXTURE, UNRESOLVED, matrix, options
+from tests.recipe_matrix import FIXTURE, UNRESOLVED, options, resolved_values
 
 #: Configs that did not resolve before and do now, each with its reason. The table is keyed by the size word of the
 #: model name, so DeiT-III's per-size values also reach timm's plain ViT of that size (before, only the deit3_* model
@@ -28,22 +28,41 @@ NEWLY_RESOLVED = {
 }
 
 
-def test_every_composed_value_is_unchanged():
-    before = json.loads(FIXTURE.read_text())
-    now = matrix()
-    assert sorted(now) == sorted(before)  # the same recipes, experiments and models
+BEFORE = json.loads(FIXTURE.read_text())
+MODELS = options("model")
+
+
+def _rows(model: str) -> list[str]:
+    """The fixture's configs of one model: every recipe and every experiment with it (as tests/recipe_matrix.py
+    lists them)."""
+    return [f"{group}={option} model={model}" for group in ("recipe", "experiment") for option in options(group)]
+
+
+def test_the_matrix_holds_every_recipe_and_experiment_with_every_model():
+    """The fixture's configs are today's recipes, experiments and models (nothing composed here); each listed change
+    is one of them, so the test below checks it for its model."""
+    assert sorted(BEFORE) == sorted(row for model in MODELS for row in _rows(model))
+    assert {config for config, _ in NEWLY_RESOLVED} <= set(BEFORE)
+
+
+# One test per model (15 configs each) rather than one for the whole matrix: each of the 180 compositions is a full
+# Hydra compose (~0.3 s: the defaults tree, the schema merge), the cost of what is checked, so the matrix is split
+# where pytest-xdist can spread it and a failure names its model.
+@pytest.mark.parametrize("model", MODELS)
+def test_every_composed_value_is_unchanged(model):
     changed, newly = [], set()
-    for config, values in now.items():
-        assert sorted(values) == sorted(before[config]), config
+    for config in _rows(model):
+        values, before = resolved_values(*config.split()), BEFORE[config]
+        assert sorted(values) == sorted(before), config
         for key, value in values.items():
-            if value == before[config][key]:
+            if value == before[key]:
                 continue
-            if before[config][key] == UNRESOLVED and (config, key) in NEWLY_RESOLVED:
+            if before[key] == UNRESOLVED and (config, key) in NEWLY_RESOLVED:
                 newly.add((config, key))
                 continue
-            changed.append(f"{config}: {key} {before[config][key]!r} -> {value!r}")
+            changed.append(f"{config}: {key} {before[key]!r} -> {value!r}")
     assert not changed, "\n".join(changed)
-    assert newly == set(NEWLY_RESOLVED)  # each listed change happened
+    assert newly == {(config, key) for config, key in NEWLY_RESOLVED if config.endswith(f" model={model}")}
 
 
 def test_table2_deit3_first_phase_sizes():
@@ -75,7 +94,7 @@ def test_a_default_row_serves_other_sizes_and_a_row_overrides_it():
 
 
 def test_every_recipe_option_is_in_the_matrix():
-    assert {c.split()[0] for c in json.loads(FIXTURE.read_text())} >= {f"recipe={r}" for r in options("recipe")}
+    assert {c.split()[0] for c in BEFORE} >= {f"recipe={r}" for r in options("recipe")}
 
 
 def test_a_run_stored_with_model_recipe_values_resumes(tmp_path):

@@ -27,6 +27,7 @@ from quest.report.plot import (
     plot_diagnostics,
     run_label,
 )
+from tests.warm import run_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,11 +92,9 @@ def test_plots_chosen_layers_and_keys(runs, tmp_path):
 
 
 def test_module_runs_as_a_script(runs, tmp_path):
+    """``python -m quest.report.plot``: exit status and output of a process of its own (forked warm, tests/warm.py)."""
     out = tmp_path / "cli.png"
-    result = subprocess.run(
-        [sys.executable, "-m", "quest.report.plot", "diagnostics", str(runs[1]), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
+    result = run_app("quest.report.plot", "diagnostics", str(runs[1]), "--out", str(out), cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert_png(out)
 
@@ -213,6 +212,7 @@ def test_every_configured_formulation_has_its_own_fixed_colour():
     assert len({FORMULATION_COLORS[n] for n in names}) == len(names)
 
 
+@pytest.mark.process  # another hash seed is a new interpreter's: a fork keeps its parent's
 def test_other_names_get_further_colours_deterministically():
     names = ["my_new_attention", "run_c", "sigmoid"]
     colours = [formulation_color(n) for n in names]

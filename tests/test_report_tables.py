@@ -9,8 +9,6 @@ import io
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from statistics import fmean, mean, stdev
 
@@ -23,6 +21,7 @@ from quest.report import ReportInputError, build_report, load_runs, lr_csv, lr_m
 from quest.report.__main__ import main
 
 from .helpers import FAST, ROOT, compose_cfg
+from .warm import run_app
 
 NUM_CLASSES = 10  # data=fake
 LR = 2e-3  # recipe=light
@@ -302,8 +301,8 @@ def test_unknown_metric_or_setting_is_named(trained, tmp_path, capsys):
 
 def test_module_runs_as_a_script(trained, tmp_path):
     root = sweep(tmp_path, trained, *SEEDS)
-    result = subprocess.run([sys.executable, "-m", "quest.report", str(root), "--by", "attention"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    # python -m quest.report as a command of its own (forked warm, tests/warm.py): its exit status and stdout
+    result = run_app("quest.report", str(root), "--by", "attention", cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| attention | n | val/top1 | val_ema/top1 | p (val/top1) | notes |" in result.stdout
 
