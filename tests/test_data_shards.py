@@ -347,6 +347,7 @@ def test_training_on_shards_resumes_exactly(shards, tmp_path, stop_at):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # two ranks on a 2-core machine
 def test_two_process_training_on_shards_resumes_exactly_and_validates_every_sample_once(shards, tmp_path):
     from quest.data import build_transforms
     from quest.data.shards import WdsLoader

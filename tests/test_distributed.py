@@ -1,4 +1,5 @@
-"""DDP on CPU with gloo: 2 processes x batch b train exactly what 1 process x batch 2b trains."""
+"""DDP and FSDP on CPU with gloo: 2 processes x batch b train what 1 process x batch 2b trains, resume exactly, make
+one collective per step, and refuse ranks that see different data."""
 from __future__ import annotations
 
 import json
@@ -6,13 +7,20 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import torch
 
 from quest.engine import load_checkpoint
 
 from .helpers import ROOT
+from .warm import run_app
+
+# Two ranks on a 2-core machine: these tests take it whole, one after another on one xdist worker. Whole training
+# runs in two ranks, end to end (slow: out of the fast tier, as when every one of them started torchrun).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("machine")]
 
 # no random augmentation, dropout, drop path, mixup or EMA: the two runs must do the same arithmetic
 DETERMINISTIC = [
@@ -24,31 +32,61 @@ DETERMINISTIC = [
 TOLERANCE = dict(atol=2e-5, rtol=1e-4)
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _run(args: list[str], cwd: Path, nproc: int = 1) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
-    out = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
+def _run(args: list[str], cwd: Path, nproc: int = 1, check: bool = True) -> list[subprocess.CompletedProcess]:
+    """``train.py *args`` as ``nproc`` ranks, each forked from the warm zygote (tests/warm.py) with the environment
+    torchrun gives its workers: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all that
+    quest.engine.distributed reads. What these runs prove (the arithmetic of 2 ranks, exact resumes) does not depend
+    on who set those variables, and a fork starts in milliseconds where torchrun's three interpreters spent ~10 s of
+    imports per run. The launcher itself is proven by the one-collective test at the end, a training under torchrun.
+    One thread each, said explicitly: the zygote read OMP_NUM_THREADS when it imported torch, not this run."""
+    args = [*args, "trainer.torch_threads=1"]
+    port = _free_port()
+
+    def rank(r: int) -> subprocess.CompletedProcess:
+        dist = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if nproc > 1 else {}
+        # a rank that fails closes its gloo sockets, and the other rank's next collective fails with it
+        return run_app("train.py", *args, cwd=cwd, env={**_env(), **dist}, timeout=600)
+
+    with ThreadPoolExecutor(nproc) as pool:
+        outs = list(pool.map(rank, range(nproc)))
+    for r, out in enumerate(outs):
+        assert out.returncode == 0 or not check, f"rank {r}: {out.stderr[-3000:]}"
+    return outs
 
 
-def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path):
-    _run([*DETERMINISTIC, "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
+def _torchrun(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The real launcher, torchrun's agent starting two interpreters: a training under it is proven once, below."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={_free_port()}", str(script), *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """One process x batch 16, run once: the DDP and the FSDP runs of 2 x 8 are both compared with it."""
+    d = tmp_path_factory.mktemp("one")
+    _run([*DETERMINISTIC, "data.batch_size=16", f"hydra.run.dir={d / 'one'}"], d)
+    return d / "one"
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, one_process):
     _run([*DETERMINISTIC, "data.batch_size=8", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path, nproc=2)
-    one, two = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("one", "two"))
+    one, two = (load_checkpoint(d / "checkpoints" / "last.pt") for d in (one_process, tmp_path / "two"))
     assert one["state"]["step"] == two["state"]["step"] == 8
     for key, value in one["model"].items():
         torch.testing.assert_close(two["model"][key], value, **TOLERANCE, msg=key)
-    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one_process, tmp_path / "two"))
     assert (s1["global_batch"], s2["global_batch"], s2["world_size"]) == (16, 16, 2)
     assert s1["lr"] == s2["lr"]
     # validation over 30 images split 15/15 without padding: the same numbers as one process
@@ -71,18 +109,18 @@ def test_two_process_run_resumes_exactly_with_per_rank_randomness(tmp_path):
             torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
 
 
-def test_fsdp_trains_like_ddp_and_resumes_from_sharded_checkpoints(tmp_path):
+def test_fsdp_trains_like_ddp_and_resumes_from_sharded_checkpoints(tmp_path, one_process):
     fsdp = [*DETERMINISTIC, "data.batch_size=8", "trainer.strategy=fsdp"]
-    _run([*DETERMINISTIC, "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
     _run([*fsdp, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path, nproc=2)
     _run([*fsdp, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
     _run([*fsdp, f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path, nproc=2)
-    one, full, resumed = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("one", "fsdp", "resumed"))
+    one, full, resumed = (load_checkpoint(d / "checkpoints" / "last.pt")
+                          for d in (one_process, tmp_path / "fsdp", tmp_path / "resumed"))
     assert full["sharded"] == "last.dcp" and (tmp_path / "fsdp" / "checkpoints" / "last.dcp" / ".metadata").is_file()
     for key, value in one["model"].items():  # last.pt holds the gathered, unsharded weights
         torch.testing.assert_close(full["model"][key], value, **TOLERANCE, msg=key)
         torch.testing.assert_close(resumed["model"][key], full["model"][key], atol=0, rtol=0, msg=key)
-    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "fsdp"))
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one_process, tmp_path / "fsdp"))
     assert abs(s1["val/top1"] - s2["val/top1"]) < 1e-4 and abs(s1["val/loss"] - s2["val/loss"]) < 1e-3
 
 
@@ -102,14 +140,11 @@ def test_ranks_that_see_different_data_are_refused_naming_each_ranks_counts(tmp_
     args = ["data=imagefolder", f"data.root='{tmp_path}/rank${{oc.env:RANK}}'", "data.num_classes=2",
             "data.img_size=16", "data.batch_size=2", "data.num_workers=0", "model=vit_pico", "recipe=light",
             "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={_free_port()}", str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode != 0
-    assert "rank 0: train samples 8, val samples 4; rank 1: train samples 12, val samples 4" in out.stderr, \
-        out.stderr[-3000:]
-    assert "RankDataMismatch" in out.stderr and "ollective" not in out.stderr  # not gloo's mismatch abort
+    for out in _run(args, tmp_path, nproc=2, check=False):  # every rank refuses, each with the same message
+        assert out.returncode != 0
+        assert "rank 0: train samples 8, val samples 4; rank 1: train samples 12, val samples 4" in out.stderr, \
+            out.stderr[-3000:]
+        assert "RankDataMismatch" in out.stderr and "ollective" not in out.stderr  # not gloo's mismatch abort
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -168,18 +203,16 @@ train()
 '''
 
 
+@pytest.mark.process
 def test_one_collective_and_one_host_read_per_optimizer_step_under_ddp(tmp_path):
     """docs/training.md, "The training loop": under DDP each optimizer step makes exactly one collective and one
     device-to-host read, the stop-signal check included (this rank's stop request rides in the step's flags), with
     gradient accumulation and a log row every step."""
     (tmp_path / "counting.py").write_text(_COUNTING.format(root=str(ROOT)))
-    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["data=fake", "data.img_size=16", "data.fake_train_size=256", "data.fake_val_size=16", "data.batch_size=8",
             "model=vit_pico", "recipe=light", "trainer.epochs=1", "trainer.accum_steps=2", "trainer.max_steps=6",
             "trainer.log_every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          f"--master_port={_free_port()}", str(tmp_path / "counting.py"), *args], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
+    out = _torchrun(tmp_path / "counting.py", args, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 6
     for rank in (0, 1):
