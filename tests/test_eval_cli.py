@@ -4,8 +4,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from quest.engine import fit, load_checkpoint
 from quest.evaluation import register_eval_configs, rewrite_model_override, run_evaluation
 
 from .helpers import CONFIGS, ROOT, compose_cfg, eval_cfg
+from .warm import run_app
 
 register_eval_configs()
 
@@ -25,7 +24,6 @@ SMALL = ["eval.clean.max_samples=40", "eval.corruptions.max_samples=6", "eval.co
          "eval.adversarial.max_samples=8", "eval.adversarial.spsa.max_samples=2", "eval.adversarial.spsa.nb_iter=2",
          "eval.adversarial.spsa.nb_sample=4", "eval.adversarial.autoattack.max_samples=2",
          "eval.adversarial.autoattack.eps=[0.3]"]
-
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +38,8 @@ def trained_run(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
     ckpt = trained_run / "checkpoints" / "last.pt"
-    proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={ckpt}", "eval=digits_robustness", "logger=wandb",
-                           *SMALL], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # eval.py's argv forked from the warm zygote (tests/warm.py): the command line and what it writes are the point
+    proc = run_app("eval.py", f"checkpoint={ckpt}", "eval=digits_robustness", "logger=wandb", *SMALL, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = trained_run / "eval" / "digits_robustness" / "last-model"
     report = json.loads((out / "eval_results.json").read_text())
@@ -66,9 +64,8 @@ def test_eval_py_writes_json_csv_md_beside_the_run(trained_run):
     best = trained_run / "checkpoints" / "best.pt"  # the 4-step run never validated: a copy stands in for it
     shutil.copyfile(ckpt, best)
     before = (out / "eval_results.json").read_bytes()
-    proc = subprocess.run([sys.executable, "eval.py", f"checkpoint={best}", "eval=digits_robustness",
-                           "eval.run=[clean]", "eval.use_ema=true", SMALL[0]], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    proc = run_app("eval.py", f"checkpoint={best}", "eval=digits_robustness", "eval.run=[clean]", "eval.use_ema=true",
+                   SMALL[0], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ema = json.loads((trained_run / "eval" / "digits_robustness" / "best-ema" / "eval_results.json").read_text())
     assert ema["target"]["checkpoint"] == str(best) and ema["target"]["weights"] == "ema"

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,14 @@ from quest.evaluation.directory import (
     fingerprint_key,
 )
 
-from .helpers import CONFIGS, ROOT, compose_cfg, eval_cfg
+from .helpers import CONFIGS, compose_cfg, eval_cfg
+from .warm import _zygote, run_app
 
 register_eval_configs()
 
 BASE = ["eval=clean", "eval.clean.max_samples=40"]
-# a module of two test evaluations: one that stalls (to be killed) and one that fails, each when told to
+# a module of two test evaluations: one that stalls (to be killed) and one that fails, each when told to; the
+# stalling one writes its process id to the flag file (renamed into place: never read half written)
 STEPS = textwrap.dedent('''
     import os, pathlib, time
     from quest.evaluation import register_evaluation
@@ -44,7 +45,8 @@ STEPS = textwrap.dedent('''
     def stall_step(run, section):
         flag = os.environ.get("EVAL_TEST_STALL")
         if flag:
-            pathlib.Path(flag).touch()
+            pathlib.Path(flag + ".tmp").write_text(str(os.getpid()))
+            os.replace(flag + ".tmp", flag)
             time.sleep(600)
         return {"top1": 50.0, "n": 2, "correct": 1}
 
@@ -54,7 +56,6 @@ STEPS = textwrap.dedent('''
             raise RuntimeError("fail_step was told to fail")
         return {"top1": 25.0, "n": 4, "correct": 1}
 ''')
-
 
 
 @pytest.fixture(scope="module")
@@ -212,35 +213,30 @@ def steps(tmp_path, monkeypatch):
     register_eval_configs()
 
 
-RUNNER = textwrap.dedent('''
-    import sys
-    from hydra import compose, initialize_config_dir
-    from quest.evaluation import register_eval_configs, run_evaluation
-    register_eval_configs(["eval_test_steps"])
-    with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
-        cfg = compose(config_name="eval", overrides=sys.argv[3:])
-    run_evaluation(cfg, sys.argv[2])
-''')
-
-
 def test_a_kill_during_a_rerun_never_leaves_results_looking_complete(ckpt, tmp_path, steps):
     out = tmp_path / "out"
     suite = [f"checkpoint={ckpt}", *BASE, "eval.run=[clean,stall_step]"]
     first = run_evaluation(eval_cfg(*suite), out)
     assert first["status"] == "complete"
     flag = tmp_path / "stalled"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{steps}", "EVAL_TEST_STALL": str(flag), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(CONFIGS), str(out), *suite, "eval.crop_pct=0.5",
-                             "eval.overwrite=true"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # eval.py with the test's evaluations as a user adds them (QUEST_EVAL_MODULES), forked from the warm zygote in a
+    # thread of this process, which kills it (SIGKILL) once the rerun is inside its second evaluation, its first
+    # result written: a killed process is the point, not a fresh interpreter
+    env = {**os.environ, "PYTHONPATH": str(steps), "QUEST_EVAL_MODULES": "eval_test_steps", "EVAL_TEST_STALL": str(flag)}
+    ran: dict = {}
+    runner = threading.Thread(target=lambda: ran.update(proc=run_app(
+        "eval.py", *suite, "eval.crop_pct=0.5", "eval.overwrite=true", f"hydra.run.dir={out}", cwd=tmp_path, env=env,
+        timeout=600)))
+    runner.start()
     try:
-        for _ in range(1200):  # until the rerun is inside its second evaluation (its first result written)
-            if flag.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert flag.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no start"
+        while runner.is_alive() and not flag.exists():
+            runner.join(0.1)
+        assert flag.exists(), ran["proc"].stderr[-2000:] if "proc" in ran else "no start"
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if flag.exists():
+            os.kill(int(flag.read_text()), signal.SIGKILL)
+        runner.join()
+    assert ran["proc"].returncode == -signal.SIGKILL  # killed inside stall_step, not finished
     status, record = EvalDirectory(out).state()
     assert status == "interrupted" and record["status"] == "running"
     assert record["settings"]["crop_pct"] == 0.5 and set(record["results"]) == {"clean"}
@@ -331,22 +327,22 @@ def test_the_results_record_the_data_roots_settings_and_command(ckpt, tmp_path):
 def test_eval_py_refuses_the_crop_pct_rerun_of_the_issue(ckpt, tmp_path):
     """The command lines of docs/evaluation.md: the second is refused with a message (no traceback), the first
     result stays; eval.overwrite=true archives it and evaluates."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    env = {**os.environ, "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)  # (tests/conftest.py sets it: a user's shell does not)
-    base = [sys.executable, str(ROOT / "eval.py"), f"checkpoint={ckpt}", "eval=clean"]
+    base = [f"checkpoint={ckpt}", "eval=clean"]
     out = tmp_path / "eval" / "clean" / "last-model"  # the default directory, beside the checkpoint's run
-    first = subprocess.run(base, env=env, capture_output=True, text=True, timeout=600)
+    # eval.py's argv forked from the warm zygote (tests/warm.py): exit codes, stderr and the files are the point
+    first = run_app("eval.py", *base, cwd=tmp_path, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     before = (out / "eval_results.json").read_bytes()
     files = _snapshot(out)
     assert "eval.log" in files and not (out / ".hydra").exists()  # quest's log; eval_results.json is the record
-    refused = subprocess.run([*base, "eval.crop_pct=0.5"], env=env, capture_output=True, text=True, timeout=600)
+    refused = run_app("eval.py", *base, "eval.crop_pct=0.5", cwd=tmp_path, env=env, timeout=600)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert f"eval.py: error: {out} holds complete results of another evaluation" in refused.stderr
     assert "evaluated.crop_pct: 1.0 -> 0.5" in refused.stderr and (out / "eval_results.json").read_bytes() == before
     assert _snapshot(out) == files  # a refused command changes nothing, its log included
-    again = subprocess.run([*base, "eval.crop_pct=0.5", "eval.overwrite=true"], env=env, capture_output=True,
-                           text=True, timeout=600)
+    again = run_app("eval.py", *base, "eval.crop_pct=0.5", "eval.overwrite=true", cwd=tmp_path, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert [p.read_bytes() for p in (out / ".replaced").glob("*/eval_results.json")] == [before]
     assert json.loads((out / "eval_results.json").read_text())["target"]["crop_pct"] == 0.5
@@ -377,8 +373,11 @@ def test_every_process_of_a_group_follows_the_directory_decision(ckpt, tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_directory_worker, args=(2, port, str(ckpt), str(tmp_path / "out"), str(tmp_path / "seen")), nprocs=2,
-             join=True)
+    # two processes of a group, not two fresh interpreters: each is forked from the warm zygote (tests/warm.py;
+    # _zygote() sets its preload before multiprocessing's one forkserver starts, so no child imports torch again)
+    _zygote()
+    mp.start_processes(_directory_worker, args=(2, port, str(ckpt), str(tmp_path / "out"), str(tmp_path / "seen")),
+                       nprocs=2, join=True, start_method="forkserver")
     for rank in (0, 1):
         assert json.loads((tmp_path / f"seen.{rank}").read_text()) == ["evaluated", "refused", True]
     assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["world_size"] == 2

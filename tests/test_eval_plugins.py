@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from quest.evaluation.registry import MODULES_ENV
 
 from .eval_helpers import write_image
 from .helpers import CONFIGS, ROOT
+from .warm import run_app
 
 DOC = ROOT / "docs" / "evaluation.md"
 MODEL = ["model=vit_pico", "attention=quest", "data=digits"]  # a random-init 10-class model on 16 px inputs
@@ -114,9 +114,11 @@ def test_eval_py_imports_it_from_quest_eval_modules(plugin, folder, tmp_path):
     env = {**os.environ, MODULES_ENV: "my_evals.topk_folder",
            "PYTHONPATH": os.pathsep.join([str(plugin["path"]), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "cli"
-    proc = subprocess.run([sys.executable, "eval.py", f"hydra.searchpath=[file://{plugin['configs']}]", *MODEL,
-                           "eval=topk_folder", f"eval.topk_folder.root={folder}", "eval.topk_folder.ks=[10]",
-                           f"hydra.run.dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # eval.py's argv forked from the warm zygote (tests/warm.py), which has imported no evaluation: the command
+    # imports the plugin from its own environment (QUEST_EVAL_MODULES, PYTHONPATH), as a fresh interpreter does
+    proc = run_app("eval.py", f"hydra.searchpath=[file://{plugin['configs']}]", *MODEL, "eval=topk_folder",
+                   f"eval.topk_folder.root={folder}", "eval.topk_folder.ks=[10]", f"hydra.run.dir={out}", cwd=ROOT,
+                   env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "eval_results.json").read_text())
     assert report["results"]["topk_folder"]["top10"] == 100.0 and report["results"]["topk_folder"]["n"] == 12

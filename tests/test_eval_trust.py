@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,6 +20,7 @@ from quest.evaluation import register_eval_configs, run_evaluation
 from quest.evaluation.target import check_stored_code
 
 from .helpers import ROOT, compose_cfg, eval_cfg
+from .warm import run_app
 
 register_eval_configs()
 
@@ -35,7 +35,6 @@ MODULE = textwrap.dedent('''
 ''')
 DIGITS = ["data=digits", "model=vit_pico", "recipe=light", "data.batch_size=32", "trainer.epochs=1",
           "trainer.max_steps=2", "trainer.log_every_n_steps=1"]
-
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +90,19 @@ def test_eval_imports_a_stored_attention_only_when_asked(marked, tmp_path, extra
 
 
 def test_eval_py_refuses_without_importing(marked, tmp_path):
-    """The command line, with the module importable (PYTHONPATH): a message, no import, no traceback."""
+    """The command line, with the module importable (PYTHONPATH): a message, no import, no traceback. eval.py's argv
+    forked from the warm zygote (tests/warm.py) proves this as well as a fresh interpreter: the marker module is new
+    to this test, so no preloaded import can stand in for it, only an import by the command writes the marker, and
+    the second command (the module named) shows it importable from the command's PYTHONPATH."""
     name, marker, run, code = marked
     env = {"PYTHONPATH": f"{ROOT}:{code}", "QUEST_TEST_MARKER": str(marker), "WANDB_MODE": "offline",
-           "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, str(ROOT / "eval.py"), f"checkpoint={run / 'checkpoints' / 'last.pt'}", "eval=clean",
-            "eval.clean.max_samples=20"]
-    out = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'a'}"], env=env, capture_output=True, text=True,
-                         timeout=600)
+           "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    base = [f"checkpoint={run / 'checkpoints' / 'last.pt'}", "eval=clean", "eval.clean.max_samples=20"]
+    out = run_app("eval.py", *base, f"hydra.run.dir={tmp_path / 'a'}", cwd=ROOT, env=env, timeout=600)
     assert out.returncode != 0 and not marker.exists(), out.stderr[-2000:]
     assert f"attention={name}:Attn (or trust_code=true)" in out.stderr and "Traceback" not in out.stderr
-    out = subprocess.run([*base, f"attention={name}:Attn", f"hydra.run.dir={tmp_path / 'b'}"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = run_app("eval.py", *base, f"attention={name}:Attn", f"hydra.run.dir={tmp_path / 'b'}", cwd=ROOT, env=env,
+                  timeout=600)
     assert out.returncode == 0 and marker.read_text() == name, out.stderr[-2000:]
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -13,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from .helpers import CONFIGS, ROOT
+from .warm import run_app
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
@@ -35,9 +34,10 @@ def test_the_paper_experiments_and_cpu_twins_exist():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_sweep_point_composes_and_resolves(experiment):
     """Each job of the sweep, composed as the launcher would, resolves every value (epochs, image size, lr ...)."""
-    sweep = _sweep(_compose(experiment))
+    base = _compose(experiment)
+    sweep = _sweep(base)
     assert sweep, f"{experiment} sweeps nothing"
-    assert str(_compose(experiment).hydra.sweep.dir) == f"multirun/{experiment}"
+    assert str(base.hydra.sweep.dir) == f"multirun/{experiment}"
     for values in itertools.product(*sweep.values()):
         cfg = _compose(experiment, *(f"{k}={v}" for k, v in zip(sweep, values)))
         HydraConfig.instance().set_config(cfg)  # `${hydra:...}` interpolations, as inside a job
@@ -108,20 +108,19 @@ def test_limited_data_and_lr_sweeps():
 
 
 def test_cpu_twin_multirun_runs_and_reports(tmp_path):
-    """`python train.py -m experiment=table1_ablation_cpu` (cut to 2 formulations x 2 seeds x 2 steps here)."""
+    """`python train.py -m experiment=table1_ablation_cpu` (cut to 2 formulations x 2 seeds x 2 steps here), then
+    `python -m quest.report` on the sweep: both argv forked from the warm zygote (tests/warm.py), since the commands'
+    results, not an interpreter's start, are the point."""
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", "experiment=table1_ablation_cpu", "attention=standard,quest",
-         "trainer.seed=0,1", "trainer.max_steps=2", "trainer.epochs=1", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = run_app("train.py", "-m", "experiment=table1_ablation_cpu", "attention=standard,quest", "trainer.seed=0,1",
+                   "trainer.max_steps=2", "trainer.epochs=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = sorted(sweep_dir.glob("*/summary.json"))
     assert [p.parent.name for p in summaries] == [
         f"attention={a},trainer.epochs=1,trainer.max_steps=2,trainer.seed={s}" for a in ("quest", "standard")
         for s in (0, 1)]
     assert {json.loads(p.read_text())["model"] for p in summaries} == {"vit_pico_patch4_16"}
-    report = subprocess.run([sys.executable, "-m", "quest.report", str(sweep_dir)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    report = run_app("quest.report", str(sweep_dir), cwd=ROOT, env=env, timeout=300)
     assert report.returncode == 0, report.stderr
     assert "| quest |" in report.stdout and "| standard |" in report.stdout

@@ -1,8 +1,9 @@
 """Run quest's command-line apps the way a shell runs them, without paying for a new interpreter each time.
 
 ``run_app("train.py", *args, cwd=..., env=...)`` behaves like ``subprocess.run([sys.executable, "train.py", *args],
-capture_output=True, text=True)``: the same argv, working directory, environment, exit code, stdout and stderr, in a
-process of its own. The process is forked from a warm zygote (multiprocessing's forkserver) that imported torch,
+capture_output=True, text=True)``: the same argv, working directory, sys.path (the script's folder, or for ``-m``
+the working directory, then the env's PYTHONPATH), environment, exit code, stdout and stderr, in a process of its
+own. The process is forked from a warm zygote (multiprocessing's forkserver) that imported torch,
 timm, Hydra and quest once per test session and never computed anything, so the child starts in milliseconds
 instead of the 5-10 s of imports a fresh interpreter spends, and nothing of the test process (its threads, its
 Hydra state, its monkeypatches) leaks into it.
@@ -14,6 +15,7 @@ a terminal, and launchers that start interpreters of their own (torchrun, Slurm,
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import subprocess
@@ -23,8 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the modules every app imports before it does any work: imported once, in the zygote
-_PRELOAD = ["tests.warm_preload"]
+# the modules every app imports before it does any work: imported once, in the zygote (this module too, so that its
+# _START_PATH is the zygote's)
+_PRELOAD = ["tests.warm", "tests.warm_preload"]
 
 # the apps by the argv[0] a shell would name, each the function its console script or __main__ runs
 APPS = {
@@ -41,19 +44,57 @@ _context: multiprocessing.context.ForkServerContext | None = None
 
 
 def _zygote() -> multiprocessing.context.ForkServerContext:
+    """multiprocessing's one forkserver, started (once) with the preload imported."""
     global _context
     if _context is None:
+        import multiprocessing.forkserver
+
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(_PRELOAD)
+        # Python 3.11's forkserver starts as ``python -c ...`` and ignores the caller's sys.path: the preload
+        # (tests.*) is found through its '' only when it starts in the checkout, and an ImportError there is
+        # swallowed (every child would then pay the imports). Start it from the checkout, and say so if it failed.
+        here = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.chdir(here)
     return _context
 
 
+# sys.path as this module found it. In the zygote (which imports this module with its preload, below) that is the
+# interpreter's own path ('' of its ``python -c``, PYTHONPATH, the standard library, site-packages); a child is then
+# handed the caller's sys.path by multiprocessing (spawn.prepare), which _set_sys_path replaces with the command's.
+_START_PATH = list(sys.path)
+
+
+def _set_sys_path(app: str, zygote_pythonpath: str, pythonpath: str) -> None:
+    """sys.path as an interpreter started for the command builds it: the script's folder (``python -m``: the working
+    directory), the command's PYTHONPATH (an empty entry: the working directory), then the interpreter's standard
+    library and site-packages. Not the test process's sys.path, which multiprocessing hands every child (with a
+    test's monkeypatched entries, and pytest's), nor the zygote's '' and PYTHONPATH: a module is importable in the
+    command exactly when it is for ``python <app>`` run with that environment."""
+    def entries(value: str) -> list[str]:
+        return [os.path.abspath(p) if p else os.getcwd() for p in value.split(os.pathsep)] if value else []
+
+    theirs = set(entries(zygote_pythonpath))
+    base = [p for p in _START_PATH if p and os.path.abspath(p) not in theirs]
+    first = str(ROOT) if app.endswith(".py") else os.getcwd()
+    sys.path[:] = [first, *entries(pythonpath), *base]
+    importlib.invalidate_caches()
+
+
 def _child(app: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """In the forked process: the shell's view of a command (argv, cwd, environment, fds 1 and 2), then the app."""
-    import importlib
+    """In the forked process: the shell's view of a command (argv, cwd, sys.path, environment, fds 1 and 2), then
+    the app."""
     import importlib.util
 
+    if "tests.warm_preload" not in sys.modules:  # the zygote's imports failed: each child would import everything
+        os.write(2, b"tests/warm.py: the zygote did not import tests.warm_preload (started outside the checkout?)\n")
+        os._exit(70)
     os.chdir(cwd)
+    _set_sys_path(app, os.environ.get("PYTHONPATH", ""), env.get("PYTHONPATH", ""))
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, out), (2, err)):
