@@ -16,7 +16,6 @@ checkout's configs/ there), or, in a checkout that is only on sys.path, in its c
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
@@ -25,6 +24,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from quest.errors import EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
@@ -68,21 +69,38 @@ def _train_app(cfg: DictConfig) -> None:
     record = {".hydra/config.yaml": OmegaConf.to_yaml(cfg),
               ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
               ".hydra/overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
+    multirun = hc.mode == RunMode.MULTIRUN
     try:
-        summary = fit(cfg, hc.runtime.output_dir, choices, provenance=record)
-    except Exception:
-        _remove_if_empty(Path(hc.runtime.output_dir))  # a refused new run leaves no empty directory behind
+        with reporting_errors(program_name("quest-train")):
+            try:
+                summary = fit(cfg, hc.runtime.output_dir, choices, provenance=record)
+            except Exception:
+                _remove_if_empty(Path(hc.runtime.output_dir))  # a refused new run leaves no empty directory behind
+                raise
+    except SystemExit as exc:
+        if multirun and exc.code == EXIT_ERROR:  # this job's mistake is reported; the sweep goes on
+            _failed_jobs.append(hc.runtime.output_dir)
+            return
         raise
-    code = exit_code(summary, multirun=hc.mode == RunMode.MULTIRUN)
+    code = exit_code(summary, multirun=multirun)
     if code:
         sys.exit(code)
 
 
+_failed_jobs: list[str] = []  # the multirun jobs refused with an error, for the sweep's exit code
+
+
 def _remove_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()  # only an empty directory: Hydra made it for a run that was refused before it wrote anything
-    except OSError:
-        pass
+    """Remove ``path`` and the parents Hydra made for it, while they are empty (up to the working directory): a
+    command refused before it wrote anything leaves no directory behind."""
+    stop = Path.cwd().resolve()
+    path = path.resolve()
+    while path != stop and stop in path.parents:
+        try:
+            path.rmdir()  # only an empty directory
+        except OSError:
+            return
+        path = path.parent
 
 
 def train() -> None:
@@ -94,8 +112,12 @@ def train() -> None:
     register_configs()
     _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")
     sys.argv = rewrite_attention_override(sys.argv)
-    exit_on_bad_overrides("quest-train", sys.argv[1:], TrainConfig, config_root(), "train")
+    exit_on_bad_overrides(program_name("quest-train"), sys.argv[1:], TrainConfig, config_root(), "train")
     _train_app()
+    if _failed_jobs:
+        print(f"{program_name('quest-train')}: error: {len(_failed_jobs)} job(s) of the sweep were refused (their "
+              f"errors are above): {', '.join(_failed_jobs)}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
 
 
 TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the chosen attention (python train.py is the "
@@ -131,21 +153,16 @@ def _eval_app(cfg: DictConfig) -> None:
     import logging
 
     from quest.evaluation import run_evaluation
-    from quest.evaluation.directory import EvalDirectoryError
-    from quest.extras import MissingExtra
 
     hc = HydraConfig.get()
-    try:
-        run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
-    except (ValueError, OSError, EvalDirectoryError, MissingExtra) as exc:
-        # bad input (a config value, a checkpoint, a data root, a results directory, a missing extra): the message
-        # names what is wrong and what to do; a traceback would bury it (HYDRA_FULL_ERROR=1 shows one)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    with reporting_errors(program_name("quest-eval")):
+        try:
+            run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
+        except Exception as exc:
+            if is_user_error(exc):  # the log file (when one was started) keeps the error too
+                logging.getLogger("quest.eval").error("%s", describe(exc))
+            _remove_if_empty(Path(hc.runtime.output_dir))
             raise
-        logging.getLogger("quest.eval").error("%s", exc)
-        print(f"eval.py: error: {exc}", file=sys.stderr)
-        _remove_if_empty(Path(hc.runtime.output_dir))
-        sys.exit(1)
 
 
 def evaluate() -> None:
@@ -165,7 +182,7 @@ def evaluate() -> None:
     register_eval_configs()
     # model=<any timm name> as well as model=<configs/model option>; attention=<package.module:Class>
     sys.argv = rewrite_attention_override(rewrite_model_override(sys.argv))
-    exit_on_bad_overrides("quest-eval", sys.argv[1:], eval_config_schema(), config_root(), "eval")
+    exit_on_bad_overrides(program_name("quest-eval"), sys.argv[1:], eval_config_schema(), config_root(), "eval")
     _exit_if_nothing_to_evaluate(sys.argv[1:])
     _eval_app()
 
@@ -178,7 +195,8 @@ def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
     (unless a flag asks Hydra for something else, or another primary config may set them)."""
     if any(_TARGET_KEYS.match(a) for a in args) or any(a.startswith("-") for a in args):
         return
-    print("quest-eval: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or model=<timm name> "
+    print(f"{program_name('quest-eval')}: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
+          "model=<timm name> "
           "attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)", file=sys.stderr)
     sys.exit(1)
 
@@ -194,7 +212,8 @@ def _toy_app(cfg: DictConfig) -> None:
 
     out_dir = cfg.out_dir or HydraConfig.get().runtime.output_dir
     start = time.perf_counter()
-    result = run_study(OmegaConf.to_container(cfg, resolve=True), out_dir)
+    with reporting_errors(program_name("quest-toy")):
+        result = run_study(OmegaConf.to_container(cfg, resolve=True), out_dir)
     print(summary_table(result["success_rates"]))
     logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name, out_dir,
                                         time.perf_counter() - start)
@@ -206,7 +225,7 @@ def toy() -> None:
     from quest.toy.config import ToyConfig, register_toy_config
 
     register_toy_config()
-    exit_on_bad_overrides("quest-toy", sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
+    exit_on_bad_overrides(program_name("quest-toy"), sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _toy_app()
 
 
@@ -215,21 +234,27 @@ def report() -> None:
     """``quest-report SWEEP_DIR ...``: docs/report.md."""
     from quest.report.__main__ import main
 
-    sys.exit(main())
+    with reporting_errors(program_name("quest-report")):
+        code = main()
+    sys.exit(code)
 
 
 def plot() -> None:
     """``quest-plot diagnostics RUN_DIR ... --out FILE.png``: docs/diagnostics.md."""
     from quest.report.plot import main
 
-    sys.exit(main())
+    with reporting_errors(program_name("quest-plot")):
+        code = main()
+    sys.exit(code)
 
 
 def export() -> None:
     """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: docs/interop.md."""
     from quest.engine.export import main
 
-    sys.exit(main())
+    with reporting_errors(program_name("quest-export")):
+        code = main()
+    sys.exit(code)
 
 
 # --- data ----------------------------------------------------------------------------------------------------------
@@ -237,4 +262,6 @@ def data() -> None:
     """``quest-data check ROOT``: docs/data.md."""
     from quest.data.check import main
 
-    sys.exit(main())
+    with reporting_errors(program_name("quest-data")):
+        code = main()
+    sys.exit(code)

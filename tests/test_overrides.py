@@ -82,12 +82,12 @@ def test_the_command_line_answers_in_one_line_without_a_traceback(tmp_path):
     proc = _run(tmp_path, "train.py", "atention=standard")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert proc.stderr.startswith("quest-train: error: atention=standard: ") and "attention=standard?" in proc.stderr
+    assert proc.stderr.startswith("train.py: error: atention=standard: ") and "attention=standard?" in proc.stderr
     assert not (tmp_path / "runs").exists()
     # quest-eval with nothing to evaluate: what to pass, and no outputs/eval/None-None/ left behind
     proc = _run(tmp_path, "eval.py")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout
-    assert proc.stderr.startswith("quest-eval: error: nothing to evaluate: pass checkpoint=")
+    assert proc.stderr.startswith("eval.py: error: nothing to evaluate: pass checkpoint=")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -162,5 +162,7 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 1 if unreadable else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
+    from quest.cli import data
+
+    data()

@@ -9,10 +9,12 @@ import torch
 from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 
+from quest.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class CorruptImageError(RuntimeError):
+class CorruptImageError(UserError, RuntimeError):
     """An image in the data set could not be read; the message names the file."""
 
 

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from quest.config_checks import ConfigError
 from quest.data.registry import get_dataset, list_datasets, upgrade_data_config
+from quest.errors import UserError
 from quest.io import DamagedFile, LockHeld, lock_file, read_json, write_json_atomic
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
@@ -113,13 +114,17 @@ def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) 
                       "set):\n  " + "\n  ".join(parts))
 
 
+class DirectoryInUse(UserError, RuntimeError):
+    """Another process holds the run directory's lock."""
+
+
 class RunDirectory:
     """The files of one run directory that are not checkpoints: the lock, run.json, archiving a replaced run."""
 
     def __init__(self, path: Path, is_main: bool = True):
         self.path, self.is_main = Path(path), is_main
         self._lock_fd: int | None = None
-        self._lock_before, self._claimed = b"", False
+        self._lock_before, self._claimed, self._lock_was_there = b"", False, False
 
     def has_run(self) -> bool:
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
@@ -144,10 +149,11 @@ class RunDirectory:
         than left to overwrite the first one's checkpoints. Released when the process ends, however it ends."""
         if not self.is_main:
             return
+        self._lock_was_there = (self.path / ".lock").exists()
         try:
             fd = lock_file(self.path / ".lock", "this run directory")
         except LockHeld as exc:
-            raise RuntimeError(f"run directory {self.path} is in use by another process ({exc.holder}); wait for "
+            raise DirectoryInUse(f"run directory {self.path} is in use by another process ({exc.holder}); wait for "
                                "it to end, or give this run its own directory (hydra.run.dir=...)") from None
         # name the holder for a second process; a command refused before claim() puts the old content back
         self._lock_before = os.pread(fd, 4096, 0)
@@ -166,8 +172,11 @@ class RunDirectory:
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
-            if not self._claimed:
-                self._write_lock(self._lock_fd, self._lock_before)
+            if not self._claimed:  # refused: the lock file as it was, or gone if this command made it
+                if self._lock_was_there:
+                    self._write_lock(self._lock_fd, self._lock_before)
+                else:
+                    (self.path / ".lock").unlink(missing_ok=True)  # still held: no other process has it open
             os.close(self._lock_fd)
             self._lock_fd = None
 

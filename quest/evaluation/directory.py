@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from quest.errors import UserError
 from quest.io import LockHeld, json_text, lock_file, write_text_atomic
 
 log = logging.getLogger("quest.eval")
@@ -51,7 +52,7 @@ RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "exp
                 ".hydra", "eval.log")
 
 
-class EvalDirectoryError(RuntimeError):
+class EvalDirectoryError(UserError, RuntimeError):
     """An evaluation directory that cannot take this evaluation; the message says why and what to do."""
 
 

@@ -335,5 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
+    from quest.cli import plot
+
+    plot()

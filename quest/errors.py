@@ -1,0 +1,90 @@
+"""One error path for every entry point: a mistake the user can fix reaches them as one line,
+``<program>: error: <message>``, and a documented exit code; a bug of quest keeps its traceback, with one line
+saying that it is one.
+
+Every command (train.py and each job of a multirun, eval.py, the toy study, every ``quest-*`` tool) runs its work
+inside :func:`reporting_errors`. What counts as the user's (:func:`is_user_error`): a bad value or file
+(``ValueError``: quest's ConfigError, DamagedFile, ShardError, ... and the checks of the libraries it calls), the file
+system (``OSError``: a missing or unreadable path, a full disk, a read-only directory, a directory another process
+holds), a missing optional package (MissingExtra), a config the schema refuses (OmegaConf's errors), and any
+exception class that says so with :class:`UserError`. Everything else is a bug: its traceback is printed.
+
+``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows the traceback of a user error too.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "is_user_error", "describe", "reporting_errors", "program_name"]
+
+EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
+EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
+
+
+class UserError(Exception):
+    """Mixin for an exception the user can fix from its message alone (no traceback is shown)."""
+
+
+def is_user_error(exc: BaseException) -> bool:
+    from omegaconf.errors import OmegaConfBaseException
+
+    from quest.extras import MissingExtra
+
+    return isinstance(exc, (UserError, ValueError, OSError, MissingExtra, OmegaConfBaseException))
+
+
+def describe(exc: BaseException) -> str:
+    """The message for the one error line: the exception's own, and for the file system the path and, when the
+    disk is full, the space left where it was writing."""
+    if isinstance(exc, OSError) and exc.strerror:  # the system's error: strerror and the path, no class name
+        path = exc.filename
+        text = f"{exc.strerror}" + (f": {path}" if path else "")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and path:
+            folder = next((p for p in [Path(path), *Path(path).parents] if p.exists()), None)
+            if folder is not None:
+                text += f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB left on that file system)"
+        return text
+    return str(exc) or type(exc).__name__
+
+
+def program_name(default: str) -> str:
+    """What the user typed: ``train.py`` / ``eval.py``, a ``quest-*`` script, ``python -m quest.<module>``, or
+    ``default``."""
+    path = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if path.name in ("train.py", "eval.py") or path.name.startswith("quest-"):
+        return path.name
+    package = Path(__file__).resolve().parent
+    try:
+        module = path.resolve().relative_to(package.parent).with_suffix("")
+    except ValueError:
+        return default
+    parts = module.parts[:-1] if module.name == "__main__" else module.parts
+    return "python -m " + ".".join(parts)
+
+
+@contextlib.contextmanager
+def reporting_errors(program: str) -> Iterator[None]:
+    """Run a command's work: a user error exits EXIT_ERROR with one line, a bug EXIT_BUG with its traceback and a
+    line saying so. SystemExit (an exit code already chosen) and KeyboardInterrupt pass through."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (the last place an exception can be reported well)
+        sys.stdout.flush()
+        if is_user_error(exc):
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                traceback.print_exc()
+            print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_ERROR) from None
+        traceback.print_exc()
+        print(f"{program}: internal error: this is a bug in quest, not a mistake of yours; please report it with "
+              "the traceback above", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BUG) from None

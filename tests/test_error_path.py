@@ -1,0 +1,137 @@
+"""One error path (quest/errors.py): every mistake a user can make reaches them as one line `<program>: error: ...`
+with exit code 1, never a traceback, also when the refusal comes from inside the run; a refused command leaves the
+directory it ran in as it was (no run directory, no lock file); a bug of quest keeps its traceback and says so."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quest.errors import EXIT_BUG, EXIT_ERROR, describe, reporting_errors
+from quest.io import lock_file
+
+from .helpers import FAST
+from .interop_helpers import make_image_folder
+from .warm import run_app
+
+# what a user sees: Hydra's full-error switch (set for the rest of the suite) off
+ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every path under root with a hash of its content (directories too): what a command must leave as it was.
+    Not the pre-flight's cache of a data root's check (.quest-preflight.json, docs/data.md): kept on purpose, so
+    that the corrected command does not read every image again."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*")) if p.name != ".quest-preflight.json"}
+
+
+def _refused(tmp_path: Path, *args: str, names: str) -> str:
+    before = _tree(tmp_path)
+    base = FAST if not any(a.startswith("data=") for a in args) else [a for a in FAST if not a.startswith("data.fake")]
+    out = run_app("train.py", *base, *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
+    text = out.stdout + out.stderr
+    assert out.returncode == EXIT_ERROR, text[-3000:]
+    assert "Traceback" not in text and "Error executing job" not in text, text[-3000:]
+    # one error, the last thing printed (its message may go on over indented lines, one per problem)
+    assert out.stderr.count("train.py: error: ") == 1, out.stderr[-3000:]
+    error = out.stderr[out.stderr.index("train.py: error: "):]
+    assert names in error, out.stderr[-3000:]
+    assert _tree(tmp_path) == before, "the refused command changed the directory it ran in"
+    return error
+
+
+# refusals raised inside the run (after Hydra composed the config): the issue's examples, each naming its key
+@pytest.mark.parametrize("args, names", [
+    (["recipe.lr=-1"], "recipe.lr"),
+    (["data.batch_size=0"], "data.batch_size"),
+    (["trainer.epochs=0"], "trainer.epochs"),
+    (["model.img_size=30"], "img_size"),
+    (["trainer.precision=fp8"], "trainer.precision"),
+    (["data=imagefolder", "data.num_classes=2"], "data.root"),
+])
+def test_a_refusal_from_inside_the_run_is_one_line_and_leaves_nothing(tmp_path, args, names):
+    _refused(tmp_path, *args, names=names)
+
+
+def test_a_data_preflight_refusal_is_one_line_and_leaves_nothing(tmp_path):
+    data = make_image_folder(tmp_path / "data", per_class=2)
+    bad = next((data / "train").rglob("*.png"))
+    bad.write_bytes(b"not an image")
+    _refused(tmp_path, "data=imagefolder", f"data.root={data}", "data.num_classes=3", "data.num_workers=0",
+             names=bad.name)
+
+
+def test_a_run_directory_in_use_is_one_line_and_keeps_the_holders_lock(tmp_path):
+    run = tmp_path / "run"
+    fd = lock_file(run / ".lock", "test")  # another process's run: this test holds its lock
+    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
+    try:
+        line = _refused(tmp_path, names="in use by another process")
+        assert "pid 1 on elsewhere" in line
+    finally:
+        os.close(fd)
+
+
+def test_an_unreadable_checkpoint_version_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    ok = run_app("train.py", *FAST, "trainer.max_steps=1", f"hydra.run.dir={run}", cwd=tmp_path, env=ENV)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    last = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["version"] = 999
+    torch.save(ckpt, last)
+    (run / "summary.json").unlink()  # an interrupted run: the next command resumes from last.pt
+    _refused(tmp_path, "trainer.max_steps=2", names="last.pt")
+
+
+def test_each_job_of_a_multirun_reports_its_own_error_and_the_sweep_goes_on(tmp_path):
+    fast = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.max_steps=1"]
+    out = run_app("train.py", "-m", *fast, "recipe.lr=-1,1e-3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                  cwd=tmp_path, env=ENV)
+    assert out.returncode == EXIT_ERROR and "Traceback" not in out.stderr, out.stderr[-3000:]
+    first, sweep = out.stderr.split("train.py: error: ")[1:]  # the job's error, then the sweep's
+    assert "recipe.lr must be > 0" in first and sweep.startswith("1 job(s) of the sweep were refused"), out.stderr
+    summaries = list((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 1  # the good job ran; the refused one left no directory
+
+
+# --- the mechanism itself, in-process ---------------------------------------------------------------------------
+def _report(exc: BaseException, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_, reporting_errors("prog"):
+        raise exc
+    return exit_.value.code, capsys.readouterr().err
+
+
+@given(message=st.text(min_size=1).filter(lambda t: t.strip() and "\n" not in t and "\r" not in t))
+def test_a_user_error_is_exactly_its_message_on_one_line(message):
+    err = io.StringIO()
+    with mock.patch.dict(os.environ), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+        with reporting_errors("prog"):
+            raise ValueError(message)
+    assert exit_.value.code == EXIT_ERROR and err.getvalue() == f"prog: error: {message}\n"
+
+
+def test_user_errors_and_bugs(capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    code, err = _report(ValueError("recipe.lr must be > 0"), capsys)
+    assert code == EXIT_ERROR and err == "prog: error: recipe.lr must be > 0\n"
+    code, err = _report(FileNotFoundError(2, "No such file or directory", "/data/x"), capsys)
+    assert code == EXIT_ERROR and err == "prog: error: No such file or directory: /data/x\n"
+    code, err = _report(KeyError("a bug"), capsys)  # not the user's: the traceback, and a line saying so
+    assert code == EXIT_BUG and "Traceback" in err and "prog: internal error: this is a bug in quest" in err
+
+
+def test_a_full_disk_names_the_file_and_the_space_left(tmp_path):
+    text = describe(OSError(28, "No space left on device", str(tmp_path / "out" / "shard-0003.tar")))
+    assert text.startswith(f"No space left on device: {tmp_path / 'out' / 'shard-0003.tar'} (")
+    assert "MiB left on that file system" in text
