@@ -3,6 +3,7 @@ before the first step (docs/data.md)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +90,12 @@ def test_a_run_is_refused_before_the_first_step_naming_every_bad_file(tmp_path):
         fit(compose_cfg(*base, "data.bad_images=skip"), tmp_path / "run2")
     summary = fit(compose_cfg(*base, "data.bad_images=skip", "data.max_skipped_fraction=0.5"), tmp_path / "run3")
     assert summary["status"] == "completed"
+    # the files left out are on the record: summary.json, the first metrics row, the log
+    left = summary["left_out_by_preflight"]
+    assert set(left) == {"train"} and left["train"]["files"] == len(PROBLEMS) and left["train"]["of"] == 18
+    assert sum(left["train"]["by_reason"].values()) == len(PROBLEMS)
+    assert {Path(p).name for p in left["train"]["first"]} == {f"{k}.png" for k in PROBLEMS}
+    first_row = json.loads((tmp_path / "run3" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first_row["data/preflight_left_out/train"] == len(PROBLEMS)
+    log = (tmp_path / "run3" / "train.log").read_text()
+    assert f"data pre-flight: {len(PROBLEMS)} of the 18 files of the train split" in log and "left out" in log

@@ -13,7 +13,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from PIL import Image
 
@@ -174,3 +174,23 @@ def apply_preflight(ds, root: Path, bad_images: str, max_skipped_fraction: float
     bad = report.bad_paths()
     ds.samples = [s for s in ds.samples if s[0] not in bad]
     ds.imgs, ds.targets = ds.samples, [t for _, t in ds.samples]
+    # a decision on the record (summary.json, the first metrics row, train.log: quest.engine.lifecycle), not only
+    # in the sample list
+    ds.preflight_left_out = left_out_record(report, total)
+
+
+def left_out_record(report: Report, total: int, first: int = 5) -> dict:
+    """What the pre-flight left out of a split: how many files of how many, per kind of reason, the first paths."""
+    kinds: dict[str, int] = {}
+    for problem in report.problems:
+        kind = problem.reason.split(":", 1)[0].split(" (", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"files": len(report.problems), "of": total, "by_reason": kinds,
+            "first": [p.path for p in report.problems[:first]]}
+
+
+def preflight_left_out(ds: Any) -> dict | None:
+    """The record of what the pre-flight left out of ``ds`` (a Subset's underlying set too), or None."""
+    while ds is not None and not hasattr(ds, "preflight_left_out") and hasattr(ds, "dataset"):
+        ds = ds.dataset
+    return getattr(ds, "preflight_left_out", None)

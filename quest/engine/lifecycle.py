@@ -125,6 +125,12 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         shown = f" at {size[0]}x{size[1]} px" if isinstance(size, (tuple, list)) and len(size) == 2 else ""
         log.info("%s%s with %s attention: %.2fM parameters; run directory %s", cfg.model.name, shown,
                  cfg.attention.name, sum(p.numel() for p in run.model.parameters()) / 1e6, run_dir)
+        for split, record in run.left_out.items():  # the pre-flight's decision, in train.log too
+            log.warning("data pre-flight: %d of the %d files of the %s split are left out (data.bad_images=skip): %s; "
+                        "first: %s", record["files"], record["of"], split, record["by_reason"], record["first"])
+        if run.left_out and not plan.checkpoint:  # a new run's first metrics row: what the pre-flight left out
+            logger.log({f"data/preflight_left_out/{split}": record["files"] for split, record in run.left_out.items()},
+                       run.state.step)
         signals = StopSignals().install()
         try:
             out = Outcome("failed")
@@ -174,6 +180,8 @@ def _summary(run: Run, logger: RunLogger, out: Outcome, start: float, resumed: b
         # in the last validation pass
         "skipped_images": {"train": st.train_skipped, "train_drawn": st.train_drawn,
                            "val": val.get("val/skipped"), "val_scored": val.get("val/images")},
+        # files the pre-flight left out before the first step (data.bad_images=skip): per split, count and reasons
+        "left_out_by_preflight": run.left_out,
     }
     if changes:
         summary["changed_on_resume"] = {d.key: [d.stored, d.new] for d in changes}

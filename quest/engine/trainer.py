@@ -16,6 +16,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from quest.config_checks import ConfigError
+from quest.data.preflight import preflight_left_out
 
 from .builders import Components, build_components, model_meta, scheduler_epoch
 from .checkpoint import Checkpointer, CheckpointRecord, load_record
@@ -81,6 +82,11 @@ class Run:
         self.state = TrainState()
         self.diagnostics = self._diagnostics()
         self.data_fingerprint = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
+        # the image-folder files the pre-flight left out (data.bad_images=skip), per split: summary.json and the
+        # first metrics row say so
+        self.left_out = {split: record for split, loader in (("train", self.parts.train_loader),
+                                                             ("val", self.parts.val_loader))
+                         if (record := preflight_left_out(loader.dataset))}
         self._counts = [0, 0]  # this rank's skipped and drawn images not yet in the state
         self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
         self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
