@@ -57,6 +57,9 @@ class Components:
     lr: float
     global_batch: int
     steps_per_epoch: int
+    # the highest lr the schedule reaches in trainer.epochs (timm's schedules without a warm-up prefix start their
+    # decay during the warm-up, so even a finished warm-up ends a little below lr); far below when it outlasts them
+    lr_peak: float
 
 
 def img_size_source(cfg: Any) -> str:
@@ -225,6 +228,22 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     ema = ModelEmaV3(model, decay=recipe.ema_decay) if recipe.ema else None
     log.info("global batch %d (%d per process x %d processes x %d accumulation), lr %.3g",
              global_batch, cfg.data.batch_size, ctx.world_size, cfg.trainer.accum_steps, lr)
+    peak = _schedule_peak(scheduler, recipe.sched_on != "updates", cfg.trainer.epochs, steps_per_epoch, lr)
+    if recipe.warmup_epochs >= cfg.trainer.epochs:  # a user may mean it (a short smoke run): said once, recorded
+        log.warning("recipe.warmup_epochs=%g does not end before trainer.epochs=%d: the learning rate peaks at %.3g, "
+                    "not the recipe's %.3g (summary.json: lr_peak)", recipe.warmup_epochs, cfg.trainer.epochs, peak,
+                    lr)
     return Components(model, ema, optimizer, scheduler, train_loader, val_loader, train_input.finish,
                       train_input.label, mixup,
-                      _train_loss(recipe, mixup_active), lr, global_batch, steps_per_epoch)
+                      _train_loss(recipe, mixup_active), lr, global_batch, steps_per_epoch, peak)
+
+
+def _schedule_peak(scheduler: Any, on_epochs: bool, epochs: int, steps_per_epoch: int, lr: float) -> float:
+    """The highest learning rate timm's scheduler gives over the run (its value at each epoch or update)."""
+    if not hasattr(scheduler, "_get_lr"):  # a scheduler without timm's per-step values: the recipe's lr
+        return lr
+    last = epochs - 1 if on_epochs else epochs * steps_per_epoch - 1
+    # the schedules are monotone after the warm-up: its end (when inside the run), the first and the last point
+    warmup_end = getattr(scheduler, "warmup_t", 0)
+    points = [0, last, *([warmup_end] if warmup_end <= last else [])]
+    return max(max(scheduler._get_lr(t)) for t in points)

@@ -152,6 +152,27 @@ def _attention(c: Checks) -> None:
         c.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
 
 
+def _relations(c: Checks) -> None:
+    """Values valid one by one that together make a run silently other than its config says (docs/training.md,
+    "Values checked together"). Run only once every value passed alone."""
+    def number(key: str) -> float | None:
+        value = c.value(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    # a warm-up as long as training (a short smoke run of a recipe) is allowed: quest.engine.builders warns with the
+    # peak the schedule reaches, and summary.json records it as lr_peak
+    lr = number("recipe.lr")  # with recipe.base_lr the peak depends on the global batch: checked when it is known
+    for key, what in (("recipe.warmup_lr", "the warm-up would lower the learning rate"),
+                      ("recipe.min_lr", "the schedule would raise the learning rate instead of decaying it")):
+        low = number(key)
+        if lr is not None and low is not None and low > lr:
+            c.fail(key, f"must be at most recipe.lr={lr:g}: {what}")
+    if ((number("recipe.mixup") or 0) > 0 or (number("recipe.cutmix") or 0) > 0) and \
+            isinstance(c.value("data.batch_size"), int) and c.value("data.batch_size") % 2:
+        c.fail("data.batch_size", "must be even with recipe.mixup or recipe.cutmix (timm's Mixup pairs the batch "
+               "with its reverse)")
+
+
 def check_train_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` naming every unknown key, then every bad value, of a composed train config;
     then check the data set against it (class count, matching split classes), which lists directories only."""
@@ -160,6 +181,8 @@ def check_train_config(cfg: Any) -> None:
     checks.finite(*float_keys(TrainConfig))  # every float of the schema, found from its types
     for part in (_recipe, _data, _trainer, _rest, _attention):
         part(checks)
+    checks.raise_if_any("config")
+    _relations(checks)
     checks.raise_if_any("config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:

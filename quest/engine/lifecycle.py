@@ -172,7 +172,7 @@ def _summary(run: Run, logger: RunLogger, out: Outcome, start: float, resumed: b
         "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
         "choices": dict(run.choices), "attention": cfg.attention.name, "model": cfg.model.name,
         "seed": cfg.trainer.seed, "num_params": sum(p.numel() for p in run.model.parameters()), "lr": parts.lr,
-        "global_batch": parts.global_batch, "world_size": ctx.world_size,
+        "lr_peak": parts.lr_peak, "global_batch": parts.global_batch, "world_size": ctx.world_size,
         "train_input": parts.train_input, "wall_time_s": time.perf_counter() - start,
         "train_img_per_s": st.images_seen / st.train_seconds if st.train_seconds else None,
         "resumed": resumed, "run_dir": str(run.run_dir), "checkpoint": run.checkpointer.saved(),
