@@ -214,3 +214,31 @@ def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> list
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return lines + ["| " + " | ".join(map(esc, row)) + " |" for row in rows]
+
+
+class OutputExists(ValueError):
+    """A command would replace files it finds in place (quest.errors counts a ValueError as the user's)."""
+
+
+def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite",
+                   keep_in: str | Path | None = None) -> Path | None:
+    """Before a command writes ``paths``: when some already exist, refuse (OutputExists naming them and ``flag``),
+    or with ``overwrite`` move them into a new ``.replaced/<UTC time>/`` (in ``keep_in``, default the first path's
+    folder) and return it. Nothing a command did not ask to replace is replaced, and nothing is deleted."""
+    import datetime
+
+    present = [Path(p) for p in paths if Path(p).exists()]
+    if not present:
+        return None
+    if not overwrite:
+        names = ", ".join(str(p) for p in present)
+        raise OutputExists(f"{names} already exist{'s' if len(present) == 1 else ''}: pass {flag} to replace "
+                           f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
+                           "them), or choose another output")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    dest = Path(keep_in if keep_in is not None else present[0].parent) / ".replaced" / stamp
+    dest.mkdir(parents=True)
+    for path in present:
+        os.replace(path, dest / path.name)
+    return dest
+

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
-from quest.io import atomic_write, json_text, write_text_atomic
+from quest.io import atomic_write, json_text, keep_or_refuse, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
@@ -151,11 +151,12 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str
     return "\n".join(lines)
 
 
-def export_run(source: str | Path, out: str | Path, weights: str = "ema") -> Path:
+def export_run(source: str | Path, out: str | Path, weights: str = "ema", overwrite: bool = False) -> Path:
     """Write the export of ``source`` (a run directory or checkpoint file) to ``out``; returns ``out``.
 
     ``weights="ema"`` takes the EMA weights (what the run's best numbers usually are) and refuses a run trained
-    without EMA; ``"model"`` the trained weights themselves."""
+    without EMA; ``"model"`` the trained weights themselves. An earlier export in ``out`` is refused (naming its
+    files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone."""
     if weights not in ("model", "ema"):
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
     path = resolve_checkpoint(source)
@@ -170,6 +171,7 @@ def export_run(source: str | Path, out: str | Path, weights: str = "ema") -> Pat
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser()
+    keep_or_refuse([out / WEIGHTS_FILE, out / "config.json", out / "README.md"], overwrite, keep_in=out)
     config = export_config(ckpt, model, weights, path)
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
@@ -186,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--weights", choices=("model", "ema"), default="ema",
                         help="the EMA weights (default) or the trained model's")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export in --out (its files are kept in --out/.replaced/)")
     args = parser.parse_args(argv)
     try:
-        out = export_run(args.source, args.out, args.weights)
+        out = export_run(args.source, args.out, args.weights, args.overwrite)
     except (FileNotFoundError, ValueError) as exc:
         print(f"quest-export: {exc}", file=sys.stderr)
         return 2

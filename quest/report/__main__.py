@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                         help="directories searched recursively for run directories (summary.json)")
     parser.add_argument("--out", help="also write the tables to this directory (.md and .csv)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace tables already in --out (the old ones are kept in --out/.replaced/)")
     parser.add_argument("--metrics", nargs="+", metavar="PATTERN",
                         help="metric names or shell-style patterns, e.g. val/top1 val/loss 'imagenet_c/*' (default: "
                         "val/top1, val_ema/top1 and the top-1 / mCE / mean errors of eval_results.json)")
@@ -58,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report.sweeps:
         print(lr_markdown(report))
     if args.out:
-        for path in write_outputs(report, args.out):
+        for path in write_outputs(report, args.out, args.overwrite):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 

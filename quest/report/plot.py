@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.extras import require
-from quest.io import save_figure
+from quest.io import OutputExists, keep_or_refuse, save_figure
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -288,6 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     diag.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    diag.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     diag.add_argument(
         "--layers",
         help="comma-separated layer indices (e.g. 0,3) or 'all' for per-layer lines; default: one line per run "
@@ -309,6 +311,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     expl.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    expl.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl.add_argument("--method", default="agcam", help="attention, rollout or agcam (default: agcam)")
     expl.add_argument("--suite", help="the eval suite that wrote the maps (default: any, last-model first)")
     return parser
@@ -318,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message on stderr for unusable input)."""
     args = _parser().parse_args(argv)
     try:
+        keep_or_refuse([args.out], args.overwrite)  # an earlier figure is replaced only when asked
         if args.command == "explain":
             from quest.explain.figures import compare_runs
 
@@ -328,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             keys = [k for part in args.keys for k in part.split(",") if k]
             out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
-    except PlotInputError as err:
+    except (PlotInputError, OutputExists) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(out)

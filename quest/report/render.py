@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from quest.io import markdown_table, write_text_atomic
+from quest.io import keep_or_refuse, markdown_table, write_text_atomic
 
 from .runs import RunResult
 from .stats import lower_is_better, mean_std
@@ -174,12 +174,14 @@ def lr_csv(report: Report) -> str:
     return buf.getvalue()
 
 
-def write_outputs(report: Report, out_dir: str | Path) -> list[Path]:
-    """runs.md / runs.csv, and lr_sensitivity.md / .csv when there is an lr sweep, in ``out_dir``."""
+def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    """runs.md / runs.csv, and lr_sensitivity.md / .csv when there is an lr sweep, in ``out_dir``. Tables already
+    there are refused (OutputExists), or with ``overwrite`` kept in ``out_dir/.replaced/<UTC time>/``."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     texts = {"runs.md": runs_markdown(report), "runs.csv": runs_csv(report)}
     if report.sweeps:
         texts.update({"lr_sensitivity.md": lr_markdown(report), "lr_sensitivity.csv": lr_csv(report)})
+    keep_or_refuse([out_dir / name for name in texts], overwrite, keep_in=out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     return [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
             for name, text in texts.items()]
