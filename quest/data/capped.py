@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 from PIL import Image
 
 from quest.io import atomic_write, write_text_atomic
+from quest.workers import die_with_parent
 
 from .shard_index import IMAGE_EXTS, load_info
 
@@ -71,7 +72,7 @@ def _cap_file(job: tuple[str, str], short_side: int, quality: int) -> str | None
 def _run(jobs: Sequence[Any], work: Callable[[Any], str | None], workers: int,
          progress: Callable[[Iterable, int], Iterable] | None) -> list[str | None]:
     if workers > 1 and len(jobs) > 16:
-        with ProcessPoolExecutor(workers) as pool:
+        with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
             results: Iterable = pool.map(work, jobs, chunksize=16)
             return list(progress(results, len(jobs)) if progress else results)
     return [work(j) for j in (progress(jobs, len(jobs)) if progress else jobs)]

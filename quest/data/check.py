@@ -162,7 +162,9 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 1 if unreadable else 0
 
 
-if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
-    from quest.cli import data
+if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-data console script
+    from quest.errors import program_name, reporting_errors
 
-    data()
+    with reporting_errors(program_name("quest-data")):
+        code = main()
+    sys.exit(code)

@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.workers import die_with_parent
+
 __all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "RGB_MODES"]
 
 CACHE_NAME = ".quest-preflight.json"
@@ -137,7 +139,7 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
     names = [str(f) for f in files]
     workers = workers or min(8, os.cpu_count() or 1)
     if workers > 1 and len(names) > 64:
-        with ProcessPoolExecutor(workers) as pool:
+        with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
             results: Iterable = pool.map(check_file, names, chunksize=64)
             results = list(progress(results, len(names)) if progress else results)
     else:

@@ -29,10 +29,10 @@ from quest.data import (
     shard_loaders,
 )
 from quest.models import create_model, uniform_drop_path
+from quest.workers import loader_worker_init
 
 from .checks import check_patch_size
 from .distributed import DistContext, agree_on_sample_counts
-from .signals import ignore_stop_signals
 
 log = logging.getLogger("quest.train")
 
@@ -174,7 +174,7 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int, train_input: Any) -> tup
     common = dict(num_workers=data.num_workers, collate_fn=collate_skipping_bad,
                   pin_memory=data.pin_memory and ctx.device.type == "cuda",
                   persistent_workers=data.num_workers > 0,
-                  worker_init_fn=ignore_stop_signals if data.num_workers > 0 else None)
+                  worker_init_fn=loader_worker_init if data.num_workers > 0 else None)
     if isinstance(train_ds, WdsDataset):  # tar shards: no sampler, the data set splits itself by rank and worker
         return shard_loaders(train_ds, val_ds, rank=ctx.rank, world_size=ctx.world_size, batch_size=data.batch_size,
                              eval_batch_size=data.eval_batch_size or 2 * data.batch_size, seed=cfg.trainer.seed,

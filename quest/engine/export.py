@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
-    from quest.cli import export
+if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-export console script
+    from quest.errors import program_name, reporting_errors
 
-    export()
+    with reporting_errors(program_name("quest-export")):
+        code = main()
+    sys.exit(code)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from quest.data import ShardSampler, collate_skipping_bad
 from quest.engine.counts import Counts, error_fraction, percent
 from quest.engine.distributed import DistContext
+from quest.workers import die_with_parent
 
 from .progress import Progress, tracked
 from .target import EvalTarget
@@ -71,7 +72,8 @@ def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -
     return DataLoader(dataset, batch_size=batch_size or run.settings.batch_size,
                       sampler=ShardSampler(len(dataset), run.dist.rank, run.dist.world_size),
                       num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad,
-                      pin_memory=run.device.type == "cuda")
+                      pin_memory=run.device.type == "cuda",
+                      worker_init_fn=die_with_parent if run.settings.num_workers > 0 else None)
 
 
 def batches(run: EvalRun, dataset: Dataset, what: str, nested: bool = False,

@@ -65,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
-    from quest.cli import report
+if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-report console script
+    from quest.errors import program_name, reporting_errors
 
-    report()
+    with reporting_errors(program_name("quest-report")):
+        code = main()
+    sys.exit(code)

@@ -340,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # through quest.cli: its one error path (quest/errors.py)
-    from quest.cli import plot
+if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-plot console script
+    from quest.errors import program_name, reporting_errors
 
-    plot()
+    with reporting_errors(program_name("quest-plot")):
+        code = main()
+    sys.exit(code)

@@ -27,6 +27,7 @@ import torch
 
 from quest.attention import list_attentions
 from quest.io import atomic_write, write_csv_atomic, write_json_atomic
+from quest.workers import die_with_parent
 
 from .batched import RunSpec, train_chunk
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
@@ -115,6 +116,7 @@ _WORKER_CFG: dict = {}
 
 
 def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
+    die_with_parent()  # quest/workers.py: a study killed by a signal takes its workers with it
     _WORKER_CFG.update(cfg)
     if threads:
         torch.set_num_threads(int(threads))

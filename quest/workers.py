@@ -1,0 +1,43 @@
+"""No worker outlives its command: every process quest starts to help it (the data pre-flight's and the resolution
+cap's pools, data loader workers, the toy study's pool, evaluation loaders) runs :func:`die_with_parent` first.
+
+A parent killed by a signal it does not handle (SIGTERM during the pre-flight, SIGKILL, the OOM killer) runs no
+cleanup, so ``with ProcessPoolExecutor(...)`` never joins its workers: they would wait on their queue forever,
+re-parented to init. Linux's ``PR_SET_PDEATHSIG`` has the kernel send them SIGKILL the moment the parent goes,
+whatever ended it. Elsewhere (macOS) it is a no-op: the workers end when their queue's pipe breaks.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = ["die_with_parent", "loader_worker_init"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(*_: Any) -> None:
+    """In a worker process: be killed when the process that started it ends (any arguments are ignored, so this
+    is usable as a pool ``initializer`` or a DataLoader ``worker_init_fn``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl (another libc): the queue's broken pipe still ends the worker
+        return
+    if parent == 1 or os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
+
+
+def loader_worker_init(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: dies with the training process, and leaves Ctrl-C to it: Ctrl-C reaches the
+    whole foreground process group, but only the main process decides (a worker killed by it would break the batch
+    the main process still needs for a clean stop). SIGTERM keeps its default: it is how the main process (and
+    multiprocessing at exit) ends its workers."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
