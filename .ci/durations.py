@@ -1,6 +1,6 @@
 """The time a pytest run spent, from its junit XML: the slowest tests and the total per file, as markdown.
 
-    python .ci/durations.py JUNIT.xml [--slowest 30] [--budget SECONDS]
+    python .ci/durations.py JUNIT.xml [--slowest 30] [--files N] [--budget SECONDS]
 
 Used by .ci/run after each pytest phase, and for the tables in docs/testing.md. With --budget, prints whether the
 run's wall time (the XML's own ``time``) stayed within it; it never fails CI on time (a busy machine is slower).
@@ -25,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit")
     parser.add_argument("--slowest", type=int, default=30)
+    parser.add_argument("--files", type=int, default=None, help="only the N files that took longest")
     parser.add_argument("--budget", type=float, default=None, help="seconds this phase should take on a quiet 2-core machine")
     args = parser.parse_args()
     root = ET.parse(args.junit).getroot()
@@ -45,7 +46,7 @@ def main() -> None:
     for seconds, _, name in sorted(cases, reverse=True)[:args.slowest]:
         print(f"| `{name}` | {seconds:.1f} |")
     print("\n| file | tests | s |\n|---|---:|---:|")
-    for file, seconds in per_file.most_common():
+    for file, seconds in per_file.most_common(args.files):
         print(f"| {file} | {count[file]} | {seconds:.1f} |")
     if args.budget is not None:
         verdict = "within" if wall <= args.budget else "OVER"
