@@ -103,6 +103,19 @@ def _starts_an_interpreter(args) -> bool:
     return first == sys.executable or bool(_INTERPRETER.search(first))
 
 
+_PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _started_by_this_project() -> bool:
+    """Whether the code that asked for the process is quest's, a test's or a bench script's, not a library's own
+    helper (inductor test-loads a compiled kernel in ``python -c`` on a cold cache: its business, not the test's)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    filename = os.path.abspath(frame.f_code.co_filename) if frame is not None else ""
+    return filename.startswith(_PROJECT + os.sep) and f"{os.sep}site-packages{os.sep}" not in filename
+
+
 @pytest.fixture(autouse=True)
 def _interpreters_started_only_by_process_tests(request, monkeypatch):
     if request.node.get_closest_marker("process"):
@@ -112,7 +125,7 @@ def _interpreters_started_only_by_process_tests(request, monkeypatch):
     original = subprocess.Popen.__init__
 
     def counting_init(self, args, *a, **k):
-        if _starts_an_interpreter(args):
+        if _starts_an_interpreter(args) and _started_by_this_project():
             started.append(" ".join(map(str, [args] if isinstance(args, str) else args))[:200])
         original(self, args, *a, **k)
 

@@ -46,10 +46,14 @@ def test_marked():
 
 def test_other_programs_are_free():
     subprocess.run(["true"], check=True)
+
+def test_a_librarys_own_helper_interpreter_is_its_business():  # as inductor's test-load of a compiled kernel
+    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"
+    exec(compile(code, "/usr/lib/python3/dist-packages/some_library/helper.py", "exec"))
 """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q")
     # the unmarked test's body ran; its teardown reports the interpreter as an error, which fails the run
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=4, errors=1)
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_unmarked*",
                                  "this test started 1 interpreter(s) without @pytest.mark.process*"])
     assert result.ret != 0
