@@ -1,6 +1,7 @@
 """quest-data cap: a resolution-capped copy of an image folder or a shard directory (docs/data.md, "Resolution-capped
 storage"): the pixels against PIL written out here, small images copied byte for byte, unreadable files reported,
-other splits linked, every interruption resumable to the same bytes, and a run on the copy labelled as such."""
+other splits linked, and a run on the copy labelled as such. Interruptions and reruns after the source changed:
+tests/test_data_tools_rerun.py."""
 from __future__ import annotations
 
 import io
@@ -74,38 +75,9 @@ def test_the_copy_caps_train_links_val_names_unreadable_files_and_writes_its_man
     assert not (dst / "train" / "c1" / "broken.JPEG").exists()
     assert manifest["splits"]["train"]["images"] == 8
     assert list(manifest["splits"]["train"]["unreadable"]) == [str(src.resolve() / "train" / "c1" / "broken.JPEG")]
+    assert manifest.pop("this_run") == {"kept": 0, "written": 8, "removed": 0}
     assert read_capped(dst) == json.loads((dst / CAPPED_INFO).read_text()) == manifest
     assert manifest["short_side"] == 64 and manifest["quality"] == 90 and manifest["linked"] == ["val"]
-
-
-def _all_files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink() and "val" not in p.parts}
-
-
-@pytest.mark.parametrize("stop_after", range(0, 8))
-def test_an_interrupted_copy_leaves_only_whole_files_and_the_same_command_finishes_it_to_the_same_bytes(
-        tmp_path, stop_after):
-    """SQLite-style: the copy is interrupted after each number of files in turn; what is left is whole files and no
-    manifest, and running again ends with exactly the bytes of an uninterrupted copy."""
-    src = _folder(tmp_path / "src")
-    cap_folder(src, tmp_path / "straight", 64)
-
-    def interrupt(items, total):
-        for i, item in enumerate(items):
-            if i == stop_after:
-                raise KeyboardInterrupt
-            yield item
-
-    with pytest.raises(KeyboardInterrupt):
-        cap_folder(src, tmp_path / "dst", 64, progress=interrupt)
-    left = _all_files(tmp_path / "dst")
-    assert CAPPED_INFO not in left and not any(name.split("/")[-1].startswith(".") for name in left)
-    straight = _all_files(tmp_path / "straight")
-    assert all(straight[name] == data for name, data in left.items())  # no file cut short
-    assert len(left) == stop_after
-    cap_folder(src, tmp_path / "dst", 64)
-    assert _all_files(tmp_path / "dst") == straight
 
 
 def test_the_cli_reports_and_refuses_with_exit_codes(tmp_path, capsys):
@@ -113,6 +85,10 @@ def test_the_cli_reports_and_refuses_with_exit_codes(tmp_path, capsys):
     assert quest_data(["cap", str(src), str(tmp_path / "dst"), "--short-side", "64", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "train: 8 images capped at short side 64" in out and f"{tmp_path / 'dst'}: complete" in out
+    assert "this run: 8 written, 0 removed, 0 kept" in out
+    (src / "train" / "c0" / "big0.JPEG").unlink()
+    assert quest_data(["cap", str(src), str(tmp_path / "dst"), "--short-side", "64", "--no-progress"]) == 0
+    assert "this run: 0 written, 1 removed, 7 kept from an earlier run" in capsys.readouterr().out
     assert quest_data(["cap", str(src), str(tmp_path / "dst"), "--short-side", "96", "--no-progress"]) == 2
     assert "capped at short side 64, quality 90; a different cap needs another folder" in capsys.readouterr().err
     assert quest_data(["cap", str(src), str(src / "inside"), "--short-side", "64", "--no-progress"]) == 2

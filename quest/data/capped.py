@@ -8,8 +8,13 @@ so crops that used to be downsampled from the original can become upsampled. Sma
 byte. A run on such a copy says so: ``DST/_capped.json`` records the cap, and the run's training input label names
 it (quest.engine.builders).
 
-Resumable and safe to interrupt: every output file is written whole (quest.io.atomic_write), an existing output is
-kept, and ``_capped.json`` is written last, so running the same command again finishes what is missing. Only the
+Resumable, safe to interrupt, and it follows its source: every output file is written whole (quest.io.atomic_write)
+and recorded with its source's size and modification time in ``DST/_ledger.jsonl`` (quest.data.ledger). Running
+the same command again keeps the outputs whose source is unchanged, redoes those whose source changed, removes
+those whose source is gone and anything it did not record, and ends with the copy a fresh run would make of
+today's source. ``_capped.json`` says ``complete: false`` from the first change to the last, and runs and
+``quest-data check`` refuse such a copy; it says ``complete: true`` only once the copy is whole. A folder that holds
+files quest-data cap did not write is refused. Only the
 training split is capped by default; the other splits are linked to the source (``DST/val -> SRC/val``), so
 validation and evaluation read the original images.
 """
@@ -18,23 +23,27 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
 from quest.io import atomic_write, write_text_atomic
 from quest.workers import die_with_parent
 
-from .shard_index import IMAGE_EXTS, load_info
+from .ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded
+from .shard_index import IMAGE_EXTS, load_info, require_complete
 
 __all__ = ["cap_image", "cap_folder", "cap_shards", "read_capped", "CAPPED_INFO"]
 
 CAPPED_INFO = "_capped.json"
 RESAMPLE = "PIL bicubic (antialiased)"
+TOOL = "quest-data cap"
 
 
 def cap_image(payload: bytes, short_side: int, quality: int) -> tuple[bytes, bool]:
@@ -50,32 +59,35 @@ def cap_image(payload: bytes, short_side: int, quality: int) -> tuple[bytes, boo
             out = io.BytesIO()
             img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
     except Exception as exc:  # PIL raises several types for files that are not images
-        raise ValueError(f"not a readable image ({exc})") from exc
+        # PIL names the in-memory buffer by its address: the reason would differ on every run
+        raise ValueError(f"not a readable image ({re.sub(r'<_io.BytesIO object at 0x[0-9a-f]+>', 'it', str(exc))})"
+                         ) from exc
     return out.getvalue(), True
 
 
-def _cap_file(job: tuple[str, str], short_side: int, quality: int) -> str | None:
+def _cap_file(job: tuple[str, str], short_side: int, quality: int) -> tuple[str | None, str | None]:
     """Write one capped image (under its own name when kept, as ``<stem>.JPEG`` when re-encoded from another
-    format); None, or the reason it could not be read."""
+    format): (its path, None), or (None, the reason the source could not be read). A full disk is not a reason: it
+    stops the copy."""
     src, folder = Path(job[0]), Path(job[1])
-    names = {src.name, _jpeg_name(src)}
-    if any((folder / name).exists() for name in names):
-        return None  # done by an earlier, interrupted run (written whole or not at all)
     try:
         payload, resized = cap_image(src.read_bytes(), short_side, quality)
     except (OSError, ValueError) as exc:
-        return str(exc)
-    atomic_write(folder / (_jpeg_name(src) if resized else src.name), lambda f: f.write(payload))
-    return None
+        return None, str(exc)
+    out = atomic_write(folder / (_jpeg_name(src) if resized else src.name), lambda f: f.write(payload))
+    return str(out), None
 
 
-def _run(jobs: Sequence[Any], work: Callable[[Any], str | None], workers: int,
-         progress: Callable[[Iterable, int], Iterable] | None) -> list[str | None]:
+def _run(jobs: Sequence[Any], work: Callable[[Any], Any], workers: int,
+         progress: Callable[[Iterable, int], Iterable] | None) -> Iterator[tuple[Any, Any]]:
+    """(job, result) in job order, each as soon as it is done, so that the caller records it before the next."""
     if workers > 1 and len(jobs) > 16:
         with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
             results: Iterable = pool.map(work, jobs, chunksize=16)
-            return list(progress(results, len(jobs)) if progress else results)
-    return [work(j) for j in (progress(jobs, len(jobs)) if progress else jobs)]
+            yield from zip(jobs, progress(results, len(jobs)) if progress else results)
+        return
+    for job in (progress(jobs, len(jobs)) if progress else jobs):
+        yield job, work(job)
 
 
 def _jpeg_name(path: Path) -> str:
@@ -86,7 +98,8 @@ def _jpeg_name(path: Path) -> str:
 def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits: Sequence[str] = ("train",),
                workers: int = 1, progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, Any]:
     """An image folder ``src/<split>/<class>/<image>``: the ``splits`` capped into ``dst``, every other split folder
-    linked. Returns the manifest written to ``dst/_capped.json``."""
+    linked. Run again, it follows the source (module docstring). Returns the manifest written to
+    ``dst/_capped.json`` and, under ``this_run``, how many outputs this run kept, wrote and removed."""
     from .preflight import _files
 
     src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
@@ -95,30 +108,70 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     missing = [s for s in splits if s not in folders]
     if missing:
         raise FileNotFoundError(f"{src} has no split folder {missing[0]!r} (its folders: {folders})")
-    dst.mkdir(parents=True, exist_ok=True)
-    counts: dict[str, Any] = {}
-    for split in folders:
-        if split not in splits:
-            link = dst / split
-            if not link.exists():
-                link.symlink_to(src / split, target_is_directory=True)
-            continue
-        files = [f for f in _files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS]
-        jobs = [(str(f), str(dst / f.relative_to(src).parent)) for f in files]
-        if len({(j[1], Path(_jpeg_name(f)).stem.lower()) for j, f in zip(jobs, files)}) != len(jobs):
+    splits = sorted(set(splits))
+    files = {split: [f for f in _files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS] for split in splits}
+    for split, found in files.items():
+        if len({(f.parent, Path(_jpeg_name(f)).stem.lower()) for f in found}) != len(found):
             raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
                              "would write both to one JPEG")
-        reasons = _run(jobs, partial(_cap_file, short_side=short_side, quality=quality), workers, progress)
-        problems = {j[0]: r for j, r in zip(jobs, reasons) if r is not None}
-        counts[split] = {"images": len(jobs) - len(problems), "unreadable": problems}
-    return _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
-                                                   "linked": [s for s in folders if s not in splits]})
+    stamps = {str(f.relative_to(src)): file_stamp(f) for found in files.values() for f in found}
+    _refuse_foreign(dst)
+    counts: dict[str, Any] = {}
+    with Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": splits}) as ledger:
+        ledger.begin()
+        _start(dst, src, short_side, quality)
+        linked = _link(dst, {s: src / s for s in folders if s not in splits})
+        ledger.drop_stale(stamps)
+        for split in splits:
+            _mirror_classes(src / split, dst / split, ledger)
+        todo = [(str(src / key), str(dst / Path(key).parent)) for key, stamp in stamps.items()
+                if ledger.current(key, stamp) is None]
+        problems: dict[str, str] = {}
+        for job, (out, reason) in _run(todo, partial(_cap_file, short_side=short_side, quality=quality), workers,
+                                       progress):
+            key = str(Path(job[0]).relative_to(src))
+            if out is not None:
+                ledger.record(key, str(Path(out).relative_to(dst)), stamps[key])
+            else:
+                problems[job[0]] = reason
+        for split in splits:
+            unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
+            counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
+    manifest = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts, "linked": linked})
+    return {**manifest, "this_run": ledger.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
+
+
+def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
+    """``dst_split`` holds a folder for every class folder of the source, also one whose images are all unreadable
+    (ImageFolder numbers classes by their folders), and nothing the ledger does not list."""
+    classes = sorted(p.name for p in src_split.iterdir() if p.is_dir())
+    dst_split.mkdir(parents=True, exist_ok=True)
+    for path in dst_split.iterdir():
+        if path.is_dir() and not path.is_symlink() and path.name not in classes:
+            shutil.rmtree(path)  # a class the source no longer has: its outputs left the ledger with their sources
+    for name in classes:
+        (dst_split / name).mkdir(exist_ok=True)
+        remove_unrecorded(dst_split / name, set(), ledger)
+        for dirpath, dirnames, filenames in os.walk(dst_split / name, topdown=False):
+            if Path(dirpath) != dst_split / name and not dirnames and not filenames:
+                os.rmdir(dirpath)  # a sub-folder the source no longer has
+
+
+def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
+    """``dst/<name>`` a link to each target, and no other link at the top of ``dst``; the names linked."""
+    for path in dst.iterdir():
+        if path.is_symlink() and (path.name not in targets or path.resolve() != targets[path.name].resolve()):
+            path.unlink()
+    for name, target in targets.items():
+        link = dst / name
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
+    return sorted(targets)
 
 
 def _cap_shard(job: tuple[str, str], short_side: int, quality: int) -> str | None:
     src, dst = Path(job[0]), Path(job[1])
-    if dst.exists():
-        return None
 
     def write(f) -> None:
         with tarfile.open(src) as tar_in, tarfile.open(fileobj=f, mode="w") as tar_out:
@@ -135,7 +188,7 @@ def _cap_shard(job: tuple[str, str], short_side: int, quality: int) -> str | Non
 
     try:
         atomic_write(dst, write)
-    except (OSError, ValueError, tarfile.TarError) as exc:
+    except (ValueError, tarfile.TarError) as exc:
         return f"{src.name}: {exc}"
     return None
 
@@ -144,33 +197,47 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
                workers: int = 1, progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, Any]:
     """A directory of WebDataset shards with an ``_info.json`` (quest.data.make_shards): the shards of ``splits``
     capped into ``dst`` under the same names, the other splits' shards linked, the ``_info.json`` copied (the sample
-    counts stay)."""
+    counts stay). Run again, it follows the source (module docstring)."""
     src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
     _check(src, dst, short_side, quality)
     info, info_path = load_info(src)
     if info_path is None:
         raise FileNotFoundError(f"{src} has no _info.json; index the shards first (python -m quest.data.make_shards "
                                 "index)")
+    require_complete(info, info_path)
     known = info.get("splits", {})
     missing = [s for s in splits if s not in known]
     if missing:
         raise FileNotFoundError(f"{info_path} has no split {missing[0]!r} (its splits: {sorted(known)})")
-    dst.mkdir(parents=True, exist_ok=True)
-    for split, entry in known.items():
-        for name in [] if split in splits else entry.get("filenames", []):
-            if not (dst / name).exists():
-                (dst / name).parent.mkdir(parents=True, exist_ok=True)
-                (dst / name).symlink_to(src / name)
+    splits = sorted(set(splits))
     names = sorted({n for s in splits for n in known[s].get("filenames", [])})
-    jobs = [(str(src / n), str(dst / n)) for n in names]
-    reasons = _run(jobs, partial(_cap_shard, short_side=short_side, quality=quality), workers, progress)
-    problems = [r for r in reasons if r is not None]
+    gone = [n for n in names if not (src / n).is_file()]
+    if gone:
+        raise FileNotFoundError(f"{info_path} lists shards that do not exist: {', '.join(gone[:5])}")
+    stamps = {n: file_stamp(src / n) for n in names}
+    links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
+    _refuse_foreign(dst)
+    with Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": splits}) as ledger:
+        ledger.begin()
+        _start(dst, src, short_side, quality)
+        _link(dst, links)
+        ledger.drop_stale(stamps)
+        remove_unrecorded(dst, {CAPPED_INFO, LEDGER_NAME, info_path.name, *links}, ledger)
+        todo = [(str(src / n), str(dst / n)) for n in names if ledger.current(n, stamps[n]) is None]
+        problems = []
+        for job, reason in _run(todo, partial(_cap_shard, short_side=short_side, quality=quality), workers, progress):
+            if reason is None:
+                name = str(Path(job[1]).relative_to(dst))
+                ledger.record(name, name, stamps[name])
+            else:
+                problems.append(reason)
     if problems:
         raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
                          + "; ".join(problems[:5]))
     write_text_atomic(dst / info_path.name, info_path.read_text())
-    return _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(known[s].get(
+    manifest = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(known[s].get(
         "filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
+    return {**manifest, "this_run": ledger.report(kept=len(names) - len(todo))}
 
 
 def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
@@ -182,20 +249,40 @@ def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
         raise ValueError(f"--quality must be in 1..100, got {quality}")
     if dst.resolve() == src or src in dst.resolve().parents:
         raise ValueError(f"the capped copy {dst} must not lie inside its source {src}")
-    old = read_capped(dst)
+    old = read_capped(dst, complete_only=False)
     if old is not None and (old["short_side"], old["quality"]) != (short_side, quality):
         raise ValueError(f"{dst} holds a copy capped at short side {old['short_side']}, quality {old['quality']}; "
                          "a different cap needs another folder")
 
 
+def _refuse_foreign(dst: Path) -> None:
+    """A copy goes into a new or empty folder, or one an earlier run of this tool wrote: the rerun removes what the
+    source no longer makes, which must never be somebody else's files."""
+    if not dst.is_dir() or (dst / CAPPED_INFO).exists() or (dst / LEDGER_NAME).exists():
+        return
+    found = sorted(p.name for p in dst.iterdir())
+    if found:
+        raise ValueError(f"{dst} already holds files quest-data cap did not write ({', '.join(found[:5])}"
+                         f"{' ...' if len(found) > 5 else ''}); give a new or empty folder for the copy")
+
+
+def _start(dst: Path, src: Path, short_side: int, quality: int) -> None:
+    # before any output changes: until _finish, the copy says it is incomplete, and runs and checks refuse it
+    manifest = {"complete": False, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+                "source": str(src)}
+    write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")
+
+
 def _finish(dst: Path, src: Path, short_side: int, quality: int, extra: dict[str, Any]) -> dict[str, Any]:
-    manifest = {"short_side": short_side, "quality": quality, "resample": RESAMPLE, "source": str(src), **extra}
+    manifest = {"complete": True, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+                "source": str(src), **extra}
     write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")  # last: the copy is complete
     return manifest
 
 
-def read_capped(root: str | os.PathLike | None) -> dict[str, Any] | None:
-    """The manifest of a capped copy at ``root`` (None when ``root`` is not one)."""
+def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> dict[str, Any] | None:
+    """The manifest of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
+    interrupted and ``complete_only``: a run on it would read a mix of old and new images, or miss some."""
     if not root:
         return None
     path = Path(root).expanduser() / CAPPED_INFO
@@ -207,4 +294,7 @@ def read_capped(root: str | os.PathLike | None) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
+    if complete_only and manifest.get("complete") is False:
+        raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
+                         "complete: false); run the same quest-data cap command again to finish it")
     return manifest

@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
+from .capped import read_capped
 from .preflight import Problem, Report, check_image_folder_files
-from .shard_index import info_lengths, load_info
+from .shard_index import info_lengths, load_info, require_complete
 from .shard_preflight import check_shard_split
 
 __all__ = ["check_root", "main", "reason_kind"]
@@ -81,6 +82,12 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
         print(f"quest-data check: {root} does not exist or is not a directory", file=err)
         return 2
     bar = (lambda desc: _progress_bar(desc, err)) if progress else (lambda desc: None)
+    try:  # a copy or conversion a data tool has not finished is never reported clean
+        read_capped(root)
+        require_complete(*load_info(root))
+    except ValueError as exc:
+        print(f"{root}: {exc}", file=out)
+        return 1
     if _is_shard_dir(root):
         reports = _shard_reports(root, workers, bar)
         unit = "samples (headers and labels read, images not decoded):"
@@ -155,6 +162,9 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
               (f", {len(problems)} unreadable (left out):" if problems else ""), file=out)
         for path, reason in list(problems.items())[:20]:
             print(f"  {path}: {reason}", file=out)
+    run = manifest["this_run"]
+    print(f"this run: {run['written']} written, {run['removed']} removed, {run['kept']} kept from an earlier run "
+          "(unchanged source)", file=out)
     for split in manifest["linked"]:
         print(f"{split}: linked to {args.src / split if manifest['layout'] == 'image folder' else args.src}", file=out)
     print(f"{args.dst}: {'complete' if not unreadable else f'complete but for {unreadable} unreadable image(s)'}",

@@ -3,29 +3,36 @@
     python -m quest.data.make_shards convert /datasets/imagenet /datasets/imagenet-wds --name imagenet1k
     python -m quest.data.make_shards index /datasets/x train='x-train-{000..127}.tar' validation='x-val-*.tar'
 
-``convert``: an ImageFolder to shuffled shards and their _info.json; ``index``: count existing shards into one.
+``convert``: an ImageFolder to shuffled shards and their _info.json (run again, it redoes exactly the shards whose
+files changed: docs/data.md, "Running a data tool again"); ``index``: count existing shards into one.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import logging
+import re
 import tarfile
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 import numpy as np
 
 from quest.io import atomic_write, write_text_atomic
 
 from .folder import check_image_folder
+from .ledger import Ledger, file_stamp, is_partial_write
 from .shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
 
 log = logging.getLogger(__name__)
 
 __all__ = ["convert_image_folder", "write_index", "main"]
+
+TOOL = "make_shards convert"
+FORMAT = "tar: <key>.<ext> then <key>.cls, mode 0o444, mtime 0"  # in every shard's stamp: a new layout redoes all
 
 
 def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
@@ -58,10 +65,50 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
                          shard_size: int = 1000, seed: int = 0) -> Path:
     """ImageFolder ``src/<folder>/<class>/<image>`` -> ``out/<name>-<split>-NNNN.tar`` + ``_info.json``. Samples
     are shuffled (``seed``) before sharding so that every shard mixes the classes: reading shuffles only the shard
-    order and windows of consecutive samples. Class index = sorted class-folder order, as ImageFolder."""
-    out.mkdir(parents=True, exist_ok=True)
+    order and windows of consecutive samples. Class index = sorted class-folder order, as ImageFolder.
+
+    Run again, it follows the source: a shard is kept when the files it is made of (names, sizes, modification
+    times, labels) and the settings are unchanged, written again otherwise, and shards of these splits that the
+    conversion no longer makes are removed (quest.data.ledger). ``_info.json`` says ``complete: false`` from the
+    first shard written to the last, and readers refuse the folder meanwhile."""
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
+    ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
+    with Ledger(out, TOOL, {}) as ledger:
+        taken = [n for n in planned if (out / n).exists() and n not in ledger.entries]
+        if taken and not ledger.existed:
+            raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
+                             "make_shards did not record writing; give another folder or --name")
+        ledger.begin()
+        _merge_info(out, {}, {"complete": False})  # before the first shard changes
+        ledger.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
+                          keys={k for k in ledger.entries if ours.fullmatch(k)})
+        for path in out.iterdir():  # shards of these splits the ledger does not list: a kill came before their line
+            partial_of = path.name[1:].rsplit(".", 2)[0] if is_partial_write(path.name) else None
+            if path.is_file() and (ours.fullmatch(path.name) and path.name not in ledger.outputs()
+                                   or partial_of is not None and ours.fullmatch(partial_of)):
+                path.unlink()
+        for shard, (write, stamp) in planned.items():
+            if ledger.current(shard, stamp) is None:
+                atomic_write(out / shard, write)
+                ledger.record(shard, shard, stamp)
+    written = {split: {"name": split, "num_samples": sum(n for _, n in shards), "shard_lengths": [n for _, n in shards],
+                       "filenames": [f for f, _ in shards]} for split, shards in lengths.items()}
+    for split, entry in written.items():
+        log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
+    log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
+             ledger.written, ledger.removed, len(planned) - ledger.written)
+    return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+
+
+def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
+          ) -> tuple[dict[str, tuple[Callable[[BinaryIO], None], str]], dict[str, list[tuple[str, int]]], list[str]]:
+    """Every shard of the conversion, before anything is written: its name -> (its writer, the stamp of what it is
+    made of); each split's shards (name, sample count); the classes."""
     classes: list[str] | None = None
-    written: dict[str, dict[str, Any]] = {}
+    planned: dict[str, tuple[Callable[[BinaryIO], None], str]] = {}
+    lengths: dict[str, list[tuple[str, int]]] = {}
     for folder, split in splits:
         root = check_image_folder(src / folder, f"convert {src / folder}")
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -75,15 +122,16 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         items = [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
         count = -(-len(items) // shard_size)
         width = max(4, len(str(count - 1)))
-        filenames, lengths = [], []
+        lengths[split] = []
         for k in range(count):
             part = items[k * shard_size: (k + 1) * shard_size]
-            filenames.append(f"{name}-{split}-{k:0{width}d}.tar")
-            atomic_write(out / filenames[-1], partial(_write_shard, part, root))
-            lengths.append(len(part))
-        written[split] = {"name": split, "num_samples": len(items), "filenames": filenames, "shard_lengths": lengths}
-        log.info("%s: %d samples in %d shards", split, len(items), count)
-    return _merge_info(out, written, {"classes": classes, "num_classes": len(classes or [])})
+            digest = hashlib.sha256(f"{FORMAT}\0{split}\0{folder}\n".encode())
+            for path, target in part:
+                digest.update(f"{path.relative_to(root)}\0{file_stamp(path)}\0{target}\n".encode())
+            shard = f"{name}-{split}-{k:0{width}d}.tar"
+            planned[shard] = (partial(_write_shard, part, root), digest.hexdigest())
+            lengths[split].append((shard, len(part)))
+    return planned, lengths, classes or []
 
 
 def write_index(root: Path, splits: dict[str, str]) -> Path:

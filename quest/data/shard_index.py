@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "info_lengths",
-           "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups", "open_tar",
+__all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
+           "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups", "open_tar",
            "count_samples"]
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
@@ -58,6 +58,15 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
     return {}, None
 
 
+def require_complete(info: dict[str, Any], info_path: Path | None) -> None:
+    """Refuse shards whose conversion is unfinished: make_shards marks _info.json ``complete: false`` before its first
+    shard and ``true`` after its last (a file written by another tool, without the key, counts as complete)."""
+    if info_path is not None and info.get("complete") is False:
+        raise ShardError(f"{info_path} says complete: false: the conversion that writes {info_path.parent} was "
+                         "interrupted or is still running; run the same `python -m quest.data.make_shards convert` "
+                         "command again to finish it")
+
+
 def info_lengths(info: dict[str, Any]) -> dict[str, int]:
     """Every shard file name the info lists, with its sample count."""
     out: dict[str, int] = {}
@@ -86,6 +95,7 @@ def resolve_shards(root: Path, split: str, count: bool = False) -> list[Shard]:
     """The shards of ``split`` (an _info.json split or a pattern) with their lengths: from _info.json, else counted
     when ``count`` (a pass over every tar header); every file must exist and hold at least one sample."""
     info, info_path = load_info(root)
+    require_complete(info, info_path)
     names = split_files(root, split, info, info_path)
     paths = [root / n for n in names]
     missing = [str(p) for p in paths if not p.is_file()]

@@ -1,0 +1,242 @@
+"""The resumable data tools follow their source (docs/data.md, "Running a data tool again"): ``quest-data cap`` of an
+image folder or of shards, and ``make_shards convert``, interrupted after every number of outputs, with each fault a
+kill leaves (a partial write, an output without its ledger line, a cut ledger line), then the source changed in each
+way (an image modified, added, deleted, made unreadable, grown past the cap, a class removed), then run again: the
+result equals a fresh run on today's source byte for byte, outputs whose source did not change are not rewritten,
+and until the rerun ends the folder says it is incomplete and readers refuse it."""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from quest.data.capped import cap_folder, cap_shards, read_capped
+from quest.data.check import check_root
+from quest.data.ledger import LEDGER_NAME
+from quest.data.make_shards import convert_image_folder
+from quest.data.shard_index import ShardError, resolve_shards
+
+CAP = 32  # the short side kept: a 48 x 40 image is resized, a 20 x 16 one copied byte for byte
+CHANGES = ("none", "modify", "add", "delete", "unreadable", "grow", "drop class")
+FAULTS = ("stop", "partial write", "unrecorded output", "cut ledger line")
+_clock = itertools.count(1)
+
+
+def _image(path: Path, size: tuple[int, int], seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=90) if path.suffix == ".JPEG" else Image.fromarray(pixels).save(path)
+    tick = 1_700_000_000_000_000_000 + next(_clock) * 1_000_000_000  # a new mtime for every write, whatever the clock
+    os.utime(path, ns=(tick, tick))
+
+
+def _source(root: Path) -> Path:
+    """train: c0 = two big JPEGs and a small PNG, c1 = a big JPEG and a small PNG; val: one image per class."""
+    _image(root / "train/c0/a.JPEG", (48, 40), 1)
+    _image(root / "train/c0/b.JPEG", (48, 40), 2)
+    _image(root / "train/c0/s.png", (20, 16), 3)
+    _image(root / "train/c1/a.JPEG", (48, 40), 4)
+    _image(root / "train/c1/s.png", (20, 16), 5)
+    for c in ("c0", "c1"):
+        _image(root / f"val/{c}/v.JPEG", (48, 40), 6)
+    return root
+
+
+def _change(src: Path, change: str) -> set[str]:
+    """Change the source; the training images (under train/) whose output may differ afterwards."""
+    train = src / "train"
+    if change == "modify":
+        _image(train / "c0/a.JPEG", (48, 40), 11)
+        return {"c0/a.JPEG"}
+    if change == "add":
+        _image(train / "c1/new.JPEG", (48, 40), 12)
+        return {"c1/new.JPEG"}
+    if change == "delete":
+        (train / "c0/b.JPEG").unlink()
+        return {"c0/b.JPEG"}
+    if change == "unreadable":
+        (train / "c1/a.JPEG").write_bytes(b"no longer an image")
+        return {"c1/a.JPEG"}
+    if change == "grow":  # a PNG under the cap grows past it: its output becomes s.JPEG, s.png must go
+        _image(train / "c0/s.png", (48, 40), 13)
+        return {"c0/s.png"}
+    if change == "drop class":  # from every split: the shard conversion needs one class list
+        shutil.rmtree(train / "c1")
+        shutil.rmtree(src / "val/c1")
+        return {"c1/a.JPEG", "c1/s.png"}
+    return set()
+
+
+def _tree(root: Path) -> dict[str, object]:
+    """Every entry under ``root`` but the ledger: file bytes, link targets, and folders."""
+    out: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = "folder"
+        elif path.name != LEDGER_NAME:
+            out[rel] = path.read_bytes()
+    return out
+
+
+def _inodes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_ino for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def _stop_after(n: int | None):
+    def progress(items, total):
+        for i, item in enumerate(items):
+            if i == n:
+                raise KeyboardInterrupt
+            yield item
+    return progress
+
+
+def _fault(dst: Path, fault: str, partial: Path) -> None:
+    """What a kill -9 leaves beside a clean stop (``partial``: where a write was cut)."""
+    ledger = dst / LEDGER_NAME
+    lines = ledger.read_text().splitlines(keepends=True)
+    if fault == "partial write":
+        partial.write_bytes(b"\xff\xd8 cut")
+    elif fault == "unrecorded output" and len(lines) > 1:
+        ledger.write_text("".join(lines[:-1]))  # the output is whole, its line never reached the file
+    elif fault == "cut ledger line" and len(lines) > 1:
+        ledger.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+
+
+def _states(outputs: int) -> list[tuple[int | None, str]]:
+    return [(None, "stop")] + [(n, f) for n in range(outputs) for f in FAULTS]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_capping_a_folder_again_after_any_interruption_and_any_change_equals_a_fresh_copy(tmp_path, change):
+    base = _source(tmp_path / "base")
+    for k, (stop, fault) in enumerate(_states(5)):
+        src, dst = tmp_path / f"src{k}", tmp_path / f"dst{k}"
+        shutil.copytree(base, src)
+        if stop is None:
+            cap_folder(src, dst, CAP)
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                cap_folder(src, dst, CAP, progress=_stop_after(stop))
+            _fault(dst, fault, dst / "train/c0/.a.JPEG.k2j3h4.tmp")
+            with pytest.raises(ValueError, match="interrupted"):
+                read_capped(dst)  # a run refuses the unfinished copy
+            assert check_root(dst, progress=False, out=open(os.devnull, "w")) == 1
+        before = _inodes(dst)
+        touched = _change(src, change)
+        cap_folder(src, dst, CAP)
+        cap_folder(src, tmp_path / f"fresh{k}", CAP)
+        assert _tree(dst) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        assert read_capped(dst)["complete"] is True
+        if stop is None:  # a finished copy: exactly the outputs of changed sources are written again
+            after = _inodes(dst)
+            kept = {p for p in before if p in after and p.startswith("train/")
+                    and not any(p.startswith(f"train/{Path(t).parent}/{Path(t).stem}.") for t in touched)}
+            assert {p for p in kept if before[p] != after[p]} == set(), change
+        shutil.rmtree(src)
+
+
+def _stop_writes(monkeypatch, module, n: int | None) -> None:
+    """Stop the n+1-th output write of ``module`` (make_shards writes in its own process, with no progress hook)."""
+    from quest import io
+
+    calls = itertools.count()
+
+    def write(path, fill):
+        if next(calls) == n:
+            raise KeyboardInterrupt
+        return io.atomic_write(path, fill)
+
+    monkeypatch.setattr(module, "atomic_write", write)
+
+
+def _convert(src: Path, out: Path) -> Path:
+    return convert_image_folder(src, out, [("train", "train"), ("val", "val")], name="toy", shard_size=2)
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_converting_to_shards_again_after_any_interruption_and_any_change_equals_a_fresh_conversion(
+        tmp_path, monkeypatch, change):
+    import quest.data.make_shards as make_shards
+
+    base = _source(tmp_path / "base")
+    for k, (stop, fault) in enumerate(_states(4)):  # train: 3 shards of 2, 2 and 1 images; val: 1 shard
+        src, out = tmp_path / f"src{k}", tmp_path / f"out{k}"
+        shutil.copytree(base, src)
+        _stop_writes(monkeypatch, make_shards, stop)
+        if stop is None:
+            _convert(src, out)
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                _convert(src, out)
+            _fault(out, fault, out / ".toy-train-0001.tar.k2j3h4.tmp")
+            with pytest.raises(ShardError, match="complete: false"):
+                resolve_shards(out, "train")
+            assert check_root(out, progress=False, out=open(os.devnull, "w")) == 1
+        monkeypatch.undo()
+        before = _inodes(out)
+        _change(src, change)
+        _convert(src, out)
+        _convert(src, tmp_path / f"fresh{k}")
+        assert _tree(out) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        if stop is None and change in ("none", "modify"):  # the same samples: only the shard holding c0/a is redone
+            after = _inodes(out)
+            rewritten = {p for p in before if p.endswith(".tar") and before[p] != after[p]}
+            assert len(rewritten) == (change == "modify"), rewritten
+        shutil.rmtree(src)
+
+
+@pytest.mark.parametrize("change", ("none", "modify", "add", "drop class"))
+def test_capping_shards_again_after_any_interruption_and_any_change_equals_a_fresh_copy(tmp_path, change):
+    base = _source(tmp_path / "base")
+    for k, (stop, fault) in enumerate(_states(3)):
+        src, shards, dst = tmp_path / f"src{k}", tmp_path / f"shards{k}", tmp_path / f"dst{k}"
+        shutil.copytree(base, src)
+        _convert(src, shards)
+        if stop is None:
+            cap_shards(shards, dst, CAP)
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                cap_shards(shards, dst, CAP, progress=_stop_after(stop))
+            _fault(dst, fault, dst / ".toy-train-0000.tar.k2j3h4.tmp")
+            with pytest.raises(ValueError, match="interrupted"):
+                read_capped(dst)
+        _change(src, change)
+        _convert(src, shards)
+        cap_shards(shards, dst, CAP)
+        cap_shards(shards, tmp_path / f"fresh{k}", CAP)
+        assert _tree(dst) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        shutil.rmtree(src)
+
+
+def test_a_folder_holding_files_the_tool_did_not_write_is_refused_and_left_as_it_was(tmp_path):
+    """The rerun removes what the source no longer makes, so it must never take somebody else's files for its own."""
+    src = _source(tmp_path / "src")
+    stranger = tmp_path / "dst"
+    _image(stranger / "mine/photo.JPEG", (48, 40), 20)
+    before = _tree(stranger)
+    with pytest.raises(ValueError, match=r"already holds files quest-data cap did not write \(mine\)"):
+        cap_folder(src, stranger, CAP)
+    assert _tree(stranger) == before and not (stranger / LEDGER_NAME).exists()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "toy-train-0001.tar").write_bytes(b"somebody's file under a name the conversion would write")
+    before = _tree(shards)
+    with pytest.raises(ValueError, match="toy-train-0001.tar, which make_shards did not record writing"):
+        _convert(src, shards)
+    assert _tree(shards) == before and not (shards / LEDGER_NAME).exists()
+    cap_folder(src, tmp_path / "copy", CAP)
+    before = _tree(tmp_path / "copy")
+    with pytest.raises(ValueError, match="use another folder"):  # another tool, or the same one with other settings
+        cap_folder(src, tmp_path / "copy", CAP, splits=("train", "val"))
+    with pytest.raises(ValueError, match="was written by quest-data cap"):
+        _convert(src, tmp_path / "copy")
+    assert _tree(tmp_path / "copy") == before
