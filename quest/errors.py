@@ -6,8 +6,9 @@ Every command (train.py and each job of a multirun, eval.py, the toy study, ever
 inside :func:`reporting_errors`. What counts as the user's (:func:`is_user_error`): a bad value or file
 (``ValueError``: quest's ConfigError, DamagedFile, ShardError, ... and the checks of the libraries it calls), the file
 system (``OSError``: a missing or unreadable path, a full disk, a read-only directory, a directory another process
-holds), a missing optional package (MissingExtra), a config the schema refuses (OmegaConf's errors), and any
-exception class that says so with :class:`UserError`. Everything else is a bug: its traceback is printed.
+holds), too little memory for what the config asks (MemoryError, torch's allocators), a missing optional package
+(MissingExtra), a config the schema refuses (OmegaConf's errors), and any exception class that says so with
+:class:`UserError`. Everything else is a bug: its traceback is printed.
 
 ``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows the traceback of a user error too.
 """
@@ -16,13 +17,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "is_user_error", "describe", "reporting_errors", "program_name"]
+__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "is_user_error", "out_of_memory", "describe", "reporting_errors",
+           "program_name"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
@@ -37,7 +40,14 @@ def is_user_error(exc: BaseException) -> bool:
 
     from quest.extras import MissingExtra
 
-    return isinstance(exc, (UserError, ValueError, OSError, MissingExtra, OmegaConfBaseException))
+    return isinstance(exc, (UserError, ValueError, OSError, MissingExtra, OmegaConfBaseException)) or out_of_memory(exc)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """The machine's memory (or the GPU's) was too small for what the config asks: a user's to fix, like a full disk.
+    torch's CPU allocator says so in a RuntimeError, CUDA's in torch.OutOfMemoryError."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 def describe(exc: BaseException) -> str:
@@ -51,6 +61,12 @@ def describe(exc: BaseException) -> str:
             if folder is not None:
                 text += f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB left on that file system)"
         return text
+    if out_of_memory(exc):
+        tried = re.search(r"tried to allocate (\d+) bytes", str(exc))
+        size = f" (an allocation of {int(tried.group(1)) / 2**30:,.1f} GiB)" if tried else ""
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "MemoryError"
+        return (f"out of memory{size}: {first}. Lower what the config makes large (data.batch_size, "
+                "data.num_classes, model, data.num_workers, a data set's size) or use a machine with more memory")
     return str(exc) or type(exc).__name__
 
 

@@ -135,3 +135,16 @@ def test_a_full_disk_names_the_file_and_the_space_left(tmp_path):
     text = describe(OSError(28, "No space left on device", str(tmp_path / "out" / "shard-0003.tar")))
     assert text.startswith(f"No space left on device: {tmp_path / 'out' / 'shard-0003.tar'} (")
     assert "MiB left on that file system" in text
+
+
+def test_too_little_memory_for_the_config_is_the_users_one_line_with_the_size(capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                       "tried to allocate 256000000000000 bytes. Error code 12 (Cannot allocate memory)")
+    code, err = _report(cpu, capsys)  # data.num_classes=10**12: the head's weight (256 * 10**12 floats)
+    assert code == EXIT_ERROR and err.startswith("prog: error: out of memory (an allocation of 238,418.6 GiB): ")
+    assert "data.batch_size" in err and err.count("\n") == 1
+    code, err = _report(MemoryError(), capsys)  # Python's own: a list of 10**12 indices
+    assert code == EXIT_ERROR and err.startswith("prog: error: out of memory: MemoryError. Lower")
+    code, err = _report(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), capsys)  # any other: a bug
+    assert code == EXIT_BUG and "Traceback" in err

@@ -94,6 +94,9 @@ class QKAttention(nn.Module):
 
     attention_name: ClassVar[str] = "base"
     options: ClassVar[dict[str, Any]] = {}
+    #: what an option must be, checked when the class is bound (quest.attention.registry.option_problem): name ->
+    #: (test, what is expected). Without a rule, an option whose default is a number must be a finite number > 0.
+    option_rules: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {}
     #: True when the constructor's ``qk_norm`` flag is honoured (timm's per-head LayerNorm on q and k).
     supports_qk_norm: ClassVar[bool] = False
     #: which inputs of :meth:`attend` may be scaled by a positive constant per token ("queries", "keys") without

@@ -76,6 +76,8 @@ class QKNormAttention(QKAttention):
     scale_invariant_in = frozenset({"queries", "keys"})
 
     options = {"seq_len": None, "eps": NORM_EPS}
+    option_rules = {"seq_len": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                                "null (the model's token count) or an integer > 0")}
     DEFAULT_SEQ_LEN = 197
 
     @staticmethod

@@ -10,13 +10,14 @@ subclass with the options bound as class attributes instead.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
 
 from .timm_names import register_timm_name
 
-__all__ = ["register_attention", "get_attention", "list_attentions", "attention_options"]
+__all__ = ["register_attention", "get_attention", "list_attentions", "attention_options", "option_problem"]
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
 A = TypeVar("A", bound=type)
@@ -44,6 +45,24 @@ def list_attentions() -> list[str]:
 def attention_options(cls: type) -> dict[str, Any]:
     """The configurable options of an attention class and their current values (class attribute ``options``)."""
     return dict(getattr(cls, "options", {}))
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def option_problem(cls: type, key: str, value: Any) -> str | None:
+    """What ``value`` of option ``key`` should be, when it is not that: the class's own rule (``option_rules``:
+    name -> (test, what is expected)), else, for an option whose default is a number, a finite number > 0 (every
+    numeric option of the built-in formulations is an epsilon or a scale)."""
+    rule = getattr(cls, "option_rules", {}).get(key)
+    if rule is not None:
+        test, expected = rule
+        return None if test(value) else expected
+    default = attention_options(cls).get(key)
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return None if _positive_number(value) else "a finite number > 0"
+    return None
 
 
 def _import_attention(path: str) -> type[nn.Module]:
@@ -94,6 +113,10 @@ def get_attention(name: str | type, **options: Any) -> type[nn.Module]:
         raise ValueError(
             f"attention {cls.attention_name!r} has no option(s) {', '.join(unknown)}; its options are: {listed}"
         )
+    for key, value in options.items():  # checked here, before any work: a bad value would fail deep in a forward
+        problem = option_problem(cls, key, value)
+        if problem is not None:
+            raise ValueError(f"attention {cls.attention_name!r} option {key}={value!r}: expected {problem}")
     bound = {**valid, **options}
     # Checkpoints store the attention name and options (plain values), never this generated class.
     return type(cls.__name__, (cls,), {"options": bound, "__module__": cls.__module__})

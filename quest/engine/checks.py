@@ -7,6 +7,7 @@ allowed. The input size against the model's patch size is checked once the model
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
-from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys
+from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys, is_int
 from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.schema import TrainConfig
 
@@ -25,6 +26,34 @@ PATH_PLACEHOLDER = "<package.module:Class>"
 _SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
 _TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
 _EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+#: the largest input side accepted: at 4096 px a ViT with 16 px patches has 65,536 tokens, whose attention matrix
+#: alone takes 16 GiB per head in fp32; a larger value is a typo, which would fail deep inside the model's
+#: construction (an overflow) or the data (PIL's decompression-bomb guard) instead of with a message
+MAX_IMG_SIZE = 4096
+
+
+def _most_per_cpus() -> int:
+    """The most worker processes or threads that make sense here: 4 per CPU this process may use, at least 64."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(64, 4 * cpus)
+
+
+def _timm_augment_policy(value: Any) -> bool:
+    """timm parses recipe.auto_augment only when it builds the transform, and answers a bad one with an assert."""
+    from timm.data import create_transform
+
+    try:
+        create_transform(32, is_training=True, auto_augment=value)
+    except Exception:  # noqa: BLE001 (AssertionError, ValueError, KeyError, IndexError: all mean "not a policy")
+        return False
+    return isinstance(value, str)
+
+
+def _image_size(c: Checks, key: str) -> None:
+    c.check(key, lambda v: is_int(v) and 0 < v <= MAX_IMG_SIZE, f"an integer in 1..{MAX_IMG_SIZE} (pixels)",
+            optional=True)
 
 
 def _recipe(c: Checks) -> None:
@@ -47,7 +76,7 @@ def _recipe(c: Checks) -> None:
             optional=True)
     c.check("recipe.scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "[min, max] with 0 < min <= max <= 1")
     c.check("recipe.ratio", lambda v: len(v) == 2 and 0 < v[0] <= v[1], "[min, max] with 0 < min <= max")
-    c.positive_int("recipe.img_size", optional=True)
+    _image_size(c, "recipe.img_size")
     c.one_of("recipe.opt", list_optimizers())
     c.one_of("recipe.sched", _SCHEDULERS)
     c.one_of("recipe.sched_on", ("updates", "epochs", "deit"))
@@ -58,6 +87,8 @@ def _recipe(c: Checks) -> None:
     c.one_of("recipe.remode", ("const", "rand", "pixel"))
     c.one_of("recipe.train_interpolation", _TRAIN_INTERPOLATIONS)
     c.one_of("recipe.eval_interpolation", _EVAL_INTERPOLATIONS)
+    c.check("recipe.auto_augment", _timm_augment_policy, "a timm augmentation policy such as rand-m9-mstd0.5-inc1, "
+            "3a or augmix-m5-w4-d2 (timm.data.auto_augment)", optional=True)
 
 
 def _pipeline(c: Checks, dataset: Any) -> None:
@@ -80,8 +111,12 @@ def _data(c: Checks) -> None:
     """The keys every data set has, then the data set's own checks (its module in quest/data/sets/ or a plugin)."""
     c.one_of("data.name", list_datasets())
     c.positive_int("data.batch_size", "data.num_classes")
-    c.positive_int("data.eval_batch_size", "data.img_size", optional=True)
-    c.check("data.num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    c.positive_int("data.eval_batch_size", optional=True)
+    _image_size(c, "data.img_size")
+    # each loader worker is a process with its own copy of the data set's index: past a few per CPU they only add
+    # memory (a typo of 10**6 would fork until the machine runs out of it)
+    c.check("data.num_workers", lambda v: is_int(v) and 0 <= v <= _most_per_cpus(),
+            f"an integer in 0..{_most_per_cpus()} (at most 4 per CPU this process may use, or 64)")
     c.fraction("data.subset_fraction", low_open=True)
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
@@ -105,8 +140,10 @@ def _data(c: Checks) -> None:
 
 def _trainer(c: Checks) -> None:
     c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
-    c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", "trainer.torch_threads", optional=True)
-    c.check("trainer.seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", optional=True)
+    c.check("trainer.torch_threads", lambda v: is_int(v) and 0 < v <= _most_per_cpus(),
+            f"an integer in 1..{_most_per_cpus()} (at most 4 per CPU this process may use, or 64)", optional=True)
+    c.check("trainer.seed", lambda v: is_int(v) and 0 <= v < 2**32, "an integer in 0..2**32-1 (numpy's seeds)")
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
@@ -131,12 +168,16 @@ def _trainer(c: Checks) -> None:
 
 
 def _rest(c: Checks) -> None:
+    import timm
+
+    c.check("model.name", lambda v: isinstance(v, str) and timm.models.is_model(v),
+            "a timm model name (timm.list_models(); the configs/model group lists quest's presets)")
     c.one_of("logger.mode", ("online", "offline", "disabled"))
     c.check("diagnostics.every_n_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
     c.positive_int("diagnostics.num_samples")
     c.non_negative("diagnostics.entropy_threshold")
     c.positive("diagnostics.max_logit_warning", optional=True)
-    c.positive_int("model.img_size", optional=True)
+    _image_size(c, "model.img_size")
     c.positive("model.layer_scale_init", optional=True)
 
 
@@ -149,7 +190,7 @@ def _attention(c: Checks) -> None:
     try:  # attention.options is free-form in the schema: the formulation knows its options
         get_attention(name, **OmegaConf.to_container(c.cfg.attention.options, resolve=True))
     except ValueError as exc:
-        c.fail("attention.options" if "has no option" in str(exc) else "attention.name", f"is invalid ({exc})")
+        c.fail("attention.options" if " option" in str(exc) else "attention.name", f"is invalid ({exc})")
 
 
 def _relations(c: Checks) -> None:

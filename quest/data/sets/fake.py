@@ -20,6 +20,7 @@ class FakeData(DataConfig):
 
 def _check(c: Any) -> None:
     c.positive_int("data.fake_train_size", "data.fake_val_size")
+    c.positive_int("data.img_size")  # the size of the generated images: this data set has no files to take it from
 
 
 @register_dataset("fake", FakeData, check=_check, reads_root=False)
