@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import typing
 from typing import Any, Callable, Iterable
@@ -28,6 +29,13 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 def is_int(value: Any) -> bool:
     """An int that is not a bool (YAML's true is an int to Python)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def most_processes() -> int:
+    """The most worker processes or threads a config may ask for: 4 per CPU this process may use, at least 64. Past a
+    few per CPU they only add memory, and a typo (10**6) would fork or spawn until the machine runs out of it."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(64, 4 * cpus)
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,4 @@
-"""Every key of train.py's and eval.py's configs x a generated bad value (hypothesis): the value is refused before any
+"""Every key of train.py's, eval.py's and the toy study's configs x a generated bad value (hypothesis): the value is refused before any
 work by a user error (quest/errors.py prints it as one line, no traceback) that names the key, or it is accepted and
 then the run ends as a run does (completed, or a user error), never with a bug's traceback. The issue's examples
 (recipe.lr=-1, data.batch_size=0, ...) go through the real entry point in tests/test_error_path.py; this covers the
@@ -12,6 +12,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from quest.engine import fit
@@ -21,7 +22,10 @@ from quest.evaluation.checks import check_eval_config
 from quest.evaluation.config import register_eval_configs
 from quest.evaluation.registry import EVALUATIONS
 
-from .helpers import FAST, compose_cfg, eval_cfg
+from quest.toy.checks import check_toy_config
+from quest.toy.config import register_toy_config
+
+from .helpers import CONFIGS, FAST, compose_cfg, eval_cfg
 
 
 def _leaf_keys(node, prefix: str = "") -> list[str]:
@@ -35,6 +39,9 @@ def _leaf_keys(node, prefix: str = "") -> list[str]:
 TRAIN = compose_cfg(*FAST, "trainer.max_steps=1", "trainer.eval_every_n_epochs=1")
 register_eval_configs()  # eval.py does this before composing
 EVAL = eval_cfg("checkpoint=/nonexistent/last.pt")
+register_toy_config()  # python -m quest.toy does this before composing
+with initialize_config_dir(config_dir=str(CONFIGS / "toy"), version_base="1.3"):
+    TOY = compose(config_name="toy", overrides=["grid=quick"])
 
 # what a user can type: a word, any integer (0, negative, a typo's 10**12), any float (nan, inf), a boolean, null,
 # a list
@@ -107,3 +114,24 @@ def test_values_that_used_to_crash_or_exhaust_the_machine_are_refused(key, value
     _set(cfg, key, value)
     with pytest.raises(ValueError, match=names.replace(".", r"\.")):
         check_train_config(cfg)
+
+
+@settings(max_examples=300)
+@given(key=st.sampled_from([k for k in _leaf_keys(TOY) if not k.startswith("hydra.") and "param_init" not in k]),
+       value=BAD)
+def test_a_bad_toy_study_value_is_refused_naming_its_key_or_accepted(key, value):
+    """The values only: a study trains for minutes, so what an accepted value does is left to tests/test_toy.py."""
+    cfg = copy.deepcopy(TOY)
+    try:
+        _set(cfg, key, value)
+        check_toy_config(OmegaConf.to_container(cfg, resolve=True))
+    except Exception as exc:  # noqa: BLE001
+        _refused_naming(exc, key, value)
+
+
+def test_a_variant_s_starting_value_must_be_a_number():
+    """A variant's parameter names hold dots (attn.qk_scale), so the property above cannot set them as keys."""
+    cfg = OmegaConf.to_container(TOY, resolve=True)
+    cfg["variants"]["qknorm_fixed"]["param_init"]["attn.qk_scale"] = float("nan")
+    with pytest.raises(ValueError, match=r"variants\.qknorm_fixed\.param_init\[attn\.qk_scale\] must be a finite"):
+        check_toy_config(cfg)

@@ -7,7 +7,6 @@ allowed. The input size against the model's patch size is checked once the model
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,16 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
-from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, ConfigError, check_known_keys, float_keys, is_int
+from quest.config_checks import (
+    DEVICE_PATTERN,
+    PRECISIONS,
+    Checks,
+    ConfigError,
+    check_known_keys,
+    float_keys,
+    is_int,
+    most_processes,
+)
 from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.schema import TrainConfig
 
@@ -32,12 +40,6 @@ _EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 #: alone takes 16 GiB per head in fp32; a larger value is a typo, which would fail deep inside the model's
 #: construction (an overflow) or the data (PIL's decompression-bomb guard) instead of with a message
 MAX_IMG_SIZE = 4096
-
-
-def _most_per_cpus() -> int:
-    """The most worker processes or threads that make sense here: 4 per CPU this process may use, at least 64."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(64, 4 * cpus)
 
 
 def _timm_augment_policy(value: Any) -> bool:
@@ -113,10 +115,9 @@ def _data(c: Checks) -> None:
     c.positive_int("data.batch_size", "data.num_classes")
     c.positive_int("data.eval_batch_size", optional=True)
     _image_size(c, "data.img_size")
-    # each loader worker is a process with its own copy of the data set's index: past a few per CPU they only add
-    # memory (a typo of 10**6 would fork until the machine runs out of it)
-    c.check("data.num_workers", lambda v: is_int(v) and 0 <= v <= _most_per_cpus(),
-            f"an integer in 0..{_most_per_cpus()} (at most 4 per CPU this process may use, or 64)")
+    # each loader worker is a process with its own copy of the data set's index
+    c.check("data.num_workers", lambda v: is_int(v) and 0 <= v <= most_processes(),
+            f"an integer in 0..{most_processes()} (at most 4 per CPU this process may use, or 64)")
     c.fraction("data.subset_fraction", low_open=True)
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
@@ -141,8 +142,8 @@ def _data(c: Checks) -> None:
 def _trainer(c: Checks) -> None:
     c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
     c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", optional=True)
-    c.check("trainer.torch_threads", lambda v: is_int(v) and 0 < v <= _most_per_cpus(),
-            f"an integer in 1..{_most_per_cpus()} (at most 4 per CPU this process may use, or 64)", optional=True)
+    c.check("trainer.torch_threads", lambda v: is_int(v) and 0 < v <= most_processes(),
+            f"an integer in 1..{most_processes()} (at most 4 per CPU this process may use, or 64)", optional=True)
     c.check("trainer.seed", lambda v: is_int(v) and 0 <= v < 2**32, "an integer in 0..2**32-1 (numpy's seeds)")
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))

@@ -30,6 +30,7 @@ from quest.io import atomic_write, write_csv_atomic, write_json_atomic
 from quest.workers import die_with_parent
 
 from .batched import RunSpec, train_chunk
+from .checks import check_toy_config
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
 from .outcomes import (
@@ -198,12 +199,7 @@ def _check(cfg: Mapping[str, Any]) -> None:
     if unknown or not cfg["attentions"]:
         raise ValueError(f"toy study: attentions {unknown or '[]'} not usable; choose from {list_attentions()} or a "
                          f"name in variants ({sorted(cfg.get('variants') or {})})")
-    for key in ("lrs", "weight_decays", "data_seeds", "init_seeds"):
-        if not cfg["grid"][key]:
-            raise ValueError(f"toy study: grid.{key} is empty; give at least one value")
     study = (cfg.get("study") or {}).get("name", "grid")
-    if study not in ("grid", "sensitivity"):
-        raise ValueError(f"toy study: study.name={study!r}; choose grid or sensitivity")
     if study == "sensitivity" and not cfg["study"]["train_sizes"]:
         raise ValueError("toy study: study=sensitivity needs study.train_sizes")
     device = torch.device(cfg.get("device") or "cpu")
@@ -228,6 +224,7 @@ def _load_rows(cfg: Mapping[str, Any], tasks: list[_Task]) -> tuple[list[dict], 
 
 def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
+    check_toy_config(cfg)  # every value, then the names and the device
     _check(cfg)
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
