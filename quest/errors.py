@@ -24,11 +24,14 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "is_user_error", "out_of_memory", "describe", "reporting_errors",
-           "program_name"]
+__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
+           "describe", "reporting_errors", "program_name"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
+#: the tools (quest-data, quest-export, quest-report, quest-plot) exit 2 when their input makes the command impossible,
+#: as argparse does for a bad argument: their 1 means "ran, and found problems" (quest-data check, an unreadable image)
+EXIT_USAGE = 2
 
 
 class UserError(Exception):
@@ -68,6 +71,12 @@ def describe(exc: BaseException) -> str:
         return (f"out of memory{size}: {first}. Lower what the config makes large (data.batch_size, "
                 "data.num_classes, model, data.num_workers, a data set's size) or use a machine with more memory")
     return str(exc) or type(exc).__name__
+
+
+def input_error(program: str, exc: BaseException) -> int:
+    """A tool's refusal of its input: the one error line, ``<program>: error: <message>``; returns EXIT_USAGE."""
+    print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
 
 
 def program_name(default: str) -> str:

@@ -1,8 +1,9 @@
-"""Every key of train.py's, eval.py's and the toy study's configs x a generated bad value (hypothesis): the value is refused before any
-work by a user error (quest/errors.py prints it as one line, no traceback) that names the key, or it is accepted and
-then the run ends as a run does (completed, or a user error), never with a bug's traceback. The issue's examples
-(recipe.lr=-1, data.batch_size=0, ...) go through the real entry point in tests/test_error_path.py; this covers the
-keys nobody listed, in-process: the value is set on the composed config as Hydra would, then checked."""
+"""Every key of train.py's, eval.py's and the toy study's configs x a generated bad value (hypothesis): the value is
+refused before any work by a user error (quest/errors.py prints it as one line, no traceback) that names the key, or
+it is accepted and then the run ends as a run does (completed, or a user error), never with a bug's traceback. The
+issue's examples (recipe.lr=-1, data.batch_size=0, ...) go through the real entry point in tests/test_error_path.py;
+this covers the keys nobody listed, in-process: the value is set on the composed config as Hydra would, then
+checked."""
 from __future__ import annotations
 
 import copy
@@ -10,9 +11,9 @@ import logging
 import math
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from quest.engine import fit
@@ -21,7 +22,6 @@ from quest.errors import is_user_error
 from quest.evaluation.checks import check_eval_config
 from quest.evaluation.config import register_eval_configs
 from quest.evaluation.registry import EVALUATIONS
-
 from quest.toy.checks import check_toy_config
 from quest.toy.config import register_toy_config
 

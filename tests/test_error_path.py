@@ -148,3 +148,24 @@ def test_too_little_memory_for_the_config_is_the_users_one_line_with_the_size(ca
     assert code == EXIT_ERROR and err.startswith("prog: error: out of memory: MemoryError. Lower")
     code, err = _report(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), capsys)  # any other: a bug
     assert code == EXIT_BUG and "Traceback" in err
+
+
+@pytest.mark.parametrize("tool, argv", [
+    ("quest.data.check", ["cap", "{missing}", "{tmp}/out", "--short-side", "64", "--no-progress"]),
+    ("quest.data.check", ["check", "{missing}", "--no-progress"]),
+    ("quest.engine.export", ["{missing}", "--out", "{tmp}/out"]),
+    ("quest.report.__main__", ["{missing}"]),
+    ("quest.report.plot", ["diagnostics", "{missing}", "--out", "{tmp}/out.png"]),
+])
+def test_a_tool_refusing_its_input_prints_one_error_line_and_exits_2(tmp_path, capsys, tool, argv):
+    """The tools' own refusals have the format of every other error, `<program>: error: <message>`; their exit code
+    is 2 (as argparse's), since 1 means "ran and found problems" (docs/training.md, "Errors")."""
+    import importlib
+
+    main = importlib.import_module(tool).main
+    missing = tmp_path / "no-such-run"
+    code = main([a.format(missing=missing, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and ": error: " in lines[0] and str(missing) in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

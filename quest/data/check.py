@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
+from quest.errors import input_error, program_name
+
 from .capped import read_capped
 from .preflight import Problem, Report, check_image_folder_files
 from .shard_index import info_lengths, load_info, require_complete
@@ -74,12 +76,13 @@ def _shard_reports(root: Path, workers: int | None, progress) -> list[tuple[str,
 
 
 def check_root(root: str | Path, workers: int | None = None, use_cache: bool = True, progress: bool = True,
-               out: TextIO = sys.stdout, err: TextIO = sys.stderr, limit: int = 50) -> int:
+               out: TextIO | None = None, err: TextIO | None = None, limit: int = 50) -> int:
     """Run the pre-flight on ``root``, print what it found per reason to ``out`` (the progress bar to ``err``) and
     return the exit status: 0 clean, 1 problems, 2 not a data set."""
+    out, err = out or sys.stdout, err or sys.stderr  # looked up now: a caller may have redirected them
     root = Path(root).expanduser()
     if not root.is_dir():
-        print(f"quest-data check: {root} does not exist or is not a directory", file=err)
+        print(f"quest-data check: error: {root} does not exist or is not a directory", file=err)
         return 2
     bar = (lambda desc: _progress_bar(desc, err)) if progress else (lambda desc: None)
     try:  # a copy or conversion a data tool has not finished is never reported clean
@@ -95,7 +98,7 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
         splits = [s for s in FOLDER_SPLITS if (root / s).is_dir()]
         folders = [(s, root / s) for s in splits] or [(root.name, root)]
         if not any(p.is_dir() for _, folder in folders for p in folder.iterdir()):
-            print(f"quest-data check: {root} is neither an image folder (<split>/<class>/<image> or <class>/<image>) "
+            print(f"quest-data check: error: {root} is neither an image folder (<split>/<class>/<image> or <class>/<image>) "
                   "nor a shard directory (_info.json or *.tar)", file=err)
             return 2
         reports = [(s, check_image_folder_files(folder, workers, use_cache, bar(s))) for s, folder in folders]
@@ -151,8 +154,7 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         manifest = (cap_shards if _is_shard_dir(args.src) else cap_folder)(args.src, args.dst, **kwargs)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"quest-data cap: {exc}", file=sys.stderr)
-        return 2
+        return input_error(program_name("quest-data") + " cap", exc)
     unreadable = 0
     for split, counts in manifest["splits"].items():
         problems = counts.get("unreadable", {})

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
+from quest.errors import input_error, program_name
 from quest.io import atomic_write, json_text, keep_or_refuse, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
@@ -194,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export_run(args.source, args.out, args.weights, args.overwrite)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"quest-export: {exc}", file=sys.stderr)
-        return 2
+        return input_error(program_name("quest-export"), exc)
     print(f"exported {args.source} ({args.weights} weights) to {out}")
     return 0
 

@@ -12,6 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from quest.errors import input_error, program_name
+
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, runs_markdown, write_outputs
 
 
@@ -54,8 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               include_stopped=args.include_stopped, num_classes=args.num_classes,
                               decimals=args.decimals)
     except ReportInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return input_error(program_name("quest-report"), err)
     print(runs_markdown(report))
     if report.sweeps:
         print(lr_markdown(report))

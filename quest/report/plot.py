@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from quest.errors import input_error, program_name
 from quest.extras import require
 from quest.io import OutputExists, keep_or_refuse, save_figure
 
@@ -334,8 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keys = [k for part in args.keys for k in part.split(",") if k]
             out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
     except (PlotInputError, OutputExists) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return input_error(program_name("quest-plot"), err)
     print(out)
     return 0
 
