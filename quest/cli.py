@@ -15,7 +15,6 @@ checkout's configs/ there), or, in a checkout that is only on sys.path, in its c
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -25,27 +24,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from quest.config_files import config_root, hydra_config_path
 from quest.errors import EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
 
 _IMPORT_PATH = re.compile(r"^attention=([A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
-
-
-def config_root() -> Path:
-    """The folder holding train.yaml, eval.yaml and the config groups."""
-    spec = importlib.util.find_spec("quest.configs")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[1] / "configs"
-
-
-def _config_path(sub: str = "") -> str:
-    """Hydra's ``config_path``: the package when it is importable, else the checkout's folder."""
-    if importlib.util.find_spec("quest.configs") is not None:
-        return "pkg://quest.configs" + (f".{sub}" if sub else "")
-    return str(config_root() / sub)
 
 
 def rewrite_attention_override(argv: list[str]) -> list[str]:
@@ -59,7 +44,7 @@ def rewrite_attention_override(argv: list[str]) -> list[str]:
 
 
 # --- training ------------------------------------------------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=_config_path(), config_name="train")
+@hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="train")
 def _train_app(cfg: DictConfig) -> None:
     from quest.engine import exit_code, fit
 
@@ -148,7 +133,7 @@ def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) ->
 
 
 # --- evaluation ----------------------------------------------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=_config_path(), config_name="eval")
+@hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="eval")
 def _eval_app(cfg: DictConfig) -> None:
     import logging
 
@@ -202,7 +187,7 @@ def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
 
 
 # --- toy study -----------------------------------------------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=_config_path("toy"), config_name="toy")
+@hydra.main(version_base="1.3", config_path=hydra_config_path("toy"), config_name="toy")
 def _toy_app(cfg: DictConfig) -> None:
     import logging
     import time

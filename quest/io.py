@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -23,7 +24,7 @@ from typing import Any, BinaryIO, TextIO
 from omegaconf import OmegaConf
 
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "new_file_mode", "open_records", "read_json",
-           "readable", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
+           "file_sha256", "readable", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
            "json_text", "markdown_table", "plain"]
 
 
@@ -158,6 +159,12 @@ def lock_file(path: Path, what: str) -> int:
     except OSError as exc:
         logging.getLogger("quest").warning("cannot lock %s (%s); make sure no other process uses %s", path, exc, what)
     return fd
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (a checkpoint can be gigabytes)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

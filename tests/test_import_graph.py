@@ -128,3 +128,29 @@ def test_the_cycle_finder_finds_what_python_would_run_into(tmp_path, files, expe
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert cycles(import_graph(tmp_path, "pkg")) == expected
+
+
+def test_nothing_below_the_console_scripts_imports_them():
+    """quest.cli sits above the library (it wraps the entry points, as `python -m quest.<x>`'s __main__ modules do); a
+    library module importing it would tie the library to Hydra's command line and to every app it wraps."""
+    graph = import_graph(ROOT, "quest")
+    assert "quest.cli" in graph and "quest.config_files" in graph["quest.cli"]
+    assert sorted(m for m, deps in graph.items() if "quest.cli" in deps and m != "quest.cli"
+                  and not m.endswith(".__main__")) == []
+
+
+def _unscoped_warning_filters(tree: ast.AST) -> list[int]:
+    """Lines of warnings.filterwarnings / simplefilter calls not inside a ``with warnings.catch_warnings():``."""
+    scoped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.With) and any("catch_warnings" in ast.unparse(i.context_expr) for i in node.items):
+            scoped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and id(n) not in scoped
+            and ast.unparse(n.func) in ("warnings.filterwarnings", "warnings.simplefilter")]
+
+
+def test_importing_quest_changes_no_process_wide_warning_filter():
+    found = {str(path.relative_to(ROOT)): lines for path in module_files(ROOT, "quest").values()
+             if (lines := _unscoped_warning_filters(ast.parse(path.read_text())))}
+    assert found == {}, f"warning filters outside `with warnings.catch_warnings()`: {found}"
+    assert _unscoped_warning_filters(ast.parse("import warnings\nwarnings.filterwarnings('ignore')\n")) == [2]

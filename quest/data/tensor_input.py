@@ -9,8 +9,9 @@ Every draw made in the training process comes from its global RNGs, which checkp
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from PIL import Image
@@ -28,17 +29,33 @@ __all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "collate_bytes", "RESAMPLIN
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
               "nearest": InterpolationMode.NEAREST}
 _JPEG_MAGIC = b"\xff\xd8"
-# torchvision 0.29 announces on every decode that TorchCodec will take its decoders over (docs/data.md); they are what
-# these pipelines use until then, and a warning per image would bury the run's own messages
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated",
-                        category=DeprecationWarning)
+
+
+@contextlib.contextmanager
+def _without_decoder_notice() -> Iterator[None]:
+    """torchvision 0.29 announces on its decoders that TorchCodec will take them over (docs/data.md); they are what
+    these pipelines use until then. Silenced around their calls only: importing quest changes no process-wide
+    warning filter."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are "
+                                "deprecated", category=DeprecationWarning)
+        yield
 
 
 def decode_rgb(encoded: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
     """An encoded image (a 1-d uint8 tensor of the file's bytes) as a uint8 RGB tensor (3, H, W) on ``device``:
     torchvision's decoders (libjpeg-turbo on the CPU, nvJPEG for a JPEG on CUDA), PIL for what they cannot read
     (PIL is what the ``timm`` pipeline reads every image with). A CorruptImageError when neither can."""
-    device = torch.device(device)
+    with _without_decoder_notice():
+        return _decode_rgb(encoded, torch.device(device))
+
+
+def _read_bytes(path: str) -> torch.Tensor:
+    with _without_decoder_notice():
+        return read_file(path)
+
+
+def _decode_rgb(encoded: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and bytes(encoded[:2].tolist()) == _JPEG_MAGIC:
         try:
             return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
@@ -58,7 +75,7 @@ def decode_rgb(encoded: torch.Tensor, device: torch.device | str = "cpu") -> tor
 
 
 def _read_rgb(path: str) -> torch.Tensor:
-    return decode_rgb(read_file(path))
+    return decode_rgb(_read_bytes(path))
 
 
 class CropFlip:
@@ -196,7 +213,7 @@ def _split(recipe: Any, data: Any, img_size: int) -> TrainInput:
 class _Bytes:
     """data.pipeline=device's per-sample step: the file's bytes, untouched (``read_file`` reads them)."""
 
-    read_file = staticmethod(read_file)
+    read_file = staticmethod(_read_bytes)
 
     def __call__(self, encoded: Any) -> Any:
         if not isinstance(encoded, torch.Tensor):

@@ -14,7 +14,6 @@ Every file is written atomically (quest.io); the checkpoint loads with ``weights
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from omegaconf import OmegaConf
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.errors import input_error, program_name
-from quest.io import atomic_write, json_text, keep_or_refuse, write_text_atomic
+from quest.io import atomic_write, file_sha256, json_text, keep_or_refuse, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
@@ -83,7 +82,7 @@ def export_config(ckpt: CheckpointRecord, model: torch.nn.Module, weights: str, 
         "global_pool": getattr(model, "global_pool", None),
         "model_args": _model_args(stored),
         "pretrained_cfg": pretrained_cfg,
-        "quest": {"weights": weights, "checkpoint": str(source), "checkpoint_sha256": _sha256(source),
+        "quest": {"weights": weights, "checkpoint": str(source), "checkpoint_sha256": file_sha256(source),
                   "step": ckpt.state.get("step"), "epoch": ckpt.state.get("epoch"),
                   "train_data": stored.data.name, "choices": dict(ckpt.choices or {}),
                   "quest_version": _version()},
@@ -97,14 +96,6 @@ def _version() -> str:
     from quest import __version__
 
     return __version__
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _metrics(run_dir: Path) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from quest.config_files import config_root
+
 __all__ = ["rewrite_model_override"]
 
 _PLAIN_MODEL = re.compile(r"^model=([A-Za-z0-9_.\-]+)$")
@@ -14,8 +16,6 @@ def rewrite_model_override(argv: list[str], configs: Path | None = None) -> list
     size); for any other timm model name, Hydra would fail with "Could not find 'model/<name>'", so the argument
     becomes ``model.name=<name>``. Anything else (sweeps, ``+model=``, options that exist) is left alone."""
     import timm
-
-    from quest.cli import config_root
 
     configs = configs or config_root()
     out = []

@@ -35,7 +35,7 @@ from quest.io import LockHeld, json_text, lock_file, write_text_atomic
 
 log = logging.getLogger("quest.eval")
 
-__all__ = ["EvalDirectory", "EvalDirectoryError", "fingerprint", "fingerprint_key", "file_sha256", "RESULTS",
+__all__ = ["EvalDirectory", "EvalDirectoryError", "fingerprint", "fingerprint_key", "RESULTS",
            "RUNNING", "COMPLETE", "PARTIAL", "INTERRUPTED", "NOT_NUMBERS"]
 
 RESULTS = "eval_results.json"
@@ -54,11 +54,6 @@ RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "exp
 
 class EvalDirectoryError(UserError, RuntimeError):
     """An evaluation directory that cannot take this evaluation; the message says why and what to do."""
-
-
-def file_sha256(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def state_dict_sha256(state: dict[str, Any]) -> str:

@@ -15,12 +15,13 @@ from quest.data import get_dataset
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecordError, load_record
 from quest.engine.logger import wandb_group
+from quest.io import file_sha256
 from quest.models import create_model
 from quest.schema import DataConfig
 from quest.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
 
 from .config import evaluated_name
-from .directory import file_sha256, state_dict_sha256
+from .directory import state_dict_sha256
 from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
 
 log = logging.getLogger("quest.eval")
