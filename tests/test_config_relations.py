@@ -48,3 +48,11 @@ def test_a_warm_up_that_ends_in_time_is_not_warned(tmp_path, caplog):
         summary = fit(compose_cfg(*FAST, "recipe.warmup_epochs=1", "trainer.max_steps=1"), tmp_path)
     assert not any("does not end before" in r.getMessage() for r in caplog.records)
     assert summary["lr_peak"] <= summary["lr"]
+
+
+def test_an_ema_with_fsdp_is_refused_with_the_config_before_any_work():
+    """It used to be refused by the builders, after the model and the loaders were built."""
+    from quest.engine.checks import check_train_config
+
+    with pytest.raises(ValueError, match=r"recipe\.ema must be false with trainer\.strategy=fsdp"):
+        check_train_config(compose_cfg(*FAST, "trainer.strategy=fsdp", "recipe.ema=true"))

@@ -6,7 +6,7 @@ average about 400 x 350, so a copy capped at 256 decodes in about half the time 
 data: an image larger than the cap is resized (PIL's antialiased bicubic) and re-encoded as JPEG (``--quality``),
 so crops that used to be downsampled from the original can become upsampled. Smaller images are copied byte for
 byte. A run on such a copy says so: ``DST/_capped.json`` records the cap, and the run's training input label names
-it (quest.engine.builders).
+it (quest.data.train_input.build_train_input).
 
 Resumable, safe to interrupt, and it follows its source: every output file is written whole (quest.io.atomic_write)
 and recorded with its source's size and modification time in ``DST/_ledger.jsonl`` (quest.data.ledger). Running

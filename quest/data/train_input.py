@@ -12,7 +12,8 @@ the same distributions; they differ in where the work is done and so in how many
   the rest. Needs a data set that reads image files.
 
 A pipeline is registered with :func:`register_train_input`: a builder ``(recipe, data, img_size) -> TrainInput``
-and a check of the config it supports. Imports no torch: the config checks read this registry.
+and a check of the config it supports. This module imports no torch; listing or getting a pipeline imports the
+built-in ones (quest/data/tensor_input.py), which do.
 """
 from __future__ import annotations
 

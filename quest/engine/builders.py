@@ -1,5 +1,6 @@
 """Everything a run needs, built from the config with timm's parts: model, data loaders, optimizer, per-step
-schedule, mixup, loss and EMA. Plain values go in; no config object travels further than this module."""
+schedule, mixup, loss and EMA. The config's values were checked before (quest.engine.checks); what only the built
+parts can tell (too few images for one batch, more accumulation steps than batches) is refused here."""
 from __future__ import annotations
 
 import logging
@@ -158,8 +159,6 @@ def _train_loss(recipe: Any, mixup_active: bool) -> nn.Module:
 
 def _loaders(cfg: Any, ctx: DistContext, img_size: int, train_input: Any) -> tuple[DataLoader, DataLoader]:
     data = cfg.data
-    if data.batch_size < 1:
-        raise ValueError(f"data.batch_size must be a positive integer (per process), got {data.batch_size}")
     val_tf = build_transforms(cfg.recipe, data, img_size)[1]
     train_ds = class_balanced_subset(build_dataset(data, "train", train_input.transform), data.subset_fraction,
                                      data.subset_seed)
@@ -197,11 +196,7 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     train_input = build_train_input(recipe, cfg.data, img_size)
     log.info("training input: data.pipeline=%s (%s)", cfg.data.get("pipeline", "timm"), train_input.label)
     train_loader, val_loader = _loaders(cfg, ctx, img_size, train_input)
-    if cfg.trainer.strategy not in ("ddp", "fsdp"):
-        raise ValueError(f"trainer.strategy must be ddp or fsdp, got {cfg.trainer.strategy!r}")
-    if cfg.trainer.strategy == "fsdp":
-        if recipe.ema:
-            raise ValueError("recipe.ema is not supported with trainer.strategy=fsdp; set recipe.ema=false")
+    if cfg.trainer.strategy == "fsdp":  # its value, and recipe.ema's exclusion, checked before any work
         from .fsdp import shard_model
 
         model = shard_model(model, ctx)  # before the optimizer: sharding replaces the parameters
@@ -219,9 +214,7 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     )
     mixup_active = recipe.mixup > 0 or recipe.cutmix > 0
     mixup = None
-    if mixup_active:
-        if cfg.data.batch_size % 2:
-            raise ValueError(f"mixup/cutmix need an even data.batch_size, got {cfg.data.batch_size}")
+    if mixup_active:  # an even batch: checked with the config (quest.engine.checks)
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
                       switch_prob=recipe.mixup_switch_prob, mode=recipe.mixup_mode,
                       label_smoothing=recipe.smoothing, num_classes=cfg.data.num_classes)

@@ -148,6 +148,9 @@ def _trainer(c: Checks) -> None:
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
+    if c.value("trainer.strategy") == "fsdp" and c.value("recipe.ema"):
+        c.fail("recipe.ema", "must be false with trainer.strategy=fsdp (the EMA copy of a sharded model is not "
+               "supported)")
     c.positive("trainer.max_loss", "trainer.max_loss_factor", optional=True)
     resume = c.value("trainer.resume")
     if resume not in ("auto", "never") and not Path(str(resume)).expanduser().is_file():

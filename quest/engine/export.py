@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.errors import input_error, program_name
-from quest.io import atomic_write, file_sha256, json_text, keep_or_refuse, write_text_atomic
+from quest.io import atomic_write, file_sha256, json_text, keep_or_refuse, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
@@ -130,7 +130,7 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str
         "## Metrics", "",
     ]
     if metrics:
-        lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in metrics.items()]
+        lines += markdown_table(["metric", "value"], metrics.items())
     else:
         lines.append("No summary.json beside the checkpoint: no metrics recorded.")
     lines += ["", "## Provenance", "",

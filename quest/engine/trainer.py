@@ -1,7 +1,7 @@
 """A run's parts and state, and what one optimizer step and one epoch do: ``Run`` builds the components, takes an
 optimizer step (with its divergence check and the stop request agreed in one collective), yields an epoch's
-micro-batches step by step, validates, and saves and restores itself. The loop that drives it is
-quest.engine.loop.train_loop."""
+micro-batches step by step, validates, and restores itself from a checkpoint. The loop that drives it, and decides
+when it is saved (through quest.engine.checkpoint's Checkpointer), is quest.engine.loop.train_loop."""
 from __future__ import annotations
 
 import logging
