@@ -86,8 +86,11 @@ def _tree(root: Path) -> dict[str, object]:
     return out
 
 
-def _inodes(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_ino for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+def _inodes(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Which file each path is: its inode number alone is not enough, since a rerun removes a stale output before
+    writing its successor, which may get the freed number; a file written again also has a new mtime and ctime."""
+    return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_ctime_ns)
+            for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
 
 
 def _stop_after(n: int | None):

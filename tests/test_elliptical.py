@@ -285,8 +285,8 @@ def test_state_dict_is_that_of_the_plain_model_and_round_trips(name):
     "options, match",
     [
         (dict(estimator="mode"), r"estimator='mode': expected one of mean, median"),
-        (dict(eps=0.0), r"eps=0.0: expected a number > 0"),
-        (dict(eps="small"), r"eps='small': expected a number > 0"),
+        (dict(eps=0.0), r"eps=0.0: expected a finite number > 0"),
+        (dict(eps="small"), r"eps='small': expected a finite number > 0"),
         (dict(layers=[0, 1]), r"layers=\[0, 1\]: \[0\] are not layer indices >= 1"),
         (dict(layers=[1.5]), r"\[1.5\] are not layer indices >= 1"),
         (dict(layers="all"), r"layers='all': expected null"),

@@ -242,7 +242,7 @@ BAD_VALUES = [
     ("recipe.repeated_aug=-1", r"recipe\.repeated_aug must be >= 0"),
     ("data.bad_images=skp", r"data\.bad_images must be one of error, skip, got 'skp'"),
     ("data.batch_size=0", r"data\.batch_size must be a positive integer, got 0"),
-    ("data.num_workers=-1", r"data\.num_workers must be an integer >= 0"),
+    ("data.num_workers=-1", r"data\.num_workers must be an integer in 0\.\."),
     ("data.subset_fraction=0", r"data\.subset_fraction must be in \(0, 1\]"),
     ("data.subset_fraction=1.5", r"data\.subset_fraction must be in \(0, 1\]"),
     ("data.std=[0.5,0,0.5]", r"data\.std must be three values > 0"),

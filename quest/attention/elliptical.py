@@ -75,9 +75,7 @@ class _Elliptical(QKAttention):
             raise ValueError(
                 f"{self.attention_name} option estimator={opts['estimator']!r}: expected one of {', '.join(ESTIMATORS)}"
             )
-        eps = opts["eps"]
-        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-            raise ValueError(f"{self.attention_name} option eps={eps!r}: expected a number > 0")
+        # eps: a finite number > 0, checked when the options were bound (quest.attention.registry.option_problem)
         self._use_layers = None if layers is None else frozenset(int(i) for i in layers)
         # Plain attributes, never parameters or buffers: state_dict and checkpoints stay those of standard / quest.
         self._index: int | None = None

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.io import write_text_atomic
+from quest.io import open_records, write_text_atomic
 
 __all__ = ["LEDGER_NAME", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
 
@@ -56,7 +56,7 @@ class Ledger:
         if self._append is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._rewrite()
-            self._append = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+            self._append = open_records(self.path)  # closed by close()
 
     def _read(self) -> None:
         lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
