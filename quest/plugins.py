@@ -1,21 +1,29 @@
-"""Where quest's registries find their entries (data sets, evaluations): a built-in package, the modules named in an
-environment variable, and an entry-point group of installed packages. Each module registers its entries as it is
-imported; a name read from the environment or from installed packages' metadata is code the user chose to install
-or name, never a string read from a checkpoint or a config file."""
+"""Where quest's registries find their entries (data sets, evaluations, training input pipelines): a built-in
+package, the modules named in an environment variable, and an entry-point group of installed packages. Each module
+registers its entries as it is imported; a name read from the environment or from installed packages' metadata is
+code the user chose to install or name, never a string read from a checkpoint or a config file."""
 from __future__ import annotations
 
 import importlib
 import os
 
-__all__ = ["import_plugins", "import_named"]
+from quest.errors import UserError
+
+__all__ = ["import_plugins", "import_named", "PluginImportError"]
+
+
+class PluginImportError(UserError, ImportError):
+    """A module the user named (an environment variable, an installed entry point) that cannot be imported: the
+    user's to fix, reported as one line (quest/errors.py), not as a bug."""
 
 
 def import_named(module: str, source: str, what: str) -> None:
-    """Import ``module``, named by ``source``; an ImportError saying who named it and as what otherwise."""
+    """Import ``module``, named by ``source``; a PluginImportError saying who named it and as what otherwise."""
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{source} names the {what} module {module!r}, which cannot be imported: {exc}") from exc
+        raise PluginImportError(f"{source} names the {what} module {module!r}, which cannot be imported: {exc}"
+                                ) from exc
 
 
 def import_plugins(builtin: str, env_var: str, group: str, what: str) -> None:

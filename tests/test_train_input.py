@@ -23,6 +23,7 @@ from quest.config_checks import ConfigError
 from quest.data.tensor_input import CropFlip, DeviceFinish, collate_bytes, decode_rgb
 from quest.engine import fit, load_checkpoint
 from quest.engine.checks import check_train_config
+from quest.errors import is_user_error
 
 from .helpers import FAST, compose_cfg
 
@@ -274,3 +275,27 @@ def test_crop_and_flip_follow_timm_on_any_image_size(width, height, size, seed, 
     # levels): a mean within 1.5 levels still tells a
     # different crop or flip apart (those differ by tens of levels on noise)
     assert (got.int() - expected.int()).abs().float().mean() < 1.5
+
+
+def test_a_pipeline_of_one_s_own_is_one_module_named_in_quest_pipeline_modules(tmp_path, monkeypatch):
+    """As a data set or an evaluation of one's own: the module registers itself when the registry loads, and a run
+    names it with data.pipeline=<name>."""
+    import quest.data.train_input as registry
+
+    (tmp_path / "my_pipeline.py").write_text(
+        "from quest.data.train_input import register_train_input, get_train_input\n"
+        "@register_train_input('mine', 'the timm pipeline under another name')\n"
+        "def build(recipe, data, img_size):\n"
+        "    return get_train_input('timm').build(recipe, data, img_size)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.MODULES_ENV, "my_pipeline")
+    monkeypatch.setitem(registry._STATE, "loaded", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the test's registration goes with it
+    assert "mine" in registry.list_train_inputs()
+    summary = fit(compose_cfg(*FAST, "trainer.max_steps=1", "data.pipeline=mine"), tmp_path / "run")
+    assert summary["status"] == "stopped" and summary["train_input"].startswith("timm: PIL decode")
+    monkeypatch.setenv(registry.MODULES_ENV, "no_such_pipeline_module")
+    monkeypatch.setitem(registry._STATE, "loaded", False)
+    with pytest.raises(ImportError, match="QUEST_PIPELINE_MODULES names .* 'no_such_pipeline_module'") as refused:
+        registry.list_train_inputs()
+    assert is_user_error(refused.value)  # a typo of the user's: one line, not a bug's traceback

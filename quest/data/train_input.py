@@ -12,18 +12,21 @@ the same distributions; they differ in where the work is done and so in how many
   the rest. Needs a data set that reads image files.
 
 A pipeline is registered with :func:`register_train_input`: a builder ``(recipe, data, img_size) -> TrainInput``
-and a check of the config it supports. This module imports no torch; listing or getting a pipeline imports the
-built-in ones (quest/data/tensor_input.py), which do.
+and a check of the config it supports. One of your own is one module calling it, named in ``QUEST_PIPELINE_MODULES``
+(comma-separated) or installed as a ``quest.train_inputs`` entry point (docs/data.md, "Training input pipelines").
+This module imports no torch; listing or getting a pipeline imports the built-in ones (quest/data/tensor_input.py),
+which do.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from quest.plugins import import_plugins
+
 __all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_input", "list_train_inputs",
-           "build_train_input", "jitter_active"]
+           "build_train_input", "jitter_active", "MODULES_ENV", "ENTRY_POINT_GROUP"]
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,23 @@ def register_train_input(name: str, description: str, *, check: Callable[[Any], 
     return decorate
 
 
+MODULES_ENV = "QUEST_PIPELINE_MODULES"  # comma-separated modules that register pipelines of one's own
+ENTRY_POINT_GROUP = "quest.train_inputs"  # or an installed package's entry points in this group
+_STATE = {"loaded": False}
+
+
 def _load() -> None:
     """Import the built-in pipelines (quest/data/tensor_input.py registers them as it is imported, as a data set's
-    module does; by name, so that this registry stays below the modules that fill it)."""
-    importlib.import_module(f"{__package__}.tensor_input")
+    module does; by name, so that this registry stays below the modules that fill it), the modules of
+    ``QUEST_PIPELINE_MODULES`` and the ``quest.train_inputs`` entry points, once: as the data sets and evaluations."""
+    if _STATE["loaded"]:
+        return
+    _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
+    try:
+        import_plugins(f"{__package__}.tensor_input", MODULES_ENV, ENTRY_POINT_GROUP, "training input pipeline")
+    except BaseException:
+        _STATE["loaded"] = False
+        raise
 
 
 def list_train_inputs() -> list[str]:
