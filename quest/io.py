@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,9 +24,10 @@ from typing import Any, BinaryIO, TextIO
 
 from omegaconf import OmegaConf
 
-__all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "new_file_mode", "open_records", "read_json",
-           "file_sha256", "readable", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
-           "json_text", "markdown_table", "plain"]
+__all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
+           "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "save_figure",
+           "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
+           "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -232,8 +234,6 @@ def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--
     """Before a command writes ``paths``: when some already exist, refuse (OutputExists naming them and ``flag``),
     or with ``overwrite`` move them into a new ``.replaced/<UTC time>/`` (in ``keep_in``, default the first path's
     folder) and return it. Nothing a command did not ask to replace is replaced, and nothing is deleted."""
-    import datetime
-
     present = [Path(p) for p in paths if Path(p).exists()]
     if not present:
         return None
@@ -242,10 +242,32 @@ def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--
         raise OutputExists(f"{names} already exist{'s' if len(present) == 1 else ''}: pass {flag} to replace "
                            f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
                            "them), or choose another output")
+    return move_aside(Path(keep_in if keep_in is not None else present[0].parent), present)
+
+
+#: where a folder quest owns keeps what a command replaced (a run, an evaluation's results, an export): nothing is
+#: deleted, every replacement gets its own ``.replaced/<UTC time>[-<label>]/``
+REPLACED = ".replaced"
+
+
+def replaced_dir(folder: str | Path, label: str = "") -> Path:
+    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace."""
+    import datetime
+
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    dest = Path(keep_in if keep_in is not None else present[0].parent) / ".replaced" / stamp
+    dest = Path(folder) / REPLACED / (f"{stamp}-{label}" if label else stamp)
     dest.mkdir(parents=True)
+    return dest
+
+
+def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
+    """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``; it, or None when none
+    existed. The one way quest's runs, evaluations and tools keep what they replace."""
+    present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    if not present:
+        return None
+    dest = replaced_dir(folder, label)
     for path in present:
-        os.replace(path, dest / path.name)
+        shutil.move(str(path), dest / path.name)  # os.replace within a file system; a copy across them
     return dest
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 from quest.config_checks import ConfigError
 from quest.data.registry import get_dataset, list_datasets, upgrade_data_config
 from quest.errors import UserError
-from quest.io import DamagedFile, LockHeld, lock_file, read_json, write_json_atomic
+from quest.io import DamagedFile, LockHeld, lock_file, move_aside, read_json, replaced_dir, write_json_atomic
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
 log = logging.getLogger("quest.train")
@@ -183,20 +182,17 @@ class RunDirectory:
     def archive(self) -> Path | None:
         """Move the previous run's files to ``.replaced/<UTC time>/`` (trainer.overwrite=true): nothing is deleted,
         and the new run's metrics never mix with the old one's."""
-        present = [self.path / name for name in _RUN_FILES if (self.path / name).exists()]
-        if not present or not self.is_main:
+        if not self.is_main:
             return None
-        dest = self.replaced_dir()
-        for p in present:
-            shutil.move(str(p), dest / p.name)
+        dest = move_aside(self.path, [self.path / name for name in _RUN_FILES])
+        if dest is None:
+            return None
         log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
         return dest
 
     def replaced_dir(self) -> Path:
         """A new ``.replaced/<UTC time>/``: where files that a start replaces are kept."""
-        dest = self.path / ".replaced" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        dest.mkdir(parents=True)
-        return dest
+        return replaced_dir(self.path)
 
     def note_checkpoint(self, step: int) -> None:
         """run.json records the step of the latest checkpoint, so that a run whose checkpoints went missing is told

@@ -18,20 +18,18 @@ the rest run; another key (or results of an older quest without one) -> refused,
 """
 from __future__ import annotations
 
-import datetime as _dt
 import fcntl
 import hashlib
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from quest.errors import UserError
-from quest.io import LockHeld, json_text, lock_file, write_text_atomic
+from quest.io import REPLACED, LockHeld, json_text, lock_file, move_aside, write_text_atomic
 
 log = logging.getLogger("quest.eval")
 
@@ -40,7 +38,7 @@ __all__ = ["EvalDirectory", "EvalDirectoryError", "fingerprint", "fingerprint_ke
 
 RESULTS = "eval_results.json"
 LOCK = ".eval.lock"
-ARCHIVE = ".replaced"
+ARCHIVE = REPLACED
 RUNNING, COMPLETE, PARTIAL, INTERRUPTED = "running", "complete", "partial", "interrupted"
 #: settings that change how an evaluation runs but none of its numbers (every count is exact and independent of the
 #: process count; the device changes at most float rounding): not part of the key, recorded in the results
@@ -214,14 +212,9 @@ class EvalDirectory:
         """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<status>/``."""
         if not self.is_main:
             return None
-        present = [self.path / name for name in RESULT_FILES if (self.path / name).exists()]
-        if not present:
+        dest = move_aside(self.path, [self.path / name for name in RESULT_FILES], str(status))
+        if dest is None:
             return None
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        dest = self.path / ARCHIVE / f"{stamp}-{status}"
-        dest.mkdir(parents=True)
-        for p in present:
-            shutil.move(str(p), dest / p.name)
         log.warning("eval.overwrite=true: the previous results in %s were moved to %s", self.path, dest)
         return dest
 
