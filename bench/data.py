@@ -81,13 +81,16 @@ def deit_transform():
 
 def pipeline_worker(pipeline: str, paths: list[Path]):
     """What a loader worker does per image under ``data.pipeline=<pipeline>`` with the DeiT recipe: the pipeline's
-    own transform, reading the file as an image folder does (its ``read_file``)."""
+    own transform, reading the file as an image folder does (the pipeline's ``read_file``)."""
     from quest.data import build_train_input
 
     cfg = deit_config(pipeline)
-    transform = build_train_input(cfg.recipe, cfg.data, 224).transform
+    train_input = build_train_input(cfg.recipe, cfg.data, 224)
+    from torchvision.datasets.folder import default_loader  # what an image folder reads with otherwise (PIL)
+
+    transform, read = train_input.transform, train_input.read_file or default_loader
     names = [str(p) for p in paths]
-    return lambda i: transform(transform.read_file(names[i]))
+    return lambda i: transform(read(names[i]))
 
 
 def deit_prefetcher_transform():  # quest.data.transforms is imported by deit_transform (RandAugment's posterize)

@@ -220,21 +220,24 @@ def test_the_pipeline_names_the_run_directory_and_is_left_out_of_evaluation_fing
 
 
 def test_reading_a_file_is_the_pipeline_s_choice(tmp_path):
-    """An image folder reads files through the training transform's read_file: torchvision's decoder (split), the
-    bytes (device), PIL otherwise (timm, and every val split)."""
+    """An image folder reads files the way the training input asks (TrainInput.read_file, passed explicitly to the
+    data set): torchvision's decoder (split), the bytes (device), PIL otherwise (timm, and every val split)."""
+    from quest.data import build_dataset
     from quest.data.train_input import build_train_input
 
     data = _folder(tmp_path / "data")
-    cfg = compose_cfg(*FOLDER, f"data.root={data}")
+    cfg = compose_cfg(*FOLDER, f"data.root={data}", "data.preflight=false")
     path = str(data / "train" / "n00000000" / "img1.JPEG")
     for name in ("split", "device"):
         cfg.data.pipeline = name
-        tf = build_train_input(cfg.recipe, cfg.data, 16).transform
-        read = tf.read_file(path)
+        train_input = build_train_input(cfg.recipe, cfg.data, 16)
         expected = F.pil_to_tensor(Image.open(path).convert("RGB")) if name == "split" else read_file(path)
-        assert torch.equal(read, expected)
+        assert torch.equal(train_input.read_file(path), expected)
+        ds = build_dataset(cfg.data, "train", None, train_input.read_file)  # the folder reads with it
+        assert torch.equal(ds.loader(path), expected)
     cfg.data.pipeline = "timm"
-    assert not hasattr(build_train_input(cfg.recipe, cfg.data, 16).transform, "read_file")
+    assert build_train_input(cfg.recipe, cfg.data, 16).read_file is None
+    assert build_dataset(cfg.data, "train", None).loader.__name__ == "default_loader"  # torchvision's PIL reader
 
 
 def test_the_commands_of_the_docs_pass_every_config_check():

@@ -27,9 +27,17 @@ def check_split_classes(data: Any) -> None:
         check(data)
 
 
-def build_dataset(data: Any, split: str, transform: Callable | None) -> Dataset:
-    """The ``split`` ('train' or 'val') of the data set registered as ``data.name`` (quest.data.registry)."""
-    return get_dataset(data.name).build(data, split, transform)
+def build_dataset(data: Any, split: str, transform: Callable | None,
+                  read_file: Callable[[str], Any] | None = None) -> Dataset:
+    """The ``split`` ('train' or 'val') of the data set registered as ``data.name`` (quest.data.registry).
+
+    ``read_file(path)``: how each image file is to be read (a training input pipeline's choice: torchvision's decoder,
+    or the bytes untouched), passed on to a data set that reads image files (``reads_files=True``), whose builder
+    takes it as the keyword ``read_file``; other data sets, and None, keep their own reader (PIL)."""
+    dataset = get_dataset(data.name)
+    if read_file is None or not dataset.reads_files:  # in-memory data sets hand over what they hold
+        return dataset.build(data, split, transform)
+    return dataset.build(data, split, transform, read_file=read_file)
 
 
 def dataset_targets(ds: Dataset) -> np.ndarray:

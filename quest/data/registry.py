@@ -63,8 +63,8 @@ class DataSet:
     where_classes: Callable[[Any], str] | None = None  # where num_classes was read, for the error message
     # the folder of the val split when the data set reads one (an evaluation checks it is readable first)
     val_folder: Callable[[Any], Path | None] | None = None
-    # True: reads image files and honours a training transform's ``read_file(path)`` (data.pipeline=split decodes
-    # with torchvision, data.pipeline=device passes the bytes on; quest/data/train_input.py)
+    # True: reads image files, and its builder takes ``read_file=`` (a training input's way to read one:
+    # data.pipeline=split decodes with torchvision, data.pipeline=device passes the bytes on; build_dataset)
     reads_files: bool = False
     module: str = ""
 

@@ -81,8 +81,8 @@ def _read_rgb(path: str) -> torch.Tensor:
 class CropFlip:
     """RandomResizedCrop + horizontal flip on a uint8 tensor (3, H, W) on any device: timm's crop draw
     (``get_params``: python's ``random``), torchvision's flip draw (``torch.rand(1) < p``), the crop resized with the
-    antialiased kernel PIL's resize uses. A PIL image is converted to a tensor first. With ``read_file`` a data set
-    that reads image files decodes them with torchvision (:func:`decode_rgb`) instead of PIL."""
+    antialiased kernel PIL's resize uses. A PIL image is converted to a tensor first (data.pipeline=split has a data
+    set that reads image files decode them with torchvision instead, :func:`decode_rgb`)."""
 
     def __init__(self, size: int, scale: Sequence[float], ratio: Sequence[float], interpolation: str, hflip: float):
         from timm.data.transforms import RandomResizedCropAndInterpolation
@@ -90,7 +90,6 @@ class CropFlip:
         self.size, self.scale, self.ratio, self.hflip = size, tuple(scale), tuple(ratio), float(hflip)
         self.mode = RESAMPLING[interpolation]
         self.get_params = RandomResizedCropAndInterpolation.get_params
-        self.read_file = _read_rgb
 
     def __call__(self, img: Any) -> torch.Tensor:
         if isinstance(img, Image.Image):
@@ -207,13 +206,12 @@ def _split(recipe: Any, data: Any, img_size: int) -> TrainInput:
     finish = DeviceFinish(recipe, data, img_size)
     return TrainInput(_crop(recipe, img_size), collate_skipping_bad, finish,
                       "split: workers: decode (torchvision, PIL for other formats) + timm RandomResizedCrop draw + "
-                      f"flip to uint8; device: {finish.describe()}")
+                      f"flip to uint8; device: {finish.describe()}", read_file=_read_rgb)
 
 
 class _Bytes:
-    """data.pipeline=device's per-sample step: the file's bytes, untouched (``read_file`` reads them)."""
-
-    read_file = staticmethod(_read_bytes)
+    """data.pipeline=device's per-sample step: the file's bytes, untouched (its TrainInput's ``read_file`` reads
+    them)."""
 
     def __call__(self, encoded: Any) -> Any:
         if not isinstance(encoded, torch.Tensor):
@@ -226,4 +224,5 @@ class _Bytes:
                       "RandAugment, normalise, random erasing", check=_check_uint8, reads_files=True)
 def _device(recipe: Any, data: Any, img_size: int) -> TrainInput:
     finish = DeviceFinish(recipe, data, img_size, crop=_crop(recipe, img_size))
-    return TrainInput(_Bytes(), collate_bytes, finish, f"device: workers: the file's bytes; device: {finish.describe()}")
+    return TrainInput(_Bytes(), collate_bytes, finish, f"device: workers: the file's bytes; device: {finish.describe()}",
+                      read_file=_read_bytes)

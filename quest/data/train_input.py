@@ -33,15 +33,17 @@ __all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_in
 class TrainInput:
     """What a pipeline builds for the training split.
 
-    ``transform`` runs per sample in the loader's workers (it may carry ``read_file(path)``, how a data set that
-    reads image files should read one); ``collate`` makes a batch of its outputs (``(images, targets, n_skipped)``);
-    ``finish(images, device)``, when set, turns a collated batch into the model's float input on the device.
+    ``transform`` runs per sample in the loader's workers; ``collate`` makes a batch of its outputs (``(images,
+    targets, n_skipped)``); ``finish(images, device)``, when set, turns a collated batch into the model's float input
+    on the device; ``read_file(path)``, when set, is how a data set that reads image files reads one for this
+    pipeline (quest.data.datasets.build_dataset passes it on).
     """
 
     transform: Callable[[Any], Any]
     collate: Callable[[list], tuple[Any, Any, int]]
     finish: Callable[[Any, Any], Any] | None
     label: str  # what the run's summary and log record as its training input
+    read_file: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,8 @@ def _train_loss(recipe: Any, mixup_active: bool) -> nn.Module:
 def _loaders(cfg: Any, ctx: DistContext, img_size: int, train_input: Any) -> tuple[DataLoader, DataLoader]:
     data = cfg.data
     val_tf = build_transforms(cfg.recipe, data, img_size)[1]
-    train_ds = class_balanced_subset(build_dataset(data, "train", train_input.transform), data.subset_fraction,
-                                     data.subset_seed)
+    train_ds = build_dataset(data, "train", train_input.transform, train_input.read_file)
+    train_ds = class_balanced_subset(train_ds, data.subset_fraction, data.subset_seed)
     val_ds = build_dataset(data, "val", val_tf)
     # before the first collective of training: ranks that see other data would step out of lockstep
     agree_on_sample_counts({"train samples": len(train_ds), "val samples": len(val_ds)}, ctx)

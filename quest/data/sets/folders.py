@@ -41,14 +41,13 @@ def _where(data: Any) -> str:
     return f"class folders of {data.root}/{data.train_split}"
 
 
-def _build(data: Any, split: str, transform: Callable | None) -> Any:
+def _build(data: Any, split: str, transform: Callable | None, read_file: Callable[[str], Any] | None = None) -> Any:
     from ..folder import SafeImageFolder
     from ..preflight import apply_preflight
 
     root, _ = folder_classes(data, split)
-    # a training input may read the files itself (quest/data/train_input.py: torchvision's decoder, or the bytes)
-    ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images,
-                         loader=getattr(transform, "read_file", None))
+    # read_file: the training input's way to read a file (quest/data/train_input.py), else PIL's
+    ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images, loader=read_file)
     # every file checked before the first step (docs/data.md)
     if data.get("preflight", True):
         apply_preflight(ds, root, data.bad_images, data.get("max_skipped_fraction", 0.01), split)
