@@ -114,6 +114,20 @@ def _fault(dst: Path, fault: str, partial: Path) -> None:
         ledger.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
 
 
+def _cap_or_interrupt(cap, src: Path, dst: Path, stop: int | None, fault: str, partial: str) -> None:
+    """``cap(src, dst)`` whole (``stop`` None), or stopped after ``stop`` outputs with ``fault`` (a partial write at
+    ``partial`` under dst); the unfinished copy is then refused by a run and by quest-data check."""
+    if stop is None:
+        cap(src, dst, CAP)
+        return
+    with pytest.raises(KeyboardInterrupt):
+        cap(src, dst, CAP, progress=_stop_after(stop))
+    _fault(dst, fault, dst / partial)
+    with pytest.raises(ValueError, match="interrupted"):
+        read_capped(dst)
+    assert check_root(dst, progress=False, out=open(os.devnull, "w")) == 1
+
+
 def _states(outputs: int) -> list[tuple[int | None, str]]:
     return [(None, "stop")] + [(n, f) for n in range(outputs) for f in FAULTS]
 
@@ -124,15 +138,7 @@ def test_capping_a_folder_again_after_any_interruption_and_any_change_equals_a_f
     for k, (stop, fault) in enumerate(_states(5)):
         src, dst = tmp_path / f"src{k}", tmp_path / f"dst{k}"
         shutil.copytree(base, src)
-        if stop is None:
-            cap_folder(src, dst, CAP)
-        else:
-            with pytest.raises(KeyboardInterrupt):
-                cap_folder(src, dst, CAP, progress=_stop_after(stop))
-            _fault(dst, fault, dst / "train/c0/.a.JPEG.k2j3h4.tmp")
-            with pytest.raises(ValueError, match="interrupted"):
-                read_capped(dst)  # a run refuses the unfinished copy
-            assert check_root(dst, progress=False, out=open(os.devnull, "w")) == 1
+        _cap_or_interrupt(cap_folder, src, dst, stop, fault, "train/c0/.a.JPEG.k2j3h4.tmp")
         before = _inodes(dst)
         touched = _change(src, change)
         cap_folder(src, dst, CAP)
@@ -204,14 +210,7 @@ def test_capping_shards_again_after_any_interruption_and_any_change_equals_a_fre
         src, shards, dst = tmp_path / f"src{k}", tmp_path / f"shards{k}", tmp_path / f"dst{k}"
         shutil.copytree(base, src)
         _convert(src, shards)
-        if stop is None:
-            cap_shards(shards, dst, CAP)
-        else:
-            with pytest.raises(KeyboardInterrupt):
-                cap_shards(shards, dst, CAP, progress=_stop_after(stop))
-            _fault(dst, fault, dst / ".toy-train-0000.tar.k2j3h4.tmp")
-            with pytest.raises(ValueError, match="interrupted"):
-                read_capped(dst)
+        _cap_or_interrupt(cap_shards, shards, dst, stop, fault, ".toy-train-0000.tar.k2j3h4.tmp")
         _change(src, change)
         _convert(src, shards)
         cap_shards(shards, dst, CAP)
