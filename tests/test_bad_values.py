@@ -7,6 +7,7 @@ checked."""
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 
@@ -135,3 +136,33 @@ def test_a_variant_s_starting_value_must_be_a_number():
     cfg["variants"]["qknorm_fixed"]["param_init"]["attn.qk_scale"] = float("nan")
     with pytest.raises(ValueError, match=r"variants\.qknorm_fixed\.param_init\[attn\.qk_scale\] must be a finite"):
         check_toy_config(cfg)
+
+
+_ARG = st.one_of(st.integers(-10**13, 10**13), st.sampled_from([0, -1, 10**12]), st.text(max_size=5))
+_COPIES = itertools.count()  # a new output folder per example: an earlier example's copy is not this one's
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(["--short-side", "--quality", "--workers"]), value=_ARG)
+def test_a_bad_data_tool_argument_is_one_error_line_or_the_copy_is_made(tmp_path, capsys, option, value):
+    """The data tool's arguments, as the config keys above: refused as `quest-data ...: error: ...` with exit 2 (for
+    argparse, after its usage line), or the copy is made; never a traceback, and never a fork per typo'd worker."""
+    from quest.data.check import main as quest_data
+
+    from .interop_helpers import make_image_folder
+
+    src = tmp_path / "src"
+    if not src.exists():
+        make_image_folder(src, per_class=1)
+    dst = tmp_path / f"dst{next(_COPIES)}"
+    args = {"--short-side": "16", "--quality": "90", "--workers": "1", option: str(value)}
+    try:
+        code = quest_data(["cap", str(src), str(dst), "--no-progress", *itertools.chain(*args.items())])
+    except SystemExit as exit_:  # argparse's refusal of an argument it cannot parse
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert code in (0, 2), (code, err)
+    if code == 2:
+        assert ": error: " in err.strip().splitlines()[-1] and option.strip("-").split("-")[0] in err, err
+

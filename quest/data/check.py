@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
+from quest.config_checks import most_processes
 from quest.errors import input_error, program_name
 
 from .capped import read_capped
@@ -116,15 +117,35 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
     return 1 if problems else 0
 
 
+def _workers(text: str) -> int:
+    """--workers: a process count a machine can hold (a pool forks all of them at once: a typo would fork until
+    memory ran out)."""
+    most = most_processes()
+    n = _count(text)
+    if not 1 <= n <= most:
+        raise argparse.ArgumentTypeError(f"must be in 1..{most} (at most 4 per CPU this process may use, or 64), got {n}")
+    return n
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quest-data", description="Data set tools (docs/data.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="run the data pre-flight on an image folder or a shard directory")
     check.add_argument("root", type=Path)
-    check.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs, at most 8)")
+    check.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
     check.add_argument("--no-cache", action="store_true", help="check again even if the cached result matches")
     check.add_argument("--no-progress", action="store_true")
-    check.add_argument("--limit", type=int, default=50, help="problems listed per split (all are counted)")
+    check.add_argument("--limit", type=_count, default=50, help="problems listed per split (all are counted)")
     cap = sub.add_parser("cap", help="copy an image folder or shard directory with every image's short side capped "
                          "(faster decoding; it changes the data: docs/data.md)")
     cap.add_argument("src", type=Path)
@@ -132,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap.add_argument("--short-side", type=int, required=True, help="the largest short side kept, e.g. 256")
     cap.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
     cap.add_argument("--split", action="append", help="a split to cap (default: train); the others are linked")
-    cap.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs, at most 8)")
+    cap.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
     cap.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "cap":
