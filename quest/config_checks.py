@@ -31,11 +31,24 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def most_processes() -> int:
     """The most worker processes or threads a config may ask for: 4 per CPU this process may use, at least 64. Past a
     few per CPU they only add memory, and a typo (10**6) would fork or spawn until the machine runs out of it."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(64, 4 * cpus)
+
+
+def process_count_problem(value: Any, minimum: int) -> str | None:
+    """What a count of processes or threads must be, when ``value`` is not that (see :func:`most_processes`)."""
+    most = most_processes()
+    if is_int(value) and minimum <= value <= most:
+        return None
+    return f"an integer in {minimum}..{most} (at most 4 per CPU this process may use, or 64)"
 
 
 class ConfigError(ValueError):
@@ -141,6 +154,13 @@ class Checks:
             good = False
         if not good:
             self.fail(key, f"must be {allowed}" + (" (or null)" if optional else ""))
+
+    def process_count(self, *keys: str, minimum: int = 1, optional: bool = False) -> None:
+        """A count of worker processes or threads: :func:`process_count_problem`."""
+        for key in keys:
+            problem = process_count_problem(self.value(key), minimum)
+            if problem is not None and not (optional and self.value(key) is None):
+                self.fail(key, f"must be {problem}" + (" (or null)" if optional else ""))
 
     def finite(self, *keys: str) -> None:
         """Each value (each element of a list) a finite number, or null where the key allows it."""

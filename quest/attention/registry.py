@@ -10,10 +10,11 @@ subclass with the options bound as class attributes instead.
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
+
+from quest.config_checks import is_number
 
 from .timm_names import register_timm_name
 
@@ -47,10 +48,6 @@ def attention_options(cls: type) -> dict[str, Any]:
     return dict(getattr(cls, "options", {}))
 
 
-def _positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def option_problem(cls: type, key: str, value: Any) -> str | None:
     """What ``value`` of option ``key`` should be, when it is not that: the class's own rule (``option_rules``:
     name -> (test, what is expected)), else, for an option whose default is a number, a finite number > 0 (every
@@ -61,7 +58,7 @@ def option_problem(cls: type, key: str, value: Any) -> str | None:
         return None if test(value) else expected
     default = attention_options(cls).get(key)
     if isinstance(default, (int, float)) and not isinstance(default, bool):
-        return None if _positive_number(value) else "a finite number > 0"
+        return None if is_number(value) and value > 0 else "a finite number > 0"
     return None
 
 

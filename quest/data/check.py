@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
-from quest.config_checks import most_processes
+from quest.config_checks import process_count_problem
 from quest.errors import input_error, program_name
 
 from .capped import read_capped
@@ -120,10 +120,10 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
 def _workers(text: str) -> int:
     """--workers: a process count a machine can hold (a pool forks all of them at once: a typo would fork until
     memory ran out)."""
-    most = most_processes()
     n = _count(text)
-    if not 1 <= n <= most:
-        raise argparse.ArgumentTypeError(f"must be in 1..{most} (at most 4 per CPU this process may use, or 64), got {n}")
+    problem = process_count_problem(n, 1)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"must be {problem}, got {n}")
     return n
 
 

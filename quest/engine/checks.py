@@ -22,7 +22,6 @@ from quest.config_checks import (
     check_known_keys,
     float_keys,
     is_int,
-    most_processes,
 )
 from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.schema import TrainConfig
@@ -115,9 +114,7 @@ def _data(c: Checks) -> None:
     c.positive_int("data.batch_size", "data.num_classes")
     c.positive_int("data.eval_batch_size", optional=True)
     _image_size(c, "data.img_size")
-    # each loader worker is a process with its own copy of the data set's index
-    c.check("data.num_workers", lambda v: is_int(v) and 0 <= v <= most_processes(),
-            f"an integer in 0..{most_processes()} (at most 4 per CPU this process may use, or 64)")
+    c.process_count("data.num_workers", minimum=0)  # each a process with its own copy of the data set's index
     c.fraction("data.subset_fraction", low_open=True)
     c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
     c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
@@ -142,8 +139,7 @@ def _data(c: Checks) -> None:
 def _trainer(c: Checks) -> None:
     c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
     c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", optional=True)
-    c.check("trainer.torch_threads", lambda v: is_int(v) and 0 < v <= most_processes(),
-            f"an integer in 1..{most_processes()} (at most 4 per CPU this process may use, or 64)", optional=True)
+    c.process_count("trainer.torch_threads", optional=True)
     c.check("trainer.seed", lambda v: is_int(v) and 0 <= v < 2**32, "an integer in 0..2**32-1 (numpy's seeds)")
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))
