@@ -203,11 +203,12 @@ class Checkpointer:
 
     def save(self, parts: dict[str, Any], record: dict[str, Any], best: bool = False) -> None:
         """Write the run's state: ``parts`` its stateful parts by name (STATEFUL_PARTS: model, ema, optimizer,
-        scheduler, scaler; an absent EMA or scaler is None), ``record`` the CheckpointRecord's other fields. With
+        scheduler, scaler, state (the run's counters, quest.engine.progress.TrainState); an absent EMA or scaler is
+        None), ``record`` the CheckpointRecord's other fields. With
         ``best``, to ``best.pt`` first and then ``last.pt`` as the same file, so that no ``last.pt`` ever records a
         best epoch whose ``best.pt`` is missing. Collective under DDP/FSDP."""
         self._write(parts, record, best)
-        self.saved_step = record["state"]["step"]
+        self.saved_step = parts["state"].step
         if self.on_save is not None:
             self.on_save(self.saved_step)
 
@@ -262,6 +263,7 @@ class Checkpointer:
             parts["scheduler"].load_state_dict(saved.scheduler)
         if parts["scaler"] is not None and saved.scaler is not None:
             parts["scaler"].load_state_dict(saved.scaler)
+        parts["state"].load_state_dict(saved.state)
         rngs = saved.rng
         if len(rngs) != self.ctx.world_size:
             log.warning("checkpoint was written by %d processes, this run has %d: RNG streams restart from rank 0's",

@@ -21,7 +21,7 @@ VERSION = 1
 #: The record layouts this quest reads (a file without a ``version`` key is version 1).
 SUPPORTED_VERSIONS = (1,)
 #: The fields that hold the state_dicts of a run's stateful parts (Checkpointer.save/restore take these by name).
-STATEFUL_PARTS = ("model", "ema", "optimizer", "scheduler", "scaler")
+STATEFUL_PARTS = ("model", "ema", "optimizer", "scheduler", "scaler", "state")
 
 
 class CheckpointRecordError(ValueError):
@@ -35,7 +35,7 @@ class CheckpointRecord:
     model: dict[str, Any]  # the model's full state_dict (gathered from the shards under FSDP)
     config: dict[str, Any]  # the resolved training config (quest.schema), plain containers
     meta: dict[str, Any]  # model, attention, num_classes, img_size, attention_options: what the weights fit
-    state: dict[str, Any]  # quest.engine.trainer.TrainState as a dict: step, epoch, best, counts
+    state: dict[str, Any]  # quest.engine.progress.TrainState as a dict: step, epoch, best, counts
     ema: dict[str, Any] | None = None  # the EMA model's state_dict; None when trained without EMA
     optimizer: dict[str, Any] | None = None  # None under FSDP: the optimizer state is in the sharded directory
     scheduler: dict[str, Any] | None = None

@@ -31,7 +31,6 @@ from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .threads import busy_hint, default_cpu_threads
 from .trainer import Run, hms
-from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
 
@@ -118,7 +117,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     try:
         directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)
         logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
-        run.state.wandb_id = logger.wandb_id
+        run.state.logs_to(logger.wandb_id)
         # the input size the model was built for: a timm name's trailing number is its default (vit_pico_patch4_16
         # at model.img_size=32 takes 32 x 32 images)
         size = getattr(getattr(run.model, "patch_embed", None), "img_size", None)
@@ -136,11 +135,11 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
             out = Outcome("failed")
             try:
                 out = train_loop(run, StepLog(logger, run), signals, checkpointer,
-                                 Evaluator(tr.eval_every_n_epochs, tr.epochs))
+                                 Evaluator(logger, tr.eval_every_n_epochs, tr.epochs))
             finally:
                 if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
                     signals.uninstall()
-            summary = {**_summary(run, logger, out, start, plan.checkpoint is not None, plan.changes), **out.ending}
+            summary = {**_summary(run, out, start, plan.checkpoint is not None, plan.changes), **out.ending}
             if out.status == REQUEUED:
                 summary["requeue"] = signals.requeue_plan()
             logger.summary(summary)
@@ -155,20 +154,13 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     return summary
 
 
-def _summary(run: Run, logger: RunLogger, out: Outcome, start: float, resumed: bool,
-             changes: list[Difference]) -> dict[str, Any]:
-    """summary.json: the outcome, final and best metrics (a run that ended normally is validated, EMA too), what
-    identifies the run, and how it was executed."""
-    cfg, st, ctx, parts, status, val = run.cfg, run.state, run.ctx, run.parts, out.status, out.val
-    if not val and status in ("completed", "stopped"):
-        val = run.validate(logger)
-    ema_val = {}
-    if parts.ema is not None and status in ("completed", "stopped"):
-        ema_val = evaluate(parts.ema.module, parts.val_loader, ctx.device, cfg.data.num_classes, run.autocast,
-                           prefix="val_ema/")
+def _summary(run: Run, out: Outcome, start: float, resumed: bool, changes: list[Difference]) -> dict[str, Any]:
+    """summary.json: the outcome, final and best metrics (a run that ended normally was validated, EMA too, by the
+    loop's Evaluator), what identifies the run, and how it was executed."""
+    cfg, st, ctx, parts, val = run.cfg, run.state, run.ctx, run.parts, out.val
     summary = {
-        "status": status, "diverged_at_step": None, "divergence_reason": None,
-        "epoch": st.epoch, "step": st.step, **val, **ema_val,
+        "status": out.status, "diverged_at_step": None, "divergence_reason": None,
+        "epoch": st.epoch, "step": st.step, **val, **out.ema_val,
         "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
         "choices": dict(run.choices), "attention": cfg.attention.name, "model": cfg.model.name,
         "seed": cfg.trainer.seed, "num_params": sum(p.numel() for p in run.model.parameters()), "lr": parts.lr,

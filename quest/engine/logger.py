@@ -82,6 +82,12 @@ class RunLogger:
         with open(self._metrics.name, "rb") as f:
             return f.read(size).decode()
 
+    def position(self) -> dict[str, Any]:
+        """Where metrics.jsonl stands, for a checkpoint (its metrics_bytes and metrics_text fields): a resume cuts off
+        what an interrupted attempt logged after this state, and rebuilds the file from the text when it is missing
+        or damaged."""
+        return {"metrics_bytes": self.metrics_bytes(), "metrics_text": self.metrics_text()}
+
     @property
     def wandb_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None

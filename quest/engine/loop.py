@@ -15,7 +15,7 @@ import torch
 from .checkpoint import Checkpointer
 from .logger import RunLogger
 from .signals import INTERRUPTED, StopRequested, StopSignals
-from .trainer import BadData, Diverged, Run, hms
+from .trainer import BadData, Diverged, Run, check_skipped, hms
 
 log = logging.getLogger("quest.train")
 
@@ -26,22 +26,24 @@ __all__ = ["train_loop", "Outcome", "StepLog", "Evaluator"]
 class Outcome:
     status: str = "completed"  # completed, stopped (trainer.max_steps), diverged, bad_data, interrupted, requeued
     val: dict[str, float] = field(default_factory=dict)  # the last validation
+    ema_val: dict[str, float] = field(default_factory=dict)  # the EMA model's, once the run is done
     ending: dict[str, Any] = field(default_factory=dict)  # for the summary: the divergence, the signal, ...
 
 
 def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Checkpointer,
                evaluator: Evaluator) -> Outcome:
-    """Train until the run is done, diverges, fails on its data or is stopped by a signal."""
+    """Train until the run is done, diverges, fails on its data or is stopped by a signal. The story of a run, top
+    to bottom: each optimizer step (diagnostics when due, the step, its log row, a checkpoint when due or a stop
+    requested), each epoch's end (its counts, validation when due, a checkpoint), and the final validation."""
     st, tr, out = run.state, run.cfg.trainer, Outcome()
 
-    def save_or_stop(stop: str | None, save: bool, best: bool = False) -> None:  # the one place for both
-        if stop or save:
-            checkpointer.save(run.stateful, run.record(steps.logger), best=best)
+    def save(stop: str | None = None, best: bool = False) -> None:  # a stop request always saves first
+        checkpointer.save(run.stateful, {**run.record(), **steps.logger.position()}, best=best)
         if stop:
             raise StopRequested(stop, signals.signal_name or "?")
 
     try:
-        while st.epoch < tr.epochs and (tr.max_steps is None or st.step < tr.max_steps):
+        while st.epoch < tr.epochs and not run.at_max_steps():
             steps.start_epoch()
             for batches in run.step_batches():  # the micro-batches of one optimizer step each
                 if run.diagnostics is not None and run.diagnostics.due(st.step):
@@ -49,24 +51,24 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
                 # this rank's stop request rides in the step's one collective; every rank gets the same answer
                 metrics = run.train_step(batches, log=steps.due(st.step + 1), stop=signals.request())
                 stop = signals.decide(metrics.pop("stop"), run.ctx)
-                run.add_skip_counts()
                 steps.record(metrics, batches)
-                at_max = tr.max_steps is not None and st.step >= tr.max_steps
-                save_or_stop(stop, save=checkpointer.due(st.step) or at_max)
-                if at_max:
+                if stop or checkpointer.due(st.step) or run.at_max_steps():
+                    save(stop)
+                if run.at_max_steps():
                     break
             else:  # the epoch ran to its end
-                steps.end_epoch()
-                run.end_epoch(steps.logger)
+                steps.end_epoch(run.end_epoch())  # its training time and data counts
+                run.check_skipped()
                 best = False
                 if evaluator.due(st.epoch):
-                    out.val, best = evaluator(run, steps.logger)
+                    out.val, best = evaluator(run)
                 # a signal during validation or the save: the state just written is the stop point
-                save_or_stop(signals.due(run.ctx), save=True, best=best)
+                save(signals.due(run.ctx), best=best)
                 continue
-            steps.end_epoch()  # trainer.max_steps reached
+            steps.end_epoch(None)  # trainer.max_steps reached
         if st.epoch < tr.epochs:
             out.status = "stopped"  # trainer.max_steps reached first
+        out.val, out.ema_val = evaluator.final(run, out.val)
     except Diverged as exc:
         out.status, out.ending = "diverged", {"diverged_at_step": exc.step, "divergence_reason": exc.reason}
         log.error("run diverged at step %d (%s); %s", exc.step, exc.reason,
@@ -99,18 +101,21 @@ class StepLog:
     def start_epoch(self) -> None:
         self.tic, self.images = time.perf_counter(), 0
 
-    def end_epoch(self) -> None:
-        self.run.state.train_seconds += time.perf_counter() - self.tic
+    def end_epoch(self, row: dict[str, Any] | None) -> None:
+        """The epoch's training time into the run's state; ``row`` (Run.end_epoch's data counts) into the log."""
+        self.run.state.trained_for(time.perf_counter() - self.tic)
+        if row:
+            self.logger.log(row, self.run.state.step)
 
     def record(self, metrics: dict[str, Any], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         run, st = self.run, self.run.state
         n_images = sum(len(t) for _, t in batches) * run.ctx.world_size
-        st.images_seen += n_images
+        st.saw_images(n_images)
         self.images += n_images
         if not self.due(st.step):
             return
         elapsed = time.perf_counter() - self.tic
-        st.train_seconds += elapsed
+        st.trained_for(elapsed)
         rate = self.images / max(elapsed, 1e-9)
         row = dict(metrics)
         row.update({"train/lr": run.parts.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
@@ -126,20 +131,34 @@ class StepLog:
 
 
 class Evaluator:
-    """Validation every trainer.eval_every_n_epochs epochs and after the last, tracking the best epoch."""
+    """Validation every trainer.eval_every_n_epochs epochs and after the last, tracking the best epoch in the run's
+    state and logging each pass; once the run is done, the model (unless just validated) and its EMA."""
 
-    def __init__(self, every_n_epochs: int, epochs: int):
-        self.every, self.epochs = every_n_epochs, epochs
+    def __init__(self, logger: RunLogger, every_n_epochs: int, epochs: int):
+        self.logger, self.every, self.epochs = logger, every_n_epochs, epochs
 
     def due(self, epoch: int) -> bool:
         """Whether the run validates once ``epoch`` epochs are done."""
         return epoch % self.every == 0 or epoch == self.epochs
 
-    def __call__(self, run: Run, logger: RunLogger) -> tuple[dict[str, float], bool]:
+    def __call__(self, run: Run) -> tuple[dict[str, float], bool]:
         """The validation metrics, and whether they are the best so far (recorded in the run's state)."""
+        val = self._validate(run)
+        return val, run.state.validated(val["val/top1"])
+
+    def final(self, run: Run, val: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """The run ended normally: its last validation (validated now when the last step was not an epoch's end
+        that validated; not a candidate for best.pt, which is written at epoch ends) and the EMA model's."""
+        val = val or self._validate(run)
+        ema = run.parts.ema
+        return val, run.validate(ema.module, prefix="val_ema/")[0] if ema is not None else {}
+
+    def _validate(self, run: Run) -> dict[str, float]:
         st = run.state
-        val = run.validate(logger)
-        best = val["val/top1"] > st.best_top1
-        if best:
-            st.best_top1, st.best_epoch = val["val/top1"], st.epoch
-        return val, best
+        val, diag = run.validate()
+        self.logger.log({**val, **diag, "epoch": st.epoch}, st.step)
+        check_skipped("validation", int(val["val/skipped"]), int(val["val/skipped"] + val["val/images"]),
+                      run.cfg.data.get("max_skipped_fraction", 0.01))
+        log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", st.epoch, val["val/top1"], val["val/top5"],
+                 val["val/loss"])
+        return val

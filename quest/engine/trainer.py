@@ -1,13 +1,14 @@
-"""A run's parts and state, and what one optimizer step and one epoch do: ``Run`` builds the components, takes an
-optimizer step (with its divergence check and the stop request agreed in one collective), yields an epoch's
-micro-batches step by step, validates, and restores itself from a checkpoint. The loop that drives it, and decides
-when it is saved (through quest.engine.checkpoint's Checkpointer), is quest.engine.loop.train_loop."""
+"""A run's parts and what one optimizer step and one epoch do: ``Run`` builds the components, takes an optimizer step
+(with its divergence check and the stop request agreed in one collective), yields an epoch's micro-batches step by
+step, ends an epoch, validates, and loads a checkpoint's state into its parts. It owns its counters
+(quest.engine.progress.TrainState, a stateful part the Checkpointer saves and restores with the others) and returns
+what is to be logged instead of logging it: quest.engine.loop.train_loop drives it, logs, and decides when it is
+saved."""
 from __future__ import annotations
 
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,28 +22,14 @@ from quest.data.preflight import preflight_left_out
 from .builders import Components, build_components, model_meta, scheduler_epoch
 from .checkpoint import Checkpointer, CheckpointRecord, load_record
 from .distributed import DistContext
-from .logger import RunLogger
 from .precision import autocast_for, resolve_precision
+from .progress import TrainState
 from .run_dir import check_data, data_fingerprint
 from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
 
 __all__ = ["Run", "TrainState", "Diverged", "BadData", "check_skipped", "hms", "chance_loss", "divergence_threshold"]
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epochs completed
-    micro_in_epoch: int = 0  # batches of the current epoch already consumed
-    best_top1: float = -1.0
-    best_epoch: int = -1
-    images_seen: int = 0
-    train_seconds: float = 0.0
-    wandb_id: str | None = None
-    train_skipped: int = 0  # unreadable training images skipped (data.bad_images=skip), all ranks, whole run
-    train_drawn: int = 0  # training images drawn, readable or not, all ranks, whole run
 
 
 class BadData(Exception):
@@ -57,8 +44,6 @@ class Diverged(Exception):
     def __init__(self, step: int, reason: str):
         super().__init__(f"diverged at step {step}: {reason}")
         self.step, self.reason = step, reason
-
-
 
 
 class Run:
@@ -114,12 +99,12 @@ class Run:
         """The run's stateful parts by name, as Checkpointer.save/restore take them (CheckpointRecord's fields)."""
         p = self.parts
         return {"model": self.model, "ema": p.ema.module if p.ema is not None else None, "optimizer": p.optimizer,
-                "scheduler": p.scheduler, "scaler": self.scaler}
+                "scheduler": p.scheduler, "scaler": self.scaler, "state": self.state}
 
-    def record(self, logger: RunLogger | None) -> dict[str, Any]:
-        """The CheckpointRecord's fields besides the stateful parts (Checkpointer.save adds those and the RNGs)."""
+    def record(self) -> dict[str, Any]:
+        """What identifies the run in a CheckpointRecord (Checkpointer.save adds the stateful parts and the RNGs; the
+        loop adds the position in metrics.jsonl, RunLogger.position)."""
         return {
-            "state": asdict(self.state),
             # plain containers only: a ListConfig option (elliptical's `layers`) would not load with weights_only=True
             "meta": {**model_meta(self.cfg),
                      "attention_options": OmegaConf.to_container(self.cfg.attention.options, resolve=True)},
@@ -127,10 +112,6 @@ class Run:
             "choices": dict(self.choices),
             "derived": self.derived,
             "data": self.data_fingerprint,
-            # metrics.jsonl up to here belongs to this state: a resume cuts off what an interrupted attempt logged
-            # later, and rebuilds the file from this copy when it is missing or damaged
-            "metrics_bytes": logger.metrics_bytes() if logger is not None else None,
-            "metrics_text": logger.metrics_text() if logger is not None else None,
         }
 
     def restore(self, saved: CheckpointRecord, path: Path, extended: bool) -> None:
@@ -146,8 +127,7 @@ class Run:
                 f"{k}={b}" for k, (_, b) in changed.items()) + " (another number of processes, or trainer.precision="
                 "auto on another kind of device): resume it as it was started, or set trainer.precision explicitly")
         p = self.parts
-        self.checkpointer.restore(saved, path, self.stateful, schedule=not extended)
-        self.state = TrainState(**saved.state)
+        self.checkpointer.restore(saved, path, self.stateful, schedule=not extended)  # self.state too
         if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
             self.step_schedule_on_epoch()
@@ -179,6 +159,10 @@ class Run:
                  if info["initial_values_kept"] else "")
         if self.parts.ema is not None:
             self.parts.ema.module.load_state_dict(self.model.state_dict())
+
+    def at_max_steps(self) -> bool:
+        """Whether trainer.max_steps optimizer steps are taken (the run stops there, status stopped)."""
+        return self.cfg.trainer.max_steps is not None and self.state.step >= self.cfg.trainer.max_steps
 
     def step_schedule_on_epoch(self) -> None:
         """A per-epoch schedule's step once ``state.epoch`` epochs are done (nothing for a per-update schedule)."""
@@ -239,10 +223,11 @@ class Run:
         self.scaler.step(p.optimizer)
         self.scaler.update()
         p.optimizer.zero_grad(set_to_none=True)
-        st.step += 1
+        st.took_step()
         if p.ema is not None:
             p.ema.update(self.model, step=st.step)
         p.scheduler.step_update(num_updates=st.step)
+        self._add_skip_counts()
         return metrics
 
     # --- epochs -----------------------------------------------------------------------------------------------
@@ -253,7 +238,7 @@ class Run:
 
     def step_batches(self) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
         """The rest of the current epoch, one optimizer step at a time: the micro-batches of each (trainer.accum_steps,
-        fewer at the epoch's end), counting the images drawn and skipped for :meth:`add_skip_counts`."""
+        fewer at the epoch's end), counting the images drawn and skipped (added to the state after each step)."""
         p, cfg, st = self.parts, self.cfg, self.state
         p.train_loader.sampler.set_epoch(st.epoch, start=st.micro_in_epoch * cfg.data.batch_size)
         p.train_loader.generator.manual_seed(cfg.trainer.seed * 100_003 + st.epoch)
@@ -264,7 +249,7 @@ class Run:
         for images, targets, n_bad in p.train_loader:
             self._counts[0] += n_bad
             self._counts[1] += n_bad + len(targets)
-            st.micro_in_epoch += 1
+            st.drew_batch()
             if len(targets):
                 if p.train_finish is not None:  # data.pipeline: the rest of the transform, on the device, per batch
                     images = p.train_finish(images, self.ctx.device)
@@ -279,24 +264,28 @@ class Run:
         sample = batches[0][0][: self.cfg.diagnostics.num_samples].to(self.ctx.device)
         return self.diagnostics.collect(sample, step=self.state.step)
 
-    def end_epoch(self, logger: RunLogger) -> None:
-        """The epoch's loader is exhausted: count its images, check them, and move the state to the next epoch."""
-        st, cfg = self.state, self.cfg
-        self.add_skip_counts()
+    def end_epoch(self) -> dict[str, Any] | None:
+        """The epoch's loader is exhausted: count its images, move the state to the next epoch, and step a per-epoch
+        schedule. Returns the data counts to log when images were skipped; raises BadData when no step was taken."""
+        st = self.state
+        self._add_skip_counts()
         steps_before, micro_before = self._epoch_start
         if st.step == steps_before and st.micro_in_epoch > micro_before:  # batches drawn, none trained on
             raise BadData(f"no training step in epoch {st.epoch + 1}: none of its {st.train_drawn} images could be "
                           "read (data.bad_images=skip skipped them all)" if st.train_drawn else
                           f"no training step in epoch {st.epoch + 1}: the training split yielded no images")
-        st.epoch += 1
-        st.micro_in_epoch = 0
+        st.end_epoch()
         self.step_schedule_on_epoch()
-        if st.train_skipped:
-            logger.log({"data/train_skipped": st.train_skipped, "data/train_drawn": st.train_drawn,
-                        "epoch": st.epoch}, st.step)
-        check_skipped("training", st.train_skipped, st.train_drawn, cfg.data.get("max_skipped_fraction", 0.01))
+        if not st.train_skipped:
+            return None
+        return {"data/train_skipped": st.train_skipped, "data/train_drawn": st.train_drawn, "epoch": st.epoch}
 
-    def add_skip_counts(self) -> None:
+    def check_skipped(self) -> None:
+        """BadData when more than data.max_skipped_fraction of the training images drawn so far were unreadable."""
+        check_skipped("training", self.state.train_skipped, self.state.train_drawn,
+                      self.cfg.data.get("max_skipped_fraction", 0.01))
+
+    def _add_skip_counts(self) -> None:
         """Add this rank's skipped / drawn images since the last call to the state, summed over ranks (a collective
         only with data.bad_images=skip, where images can be skipped)."""
         counts, self._counts = self._counts, [0, 0]
@@ -306,30 +295,28 @@ class Run:
             counts = total.tolist()
         else:
             counts = [c * self.ctx.world_size for c in counts]  # every rank draws the same number of images
-        self.state.train_skipped += counts[0]
-        self.state.train_drawn += counts[1]
+        self.state.add_drawn(*counts)
 
-    def validate(self, logger: RunLogger) -> dict[str, float]:
+    def validate(self, model: torch.nn.Module | None = None, prefix: str = "val/") -> tuple[dict[str, float],
+                                                                                           dict[str, float]]:
+        """The validation metrics of ``model`` (the run's model by default; the EMA model with prefix="val_ema/"),
+        and, for the run's model, the attention statistics of the first validation batch (diagnostics on)."""
         diag: dict[str, float] = {}
+        own = model is None
 
         def on_first_batch(images: torch.Tensor) -> None:  # attention statistics on validation images too
-            if self.diagnostics is not None:
+            if own and self.diagnostics is not None:
                 diag.update(self.diagnostics.collect(images, prefix="diag_val/", step=self.state.step))
 
         try:
-            metrics = evaluate(self.model, self.parts.val_loader, self.ctx.device, self.cfg.data.num_classes,
-                               self.autocast, first_batch_hook=on_first_batch,
-                               lockstep=self.ctx if self.sharded else None)
+            metrics = evaluate(self.model if own else model, self.parts.val_loader, self.ctx.device,
+                               self.cfg.data.num_classes, self.autocast, prefix=prefix,
+                               first_batch_hook=on_first_batch, lockstep=self.ctx if self.sharded else None)
         except ValueError as exc:  # Counts.summary: nothing was scored
             if "no samples" not in str(exc):
                 raise
             raise BadData("no validation image could be read (data.bad_images=skip skipped them all)") from exc
-        logger.log({**metrics, **diag, "epoch": self.state.epoch}, self.state.step)
-        check_skipped("validation", int(metrics["val/skipped"]), int(metrics["val/skipped"] + metrics["val/images"]),
-                      self.cfg.data.get("max_skipped_fraction", 0.01))
-        log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", self.state.epoch, metrics["val/top1"],
-                 metrics["val/top5"], metrics["val/loss"])
-        return metrics
+        return metrics, diag
 
 
 def check_skipped(split: str, skipped: int, drawn: int, limit: float) -> None:
