@@ -3,7 +3,7 @@ with ``model=<timm name> attention=<name> [weights=<state_dict.pt>]``. Suites ar
 (eval_results.json / .csv / .md) go to <training run>/eval/<suite>/<checkpoint>-<model|ema>/ by default.
 The same app as the ``quest-eval`` console script (quest/cli.py); docs/evaluation.md.
 """
-from quest.cli import evaluate
+from quest_cli import evaluate
 
 if __name__ == "__main__":
     evaluate()

@@ -6,7 +6,7 @@ The same app as the ``quest-train`` console script (quest/cli.py). Exit codes (d
 refused resume), 3 diverged (in a multirun a diverged job is reported in its summary and the sweep goes on),
 130 / 143 interrupted by SIGINT / SIGTERM after saving.
 """
-from quest.cli import train
+from quest_cli import train
 
 if __name__ == "__main__":
     train()

@@ -206,8 +206,8 @@ def _completion_code(app: str, line: str) -> str:
 @pytest.fixture(scope="module")
 def completions(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     """Every query of COMPLETIONS, each in a fresh process forked from an interpreter that imported only what a TAB
-    imports first (quest.cli: what train.py and eval.py import), so "imported: []" still covers it."""
-    steps = [("import", "", "import quest.cli")]
+    imports first (quest_cli and quest.cli: what train.py and eval.py import), so "imported: []" still covers it."""
+    steps = [("import", "", "import quest_cli, quest.cli")]
     steps += [("case", f"{app} {line}", _completion_code(app, line)) for app, line, _ in COMPLETIONS]
     return _fresh_cases(steps, tmp_path_factory.mktemp("completion"))
 
@@ -223,31 +223,37 @@ def test_tab_completion_answers_without_importing_torch(completions, app, line, 
 
 
 @pytest.mark.process  # what the first import of a process registers: only a fresh sys.modules shows it
-def test_import_quest_registers_with_timm_when_timm_is_imported(tmp_path):
-    """`import quest` imports no torch; importing timm afterwards (or before) registers quest's attn_layer names and
-    quest_vit, also when the first import is a sub-package that imports timm itself."""
+def test_import_quest_registers_with_timm_without_an_import_hook(tmp_path):
+    """`import quest` registers quest's attn_layer names and quest_vit with timm at once (whichever of quest and timm
+    comes first, and when the first import is a sub-package), without a finder on sys.meta_path; the commands'
+    entry module (quest_cli) defers it to the first model built, so that their --help imports no torch."""
+    no_hook = ("\nassert not [f for f in sys.meta_path if type(f).__module__.startswith('quest')], sys.meta_path\n"
+               "assert 'quest.models' in sys.modules\n")
     checks = {
-        "import quest": "import sys, quest; assert 'timm' not in sys.modules; import timm",
-        "timm first": "import timm, quest",
-        "quest.attention": "import quest.attention, timm",
-        "quest.models": "import quest.models, timm",
-        "quest.engine": "import quest.engine, timm",
+        "import quest": "import sys, quest" + no_hook,
+        "timm first": "import sys, timm, quest" + no_hook,
+        "quest.attention": "import sys, quest.attention" + no_hook,
+        "quest.models": "import sys, quest.models" + no_hook,
+        "quest.engine": "import sys, quest.engine" + no_hook,
+        "a command builds a model": "import sys, quest_cli, quest\nassert 'timm' not in sys.modules\n"
+                                    "import quest.models" + no_hook,
     }
-    tail = ("\nimport sys\nfrom quest.attention.timm_names import timm_attention_table\n"
-            "assert 'quest' in timm_attention_table()\nassert 'quest.models' in sys.modules\n"
+    tail = ("\nfrom quest.attention.timm_names import timm_attention_table\n"
+            "assert 'quest' in timm_attention_table()\n"
             "import timm\nm = timm.create_model('vit_pico_patch4_16', attn_layer='qknorm', num_classes=3)\n"
             "print(type(m.blocks[0].attn).__name__)\n")
-    # `import quest` without torch is checked in a child forked before anything is imported. The cases are about
-    # the order of quest and timm only, so they are forked after the driver imported what timm imports from other
-    # packages (torch, torchvision, sympy, wandb, ...: most of the seconds), but neither timm nor quest.
+    # the commands' deferral without torch is checked in a child forked before anything is imported. The cases are
+    # about the order of quest and timm only, so they are forked after the driver imported what timm imports from
+    # other packages (torch, torchvision, sympy, wandb, ...: most of the seconds), but neither timm nor quest.
     preload = "import sys, torch, torchvision, huggingface_hub, safetensors.torch, sympy\n"
     if importlib.util.find_spec("wandb"):  # timm imports it when installed (quest[wandb])
         preload += "import wandb\n"
-    steps = [("case", "no torch", "import sys, quest\nassert 'torch' not in sys.modules, 'import quest imported torch'"),
+    steps = [("case", "no torch", "import sys, quest_cli, quest, quest.cli, quest.config_help\n"
+                                  "assert 'torch' not in sys.modules, 'a command imported torch before its model'"),
              ("import", "", preload + "assert not {'timm', 'quest'} & set(sys.modules), sorted(sys.modules)")]
     steps += [("case", name, head + tail) for name, head in checks.items()]
     results = _fresh_cases(steps, tmp_path)
-    assert len(results) == 6
+    assert len(results) == 7
     for name, result in results.items():
         assert result.returncode == 0, (name, result.stderr[-3000:])
         assert name == "no torch" or "QKNorm" in result.stdout, (name, result.stdout)

@@ -29,7 +29,7 @@ from tests.warm import APPS, run_app
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "interop.md"
 BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]  # quest-train -> quest.cli:train
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]  # quest-train -> quest_cli:train
 #: each console script's warm app: the APPS entry that runs the same function
 WARM = {script: app for script, target in SCRIPTS.items() for app, (module, function) in APPS.items()
         if target == f"{module}:{function}"}

@@ -33,7 +33,7 @@ def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ beside the sources
     for name in ("quest", "configs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "quest_cli.py"):
         shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path), str(src)], check=True, capture_output=True, timeout=600)
@@ -42,11 +42,12 @@ def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     configs = {f"quest/configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*.yaml")}
     assert configs and configs <= names, sorted(configs - names)
     assert "quest/configs/train.yaml" in names and "quest/configs/toy/grid/quick.yaml" in names
+    assert "quest_cli.py" in names  # the commands' entry module (quest_cli's docstring: why outside the package)
     assert not any(n.startswith(("tests/", "configs/", "bench/")) for n in names)  # nothing but the package
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(meta).decode()
     for script in ("quest-train", "quest-eval", "quest-toy", "quest-report", "quest-plot", "quest-export", "quest-data"):
-        assert f"{script} = quest.cli:" in scripts, script
+        assert f"{script} = quest_cli:" in scripts, script
 
 
 def test_console_scripts_are_installed():

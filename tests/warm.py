@@ -31,13 +31,13 @@ _PRELOAD = ["tests.warm", "tests.warm_preload"]
 
 # the apps by the argv[0] a shell would name, each the function its console script or __main__ runs
 APPS = {
-    "train.py": ("quest.cli", "train"),
-    "eval.py": ("quest.cli", "evaluate"),
-    "quest.toy": ("quest.cli", "toy"),
-    "quest.report": ("quest.cli", "report"),
-    "quest.report.plot": ("quest.cli", "plot"),
-    "quest.engine.export": ("quest.cli", "export"),
-    "quest.data.check": ("quest.cli", "data"),
+    "train.py": ("quest_cli", "train"),
+    "eval.py": ("quest_cli", "evaluate"),
+    "quest.toy": ("quest_cli", "toy"),
+    "quest.report": ("quest_cli", "report"),
+    "quest.report.plot": ("quest_cli", "plot"),
+    "quest.engine.export": ("quest_cli", "export"),
+    "quest.data.check": ("quest_cli", "data"),
 }
 
 _context: multiprocessing.context.ForkServerContext | None = None
