@@ -255,9 +255,16 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
     import datetime
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    dest = Path(folder) / REPLACED / (f"{stamp}-{label}" if label else stamp)
-    dest.mkdir(parents=True)
-    return dest
+    # two replacements within one tick of a coarse clock: the second gets a count, never the first one's folder
+    n = 1
+    while True:
+        name = stamp if n == 1 else f"{stamp}-{n}"
+        dest = Path(folder) / REPLACED / (f"{name}-{label}" if label else name)
+        try:
+            dest.mkdir(parents=True)
+            return dest
+        except FileExistsError:
+            n += 1
 
 
 def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:

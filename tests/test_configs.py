@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from quest.engine.builders import resolve_img_size, resolve_lr
-from quest.schema import model_size
+from quest.schema import TrainerConfig, model_size
 
 from .helpers import CONFIGS, compose_cfg
 
@@ -90,6 +90,17 @@ def test_default_config_is_the_cpu_quickstart():
     assert (cfg.model.name, cfg.attention.name, cfg.data.name, cfg.recipe.name) == (
         "vit_pico_patch4_16", "quest", "digits", "light")
     assert cfg.trainer.epochs == cfg.recipe.epochs and cfg.trainer.resume == "auto"
+
+
+def test_the_trainer_yaml_lists_every_trainer_key_at_the_schema_default():
+    """configs/trainer/default.yaml spells out TrainerConfig for people; it must not drift from the schema."""
+    schema = OmegaConf.to_container(OmegaConf.structured(TrainerConfig), resolve=False)
+    path = CONFIGS / "trainer" / "default.yaml"
+    written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    assert list(written) == list(schema) and written == schema
+    assert OmegaConf.to_container(compose_cfg().trainer, resolve=False) == schema  # as composed, on the schema
+    keys = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(keys) == len(schema) and all(" # " in line for line in keys), "one line and a comment per key"
 
 
 def test_unknown_group_option_lists_the_available_ones():

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from timm.utils import random_seed
 
 from quest.io import write_text_atomic
+from quest.owned_dir import Difference
 
 from .builders import model_meta
 from .checkpoint import Checkpointer
@@ -26,7 +27,7 @@ from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
 from .logger import RunLogger, start_log_file, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
-from .run_dir import Difference, RunDirectory
+from .run_dir import RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .threads import busy_hint, default_cpu_threads

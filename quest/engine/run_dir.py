@@ -6,13 +6,15 @@ is never rewritten, and a replaced run is archived first (docs/training.md, "Run
   ``quest.schema.RESUME_SAFE_KEYS`` may differ (``trainer.epochs`` only upwards). The data set's size and classes
   are compared too, so a moved data set resumes and a different one is refused.
 - ``run.json``: the run's config and the history of its starts, resumes and the keys each one changed.
+
+The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.owned_dir).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from omegaconf import OmegaConf
 from quest.config_checks import ConfigError
 from quest.data.registry import get_dataset, list_datasets, upgrade_data_config
 from quest.errors import UserError
-from quest.io import DamagedFile, LockHeld, lock_file, move_aside, read_json, replaced_dir, write_json_atomic
+from quest.io import DamagedFile, LockHeld, read_json, write_json_atomic
+from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
 log = logging.getLogger("quest.train")
@@ -31,38 +34,17 @@ __all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
 _RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "run.json", "wandb", "eval")
-_ABSENT = object()
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out if out or not prefix else {prefix: {}}
-    return {prefix: tree}
-
-
-@dataclass(frozen=True)
-class Difference:
-    key: str
-    stored: Any
-    new: Any
-
-    def __str__(self) -> str:
-        show = lambda v: "(absent)" if v is _ABSENT else repr(v)  # noqa: E731
-        return f"{self.key}: {show(self.stored)} -> {show(self.new)}"
-
-
 def _schema_defaults(data_name: Any = None) -> dict[str, Any]:
     defaults = OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False)
     if data_name in list_datasets():  # the data set's own options too
         defaults["data"] = OmegaConf.to_container(OmegaConf.structured(get_dataset(data_name).settings), resolve=False)
-    return _flatten(defaults)
+    return flatten(defaults)
 
 
 def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
@@ -71,13 +53,7 @@ def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Diff
     flat DataConfig with every data set's keys) is read as its data set's settings first."""
     if isinstance(stored.get("data"), dict):
         stored = {**stored, "data": upgrade_data_config(stored["data"])}
-    a, b, defaults = _flatten(stored), _flatten(new), _schema_defaults((new.get("data") or {}).get("name"))
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        old, now = a.get(key, defaults.get(key, _ABSENT)), b.get(key, defaults.get(key, _ABSENT))
-        if old != now:
-            diffs.append(Difference(key, old, now))
-    return diffs
+    return differences(stored, new, _schema_defaults((new.get("data") or {}).get("name")))
 
 
 def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> list[Difference]:
@@ -117,13 +93,10 @@ class DirectoryInUse(UserError, RuntimeError):
     """Another process holds the run directory's lock."""
 
 
-class RunDirectory:
+class RunDirectory(OwnedDirectory):
     """The files of one run directory that are not checkpoints: the lock, run.json, archiving a replaced run."""
 
-    def __init__(self, path: Path, is_main: bool = True):
-        self.path, self.is_main = Path(path), is_main
-        self._lock_fd: int | None = None
-        self._lock_before, self._claimed, self._lock_was_there = b"", False, False
+    lock_name, what = ".lock", "this run directory"
 
     def has_run(self) -> bool:
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
@@ -146,53 +119,19 @@ class RunDirectory:
     def lock(self) -> None:
         """Hold an exclusive lock for the run's lifetime: a second process in the same directory is refused rather
         than left to overwrite the first one's checkpoints. Released when the process ends, however it ends."""
-        if not self.is_main:
-            return
-        self._lock_was_there = (self.path / ".lock").exists()
         try:
-            fd = lock_file(self.path / ".lock", "this run directory")
+            super().lock()
         except LockHeld as exc:
             raise DirectoryInUse(f"run directory {self.path} is in use by another process ({exc.holder}); wait for "
                                "it to end, or give this run its own directory (hydra.run.dir=...)") from None
-        # name the holder for a second process; a command refused before claim() puts the old content back
-        self._lock_before = os.pread(fd, 4096, 0)
-        self._write_lock(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
-        self._lock_fd, self._claimed = fd, False
 
-    @staticmethod
-    def _write_lock(fd: int, content: bytes) -> None:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, content, 0)
-
-    def claim(self) -> None:
-        """Every check has passed: the lock file keeps naming this process after it ends (a refused command
-        changes nothing, the lock file's content included)."""
-        self._claimed = True
-
-    def unlock(self) -> None:
-        if self._lock_fd is not None:
-            if not self._claimed:  # refused: the lock file as it was, or gone if this command made it
-                if self._lock_was_there:
-                    self._write_lock(self._lock_fd, self._lock_before)
-                else:
-                    (self.path / ".lock").unlink(missing_ok=True)  # still held: no other process has it open
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def archive(self) -> Path | None:
+    def archive(self, names: Iterable[str] = _RUN_FILES, label: str = "") -> Path | None:
         """Move the previous run's files to ``.replaced/<UTC time>/`` (trainer.overwrite=true): nothing is deleted,
         and the new run's metrics never mix with the old one's."""
-        if not self.is_main:
-            return None
-        dest = move_aside(self.path, [self.path / name for name in _RUN_FILES])
-        if dest is None:
-            return None
-        log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
+        dest = super().archive(names, label)
+        if dest is not None:
+            log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
         return dest
-
-    def replaced_dir(self) -> Path:
-        """A new ``.replaced/<UTC time>/``: where files that a start replaces are kept."""
-        return replaced_dir(self.path)
 
     def note_checkpoint(self, step: int) -> None:
         """run.json records the step of the latest checkpoint, so that a run whose checkpoints went missing is told
@@ -213,7 +152,7 @@ class RunDirectory:
             if event == "resume":  # run.json was missing or damaged: the history before this start is unknown
                 entry["note"] = "run.json rebuilt from the checkpoint; earlier history unknown"
         if changed:
-            entry["changed"] = {d.key: [None if d.stored is _ABSENT else d.stored, None if d.new is _ABSENT else d.new]
+            entry["changed"] = {d.key: [None if d.stored is ABSENT else d.stored, None if d.new is ABSENT else d.new]
                                 for d in changed}
         record["history"].append(entry)
         record["config"] = config

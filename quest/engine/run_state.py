@@ -31,10 +31,11 @@ from typing import Any
 
 from quest.config_checks import ConfigError
 from quest.io import DamagedFile, read_json, write_text_atomic
+from quest.owned_dir import Difference
 from quest.torch_files import ZIP_MAGIC, damaged_member
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
-from .run_dir import FINAL_STATUSES, Difference, RunDirectory, check_resume
+from .run_dir import FINAL_STATUSES, RunDirectory, check_resume
 
 log = logging.getLogger("quest.train")
 

@@ -15,21 +15,24 @@ A new evaluation in a directory (:meth:`EvalDirectory.begin`): empty -> it runs;
 do (the stored results are reported); the same key interrupted or partial -> the finished evaluations are reused and
 the rest run; another key (or results of an older quest without one) -> refused, naming the keys that differ, unless
 ``eval.overwrite=true``, which first moves the old files to ``.replaced/<UTC time>/`` (never deleted).
+
+The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.owned_dir): a
+refused evaluation leaves ``.eval.lock`` as it found it.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from quest.errors import UserError
-from quest.io import REPLACED, LockHeld, json_text, lock_file, move_aside, write_text_atomic
+from quest.io import REPLACED, LockHeld, json_text, write_text_atomic
+from quest.owned_dir import OwnedDirectory, differences
 
 log = logging.getLogger("quest.eval")
 
@@ -86,21 +89,6 @@ def fingerprint_key(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json_text(fp, indent=None).encode()).hexdigest()[:16]
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict) and tree:
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: tree}
-
-
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    a, b = _flat(old), _flat(new)
-    return [f"{k}: {a.get(k, '(absent)')!r:.120} -> {b.get(k, '(absent)')!r:.120}" for k in sorted(set(a) | set(b))
-            if a.get(k, "(absent)") != b.get(k, "(absent)")]
-
-
 def read_results(path: Path) -> dict[str, Any]:
     """An eval_results.json as a dict, or an :class:`EvalDirectoryError` naming the file and what is wrong."""
     try:
@@ -116,34 +104,14 @@ def read_results(path: Path) -> dict[str, Any]:
     return data
 
 
-class EvalDirectory:
+class EvalDirectory(OwnedDirectory):
     """One evaluation directory and its lock (only the main process writes; every process reads)."""
 
-    def __init__(self, path: str | Path, is_main: bool = True):
-        self.path, self.is_main = Path(path), is_main
-        self._lock_fd: int | None = None
+    lock_name, what = LOCK, "this evaluation directory"
 
     @property
     def results_path(self) -> Path:
         return self.path / RESULTS
-
-    def _locked_by_other(self) -> bool:
-        """Whether another process holds the directory's lock (a ``running`` record without one was killed)."""
-        if self._lock_fd is not None:
-            return False
-        try:
-            fd = os.open(self.path / LOCK, os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
 
     def state(self) -> tuple[str | None, dict[str, Any] | None]:
         """(status, record): (None, None) when empty; ``interrupted`` for a ``running`` record whose process is gone;
@@ -152,26 +120,16 @@ class EvalDirectory:
             return None, None
         record = read_results(self.results_path)
         status = record.get("status", COMPLETE)
-        if status == RUNNING and not self._locked_by_other():
+        if status == RUNNING and not self.held_elsewhere():
             status = INTERRUPTED
         return status, record
 
     def lock(self) -> None:
-        if not self.is_main:
-            return
         try:
-            fd = lock_file(self.path / LOCK, "this evaluation directory")
+            super().lock()
         except LockHeld as exc:
             raise EvalDirectoryError(f"{self.path} is being written by another eval.py ({exc.holder}); wait for it to "
                                      "end, or give this evaluation its own directory (hydra.run.dir=...)") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
-        self._lock_fd = fd
-
-    def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     def begin(self, fp: dict[str, Any], overwrite: bool) -> tuple[str, dict[str, Any]]:
         """Decide what this evaluation does in the directory, before any work: ('run', {}) for a fresh start,
@@ -185,21 +143,23 @@ class EvalDirectory:
                 raise
             status, record = "unreadable", None
         if status is None:
+            self.claim()
             return "run", {}
         key = fingerprint_key(fp)
         if status == RUNNING:
             raise EvalDirectoryError(f"{self.path} is being written by another eval.py (its {RESULTS} says running "
                                      "and its lock is held); wait for it, or use another hydra.run.dir=...")
         if overwrite:
-            self.archive(status)
+            self.claim()
+            self.archive(RESULT_FILES, str(status))
             return "run", {}
         if record is not None and record.get("key") == key:
             if status == COMPLETE:
                 return "done", record
-            finished = dict(record.get("results") or {})
-            return "resume", finished
+            self.claim()
+            return "resume", dict(record.get("results") or {})
         if record is not None and "fingerprint" in record:
-            diff = "\n".join(f"  {line}" for line in differences(record["fingerprint"], fp))
+            diff = "\n".join(f"  {d.show(width=120)}" for d in differences(record["fingerprint"], fp))
             what = f"these differ from the stored ones:\n{diff}"
         else:
             what = "they were written by an older quest that did not record what they depend on"
@@ -208,14 +168,12 @@ class EvalDirectory:
             f"silently: give this evaluation its own directory (hydra.run.dir=...), or pass eval.overwrite=true to "
             f"move the old results to {self.path / ARCHIVE}/<time>/ first")
 
-    def archive(self, status: str | None) -> Path | None:
-        """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<status>/``."""
-        if not self.is_main:
-            return None
-        dest = move_aside(self.path, [self.path / name for name in RESULT_FILES], str(status))
-        if dest is None:
-            return None
-        log.warning("eval.overwrite=true: the previous results in %s were moved to %s", self.path, dest)
+    def archive(self, names: Iterable[str] = RESULT_FILES, label: str = "") -> Path | None:
+        """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<label>/`` (the status of
+        the results moved)."""
+        dest = super().archive(names, label)
+        if dest is not None:
+            log.warning("eval.overwrite=true: the previous results in %s were moved to %s", self.path, dest)
         return dest
 
     def write(self, record: dict[str, Any]) -> Path:
