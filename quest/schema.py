@@ -189,10 +189,10 @@ OPERATIONAL_KEYS = (
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the
 #: new length; a shorter one is refused), validation cadence and diagnostics (outputs only).
-#: A recipe's per-size table (and model.recipe_values, where older quest kept those numbers) only looks values up:
-#: the values it gives (recipe.lr, ...) are compared themselves.
+#: A recipe's per-size table only looks values up: the values it gives (recipe.lr, ...) are compared themselves.
+#: (model.recipe_values, where older quest kept those numbers, is upgraded away by quest.compat before a comparison.)
 RESUME_SAFE_KEYS = (*OPERATIONAL_KEYS, "data.root", "trainer.epochs", "trainer.eval_every_n_epochs", "diagnostics.*",
-                    "recipe.by_model_size.*", "model.recipe_values.*")
+                    "recipe.by_model_size.*")
 
 
 def matches_key(key: str, patterns: tuple[str, ...] | list[str]) -> bool:

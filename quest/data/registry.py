@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from quest.compat import FLAT_DATA_KEYS
+from quest.compat import upgrade_data_config as compat_upgrade_data_config
 from quest.plugins import import_plugins
 
 from .config import DataConfig, training_only_keys
 
 __all__ = ["DataSet", "register_dataset", "unregister_dataset", "get_dataset", "list_datasets", "load_datasets",
-           "register_data_configs", "schema_name", "any_data_settings", "upgrade_data_config", "SCHEMA_SUFFIX",
-           "training_only_data_keys", "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
+           "register_data_configs", "schema_name", "any_data_settings", "upgrade_data_config", "data_set_keys",
+           "SCHEMA_SUFFIX", "training_only_data_keys", "ANY_DATA_SCHEMA", "FLAT_KEYS", "MODULES_ENV", "ENTRY_POINT_GROUP"]
 
 MODULES_ENV = "QUEST_DATA_MODULES"
 SCHEMA_SUFFIX = "_schema"  # data/<name>_schema in Hydra's ConfigStore: the data set's settings
@@ -34,14 +36,8 @@ ANY_DATA_SCHEMA = "_any" + SCHEMA_SUFFIX
 ENTRY_POINT_GROUP = "quest.datasets"
 B = TypeVar("B", bound=Callable[..., Any])
 
-#: every data.* key of the single flat DataConfig that quest wrote into configs (and checkpoints) before data sets
-#: were registered: a stored config may hold the keys of every data set, whichever it trained on
-FLAT_KEYS = frozenset({
-    "name", "root", "batch_size", "eval_batch_size", "num_workers", "num_classes", "img_size", "mean", "std",
-    "train_split", "val_split", "subset_fraction", "subset_seed", "val_fraction", "split_seed", "download",
-    "bad_images", "max_skipped_fraction", "preflight", "fake_train_size", "fake_val_size", "pin_memory", "canvas",
-    "num_samples", "shuffle_window",
-})
+#: the keys of the flat DataConfig of earlier quest (quest.compat.FLAT_DATA_KEYS), kept here by their former name
+FLAT_KEYS = FLAT_DATA_KEYS
 
 
 @dataclass(frozen=True)
@@ -175,16 +171,15 @@ def any_data_settings() -> type:
     return dataclasses.make_dataclass("AnyDataConfig", list(fields.values()), bases=(DataConfig,))
 
 
-def upgrade_data_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """A ``data`` config as a checkpoint of an earlier quest stored it (one flat DataConfig: the keys of every data
-    set, e.g. ``canvas`` and ``fake_train_size`` for data=digits) -> the keys of its data set's settings only.
-    Only keys of that flat schema that the data set does not define are dropped; any other key stays (and is
-    refused by the checks, naming it)."""
-    name = stored.get("name")
+def data_set_keys(name: Any) -> frozenset[str] | None:
+    """The keys of data set ``name``'s settings; None when no data set of that name is registered."""
     if name not in _REGISTRY:
         load_datasets()
     entry = _REGISTRY.get(name)
-    if entry is None:
-        return dict(stored)
-    own = {f.name for f in dataclasses.fields(entry.settings)}
-    return {k: v for k, v in stored.items() if k in own or k not in FLAT_KEYS}
+    return None if entry is None else frozenset(f.name for f in dataclasses.fields(entry.settings))
+
+
+def upgrade_data_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``data`` config of any quest in today's form (quest.compat.upgrade_data_config): the flat node of
+    earlier quest narrowed to the keys of its data set's settings, ``pipeline`` added where it predates the key."""
+    return compat_upgrade_data_config(stored, data_set_keys(stored.get("name")))

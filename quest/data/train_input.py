@@ -100,11 +100,12 @@ def get_train_input(name: str) -> TrainInputKind:
 
 
 def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
-    """The training input of ``data.pipeline`` (``timm`` when a config predates the key); its label also names a
-    resolution-capped copy of the data (quest-data cap) when ``data.root`` is one."""
+    """The training input of ``data.pipeline``; its label also names a resolution-capped copy of the data (quest-data
+    cap) when ``data.root`` is one. ``data`` is today's config (the schema gives every data set ``pipeline``; a stored
+    config that predates the key is upgraded where it is read: quest.compat.upgrade_data_config)."""
     from .capped import read_capped
 
-    built = get_train_input(data.get("pipeline", "timm")).build(recipe, data, img_size)
+    built = get_train_input(data.pipeline).build(recipe, data, img_size)
     capped = read_capped(data.get("root"))
     if capped is None:
         return built

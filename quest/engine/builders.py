@@ -194,7 +194,7 @@ def build_components(cfg: Any, ctx: DistContext) -> Components:
     check_patch_size(model, img_size, img_size_source(cfg))  # before any data is read
     model = model.to(ctx.device)
     train_input = build_train_input(recipe, cfg.data, img_size)
-    log.info("training input: data.pipeline=%s (%s)", cfg.data.get("pipeline", "timm"), train_input.label)
+    log.info("training input: data.pipeline=%s (%s)", cfg.data.pipeline, train_input.label)
     train_loader, val_loader = _loaders(cfg, ctx, img_size, train_input)
     if cfg.trainer.strategy == "fsdp":  # its value, and recipe.ema's exclusion, checked before any work
         from .fsdp import shard_model

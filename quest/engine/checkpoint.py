@@ -18,10 +18,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from quest.compat import upgrade_checkpoint
 from quest.io import atomic_write
 from quest.torch_files import FORMAT
 
-from .checkpoint_record import STATEFUL_PARTS, CheckpointRecord, CheckpointRecordError
+from .checkpoint_record import STATEFUL_PARTS, VERSION, CheckpointRecord, CheckpointRecordError
 from .distributed import DistContext, gather_objects
 
 log = logging.getLogger("quest.train")
@@ -63,7 +64,7 @@ def save_checkpoint(path: str | Path, record: CheckpointRecord | dict[str, Any])
     temporary file nor a damaged previous checkpoint."""
     path = Path(path)
     if not isinstance(record, CheckpointRecord):
-        record = CheckpointRecord.from_dict({**record, "format": FORMAT}, path)
+        record = CheckpointRecord.from_dict({"version": VERSION, **record, "format": FORMAT}, path)
     state = record.to_dict()
     try:
         atomic_write(path, lambda f: torch.save(state, f))
@@ -110,7 +111,7 @@ def load_record(path: str | Path, map_location: str | torch.device = "cpu") -> C
         raise ValueError(f"cannot load checkpoint {path}: {exc}") from exc
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
-    return CheckpointRecord.from_dict(ckpt, path)
+    return CheckpointRecord.from_dict(upgrade_checkpoint(ckpt), path)  # older layouts: quest.compat
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

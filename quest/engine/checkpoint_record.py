@@ -2,9 +2,10 @@
 of ``checkpoints/*.pt`` goes through (the trainer, resume planning, ``init_from``, evaluation, export).
 
 On disk a record is a dict of tensors and plain containers (so that it loads with ``weights_only=True``):
-``{"format": FORMAT, "version": VERSION, <one key per field>}``. Files written before the ``version`` key existed
-are version 1 (the same keys). A file with a key this quest does not know, without a required key, or of a
-version it does not read is refused with an error naming the keys and the versions.
+``{"format": FORMAT, "version": VERSION, <one key per field>}``. A file of an older layout (one written before the
+``version`` key existed) is upgraded by quest.compat when it is loaded (quest.engine.checkpoint.load_record), so a
+record is only ever built from today's layout. A dict with a key this quest does not know, without a required key
+or the version, or of a version it does not read is refused with an error naming the keys and the versions.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ __all__ = ["CheckpointRecord", "CheckpointRecordError", "VERSION", "SUPPORTED_VE
 
 #: The record layout this quest writes.
 VERSION = 1
-#: The record layouts this quest reads (a file without a ``version`` key is version 1).
+#: The record layouts this quest reads (an older file is given its version by quest.compat.upgrade_checkpoint).
 SUPPORTED_VERSIONS = (1,)
 #: The fields that hold the state_dicts of a run's stateful parts (Checkpointer.save/restore take these by name).
 STATEFUL_PARTS = ("model", "ema", "optimizer", "scheduler", "scaler", "state")
@@ -63,7 +64,10 @@ class CheckpointRecord:
         """The record of a loaded checkpoint dict; CheckpointRecordError naming what does not fit."""
         if not isinstance(stored, dict) or stored.get("format") != FORMAT:
             raise CheckpointRecordError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
-        version = stored.get("version", 1)
+        if "version" not in stored:  # load_record upgrades a file written before the key; a dict must say it
+            raise CheckpointRecordError(f"{path} has no record version (a file is read with load_record, which "
+                                        "upgrades the layouts of older quest: quest.compat.upgrade_checkpoint)")
+        version = stored["version"]
         if version not in SUPPORTED_VERSIONS:
             raise CheckpointRecordError(
                 f"{path} is a quest checkpoint of record version {version!r}; this quest reads version(s) "
@@ -76,8 +80,7 @@ class CheckpointRecord:
                 f"{path} (record version {version}) does not match the checkpoint record of this quest: "
                 + "; ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
                 + f" (a record holds {sorted(names)}, of which {list(cls.required())} are required)")
-        return cls(**{k: v for k, v in stored.items() if k != "format"}, **({} if "version" in stored else
-                                                                          {"version": 1}))
+        return cls(**{k: v for k, v in stored.items() if k != "format"})
 
     def stateful(self) -> dict[str, Any]:
         """The state_dicts of the run's stateful parts, by name (see STATEFUL_PARTS)."""

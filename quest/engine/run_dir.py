@@ -20,8 +20,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from quest.compat import upgrade_run_config
 from quest.config_checks import ConfigError
-from quest.data.registry import get_dataset, list_datasets, upgrade_data_config
+from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.errors import UserError
 from quest.io import DamagedFile, LockHeld, read_json, write_json_atomic
 from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
@@ -48,11 +49,9 @@ def _schema_defaults(data_name: Any = None) -> dict[str, Any]:
 
 
 def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Difference]:
-    """Keys whose values differ between two resolved configs; a key one of them lacks (an older quest wrote the
-    checkpoint) counts as the schema's default. A stored data config from before data sets were registered (one
-    flat DataConfig with every data set's keys) is read as its data set's settings first."""
-    if isinstance(stored.get("data"), dict):
-        stored = {**stored, "data": upgrade_data_config(stored["data"])}
+    """Keys whose values differ between two resolved configs; a key one of them lacks counts as the schema's
+    default. The stored config, of whichever quest wrote it, is upgraded to today's form first (quest.compat)."""
+    stored = upgrade_run_config(stored, data_set_keys)
     return differences(stored, new, _schema_defaults((new.get("data") or {}).get("name")))
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quest.compat import checkpoint_metrics_text
 from quest.config_checks import ConfigError
 from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.owned_dir import Difference
@@ -173,21 +174,16 @@ def _no_checkpoint(directory: RunDirectory, config: dict[str, Any], record: dict
 def _plan_metrics(directory: RunDirectory, ckpt: CheckpointRecord, plan: Plan) -> None:
     """metrics.jsonl against what the checkpoint saw of it."""
     path = directory.path / "metrics.jsonl"
-    text, size = ckpt.metrics_text, ckpt.metrics_bytes
-    if text is None:  # a checkpoint of a quest that stored only the size: cut to it (the old rule)
-        if size is not None and _size(path) > size:
-            plan.metrics_cut = True
-            plan.aside.append(("metrics.jsonl", f"logged after the checkpoint of step {ckpt.state['step']} (cut "
-                                                "off; the resumed run logs those steps again)"))
-            plan.metrics_text = path.read_bytes()[:size]
+    held = path.read_bytes() if path.is_file() else None
+    # a checkpoint of an older quest that stored only the file's size gets its text from the file (quest.compat)
+    text = checkpoint_metrics_text(ckpt.metrics_text, ckpt.metrics_bytes, held)
+    if text is None:  # written without a metrics log
         return
-    text = text.encode() if isinstance(text, str) else bytes(text)
-    if not path.is_file():
+    if held is None:
         if text:
             log.warning("%s is missing: rebuilt from the checkpoint (%d bytes)", path, len(text))
             plan.metrics_text = text
         return
-    held = path.read_bytes()
     if held[:len(text)] != text:
         plan.aside.append(("metrics.jsonl", "damaged: it differs from what the checkpoint saw; rebuilt from it"))
         plan.metrics_text = text

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from quest.compat import upgrade_eval_results
 from quest.errors import UserError
 from quest.io import REPLACED, LockHeld, json_text, write_text_atomic
 from quest.owned_dir import OwnedDirectory, differences
@@ -90,7 +91,8 @@ def fingerprint_key(fp: dict[str, Any]) -> str:
 
 
 def read_results(path: Path) -> dict[str, Any]:
-    """An eval_results.json as a dict, or an :class:`EvalDirectoryError` naming the file and what is wrong."""
+    """An eval_results.json as a dict in today's form, or an :class:`EvalDirectoryError` naming the file and what is
+    wrong."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -101,7 +103,7 @@ def read_results(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("results", {}), dict):
         raise EvalDirectoryError(f"{path} holds a JSON {type(data).__name__} without a 'results' object, not "
                                  "eval.py's results; move it aside or pass eval.overwrite=true to archive it")
-    return data
+    return upgrade_eval_results(data)  # an older quest's results (no status): today's form, quest.compat
 
 
 class EvalDirectory(OwnedDirectory):
@@ -114,12 +116,12 @@ class EvalDirectory(OwnedDirectory):
         return self.path / RESULTS
 
     def state(self) -> tuple[str | None, dict[str, Any] | None]:
-        """(status, record): (None, None) when empty; ``interrupted`` for a ``running`` record whose process is gone;
-        ``complete`` for results of a quest that wrote no status."""
+        """(status, record): (None, None) when empty; ``interrupted`` for a ``running`` record whose process is
+        gone."""
         if not self.results_path.exists():
             return None, None
         record = read_results(self.results_path)
-        status = record.get("status", COMPLETE)
+        status = record["status"]
         if status == RUNNING and not self.held_elsewhere():
             status = INTERRUPTED
         return status, record

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quest.compat import upgrade_eval_results
+
 log = logging.getLogger("quest.report")
 
 __all__ = ["ReportInputError", "RunResult", "load_runs", "flatten", "number"]
@@ -121,8 +123,8 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
                    key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
     for path in files:
-        report = _read_json(path, "evaluation results")
-        if report.get("status") == "running":  # in progress, or killed: not results yet (see docs/evaluation.md)
+        report = upgrade_eval_results(_read_json(path, "evaluation results"))  # an older quest's: quest.compat
+        if report["status"] == "running":  # in progress, or killed: not results yet (see docs/evaluation.md)
             log.warning("%s: an evaluation in progress or interrupted (status running); left out", path.parent)
             continue
         results = report.get("results")
