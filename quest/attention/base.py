@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn as nn
@@ -67,10 +67,28 @@ class _L2Normalize(torch.autograd.Function):
         return gx, None, gscale
 
 
-def l2_normalize(x: torch.Tensor, eps: float, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass."""
+def l2_normalize(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass.
+
+    TorchScript and torch.fx (and so torchvision's create_feature_extractor) record the same formula in plain
+    operators, whose backward autograd derives: neither can enter the autograd.Function. Eager code, torch.compile
+    and torch.export run the hand-written backward."""
     if scale is not None:
         scale = scale.to(x.dtype)  # an fp32 parameter must not promote bf16 activations under autocast
+    if torch.jit.is_scripting():
+        return _l2_normalize_ops(x, eps, scale)
+    return _l2_normalize_python(x, eps, scale)
+
+
+def _l2_normalize_ops(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
+    return x * (inv if scale is None else inv * scale)
+
+
+@torch.jit.unused
+def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    if isinstance(x, torch.fx.Proxy):  # symbolic tracing: record the operators
+        return _l2_normalize_ops(x, eps, scale)
     return _L2Normalize.apply(x, eps, scale)[0]
 
 
@@ -91,6 +109,9 @@ class QKAttention(nn.Module):
     their configurable initial values in the class attribute ``options``. A formulation that needs to know its
     model (the token count, the previous block) overrides :meth:`bind`.
     """
+
+    # TorchScript cannot hold Python callables; scripted code never reads them (the guard in _sdpa)
+    __jit_ignored_attributes__ = ["_attention_hooks"]
 
     attention_name: ClassVar[str] = "base"
     options: ClassVar[dict[str, Any]] = {}
@@ -146,6 +167,8 @@ class QKAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self._attention_hooks: OrderedDict[int, AttentionHook] = OrderedDict()
+        # the norm floor as a plain float attribute: scripted code reads instance attributes, not the class's options
+        self.eps: float = float(self.options.get("eps", 0.0))
         self._init_formulation(**dd)
 
     # --- what a formulation overrides -------------------------------------------------------------------------
@@ -212,8 +235,9 @@ class QKAttention(nn.Module):
             # which is exact and keeps the gradient w.r.t. the scale. Cast to q's dtype so that under bf16 autocast
             # the fp32 parameter does not promote q to fp32 (and SDPA cast it back).
             q, scale = q * scale.to(q.dtype), 1.0
-        if self._attention_hooks:
-            return self._explicit_attention(q, k, scale, v, attn_mask, is_causal)
+        if not torch.jit.is_scripting():  # hooks are Python callables: a scripted model has none
+            if self._attention_hooks:
+                return self._explicit_attention(q, k, scale, v, attn_mask, is_causal)
         return F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=attn_mask,

@@ -83,6 +83,13 @@ class _Elliptical(QKAttention):
         self._uses_m = False
         self._values: torch.Tensor | None = None
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script asks every module first: refuse by name instead of failing deep inside the compiler
+        raise RuntimeError(
+            f"{self.attention_name} attention cannot be compiled by TorchScript: each layer reads the previous "
+            "layer's values through Python references that TorchScript cannot hold; use torch.export, torch.compile, "
+            "torch.fx or ONNX instead (docs/interop.md)")
+
     # --- linking ------------------------------------------------------------------------------------------------
     def bind(self, site: LayerSite) -> None:
         """Link to the previous attention layer of the model; the first layer also checks that the model is one
@@ -118,7 +125,7 @@ class _Elliptical(QKAttention):
                 f"elliptical layer {self._index}: the previous attention layer has not run in this forward; "
                 "elliptical layers must run in order inside the model's forward (see docs/attention.md)"
             )
-        if prev.shape != v.shape:
+        if not isinstance(v, torch.fx.Proxy) and prev.shape != v.shape:  # traced: shapes are known at run time only
             raise RuntimeError(
                 f"elliptical layer {self._index}: values of shape {tuple(v.shape)} cannot be compared with the "
                 f"previous layer's {tuple(prev.shape)}"

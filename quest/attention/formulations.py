@@ -49,7 +49,7 @@ class QuestAttention(QKAttention):
     options = {"eps": NORM_EPS}
 
     def transform_qk(self, q, k):
-        return q, l2_normalize(k, self.options["eps"]), 1.0
+        return q, l2_normalize(k, self.eps), 1.0
 
 
 @register_attention("qnorm")
@@ -61,7 +61,7 @@ class QNormAttention(QKAttention):
     options = {"eps": NORM_EPS}
 
     def transform_qk(self, q, k):
-        return l2_normalize(q, self.options["eps"]), k, 1.0
+        return l2_normalize(q, self.eps), k, 1.0
 
 
 @register_attention("qknorm")
@@ -102,8 +102,7 @@ class QKNormAttention(QKAttention):
 
     def transform_qk(self, q, k):
         # g is folded into the query normalisation (one fused pass): logits = (g l2n(q)) . l2n(k), scale 1
-        eps = self.options["eps"]
-        return l2_normalize(q, eps, self.qk_scale), l2_normalize(k, eps), 1.0
+        return l2_normalize(q, self.eps, self.qk_scale), l2_normalize(k, self.eps), 1.0
 
 
 @register_attention("qknorm_hs")
@@ -120,13 +119,13 @@ class QKNormHeadScaleAttention(QKAttention):
 
     def _init_formulation(self, device=None, dtype=None) -> None:
         init = math.log(self.options["init_scale"])
+        self.max_logit_scale: float = math.log(self.options["max_scale"])
         self.logit_scale = nn.Parameter(torch.full((self.num_heads,), init, device=device, dtype=dtype))
 
     def transform_qk(self, q, k):
         # s_h is folded into the query normalisation (one fused pass): logits = (s_h l2n(q)) . l2n(k), scale 1
-        eps = self.options["eps"]
-        scale = self.logit_scale.clamp(max=math.log(self.options["max_scale"])).exp().view(-1, 1, 1)
-        return l2_normalize(q, eps, scale), l2_normalize(k, eps), 1.0
+        scale = self.logit_scale.clamp(max=self.max_logit_scale).exp().view(-1, 1, 1)
+        return l2_normalize(q, self.eps, scale), l2_normalize(k, self.eps), 1.0
 
 
 @register_attention("qknorm_ds")
