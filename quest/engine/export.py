@@ -1,5 +1,10 @@
 """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: a train.py run as a timm / Hugging Face model.
 
+The weights exported by default are the ones the run reports as its result (summary.json's ``val/top1``: the trained
+model's, not the EMA's); the command says which it took and their validation top-1, and the model card labels every
+metric with the weights it was measured on. A run that has not finished (no summary.json, interrupted, requeued) or
+that diverged or failed on its data is refused, naming its status, unless ``--allow-unfinished``.
+
 The folder holds what ``timm.create_model("local-dir:DIR", pretrained=True)`` and the Hugging Face Hub read:
 
 - ``config.json``: ``architecture`` ``quest_vit.<attention>`` (:mod:`quest.models.timm_model`), ``num_classes``,
@@ -98,17 +103,59 @@ def _version() -> str:
     return __version__
 
 
-def _metrics(run_dir: Path) -> dict[str, Any]:
-    """The run's final metrics (summary.json), when the checkpoint sits in a run directory."""
+FINISHED = ("completed", "stopped")  # stopped: trainer.max_steps reached, a finished run by design
+
+
+def run_summary(path: Path) -> dict[str, Any]:
+    """summary.json of the run directory a checkpoint sits in, or {} when there is none."""
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     summary = run_dir / "summary.json"
-    if not summary.is_file():
-        return {}
-    record = json.loads(summary.read_text())
-    return {k: v for k, v in record.items() if k.startswith(("val/", "val_ema/", "best/")) or k in
-            ("status", "epoch", "step", "best_epoch", "num_params")}
+    try:
+        record = json.loads(summary.read_text()) if summary.is_file() else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {summary} ({exc}): it says whether the run finished; repair or remove it "
+                         "(a removed summary makes this an unfinished run: --allow-unfinished)") from exc
+    return record if isinstance(record, dict) else {}
 
 
-def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str, Any]) -> str:
+def unfinished_reason(summary: dict[str, Any], ckpt: CheckpointRecord, path: Path) -> str | None:
+    """Why the checkpoint is not a finished run's result (None when it is)."""
+    status = summary.get("status")
+    if status is None:
+        return f"there is no summary.json beside {path} (a run that is running, was killed, or a moved file)"
+    if status not in FINISHED:
+        return f"the run's status is {status}"
+    if path.name != "best.pt" and summary.get("step") != ckpt.state.get("step"):
+        return (f"summary.json says {status} at step {summary.get('step')}, but {path.name} holds step "
+                f"{ckpt.state.get('step')} (the run was continued after it ended)")
+    return None
+
+
+def labelled_metrics(summary: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(metric, the weights it was measured on, value) for the model card: the final model's (``val/``), the
+    final EMA's (``val_ema/``) and the best epoch's model (``best/``, which best.pt holds)."""
+    rows = []
+    for key, value in summary.items():
+        if key.startswith("val/"):
+            rows.append((key, "model, last step", value))
+        elif key.startswith("val_ema/"):
+            rows.append((key, "EMA, last step", value))
+        elif key.startswith("best/"):
+            rows.append((key, f"model at epoch {summary.get('best_epoch')} (best.pt)", value))
+        elif key in ("status", "epoch", "step", "best_epoch", "num_params"):
+            rows.append((key, "", value))
+    return rows
+
+
+def exported_top1(summary: dict[str, Any], weights: str, path: Path) -> float | None:
+    """The validation top-1 of the exported weights, when the run measured it."""
+    if path.name == "best.pt":
+        return summary.get("best/val/top1") if weights == "model" else None
+    return summary.get("val/top1" if weights == "model" else "val_ema/top1")
+
+
+def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: list[tuple[str, str, Any]],
+               top1: float | None) -> str:
     """README.md: what the model is, how to load it, the run's metrics, config and provenance."""
     args, quest = config["model_args"], config["quest"]
     lines = [
@@ -129,8 +176,12 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str
         "path loads it from there (a download).", "",
         "## Metrics", "",
     ]
+    which = f"This folder holds the {quest['weights']} weights of step {quest['step']}: " + (
+        f"validation top-1 {top1:.2f}%." if isinstance(top1, (int, float)) else
+        "the run did not measure them on its validation set.")
+    lines += [which, ""]
     if metrics:
-        lines += markdown_table(["metric", "value"], metrics.items())
+        lines += markdown_table(["metric", "measured on", "value"], metrics)
     else:
         lines.append("No summary.json beside the checkpoint: no metrics recorded.")
     lines += ["", "## Provenance", "",
@@ -143,16 +194,30 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: dict[str
     return "\n".join(lines)
 
 
-def export_run(source: str | Path, out: str | Path, weights: str = "ema", overwrite: bool = False) -> Path:
+def export_run(source: str | Path, out: str | Path, weights: str = "model", overwrite: bool = False,
+               allow_unfinished: bool = False) -> Path:
     """Write the export of ``source`` (a run directory or checkpoint file) to ``out``; returns ``out``.
 
-    ``weights="ema"`` takes the EMA weights (what the run's best numbers usually are) and refuses a run trained
-    without EMA; ``"model"`` the trained weights themselves. An earlier export in ``out`` is refused (naming its
+    ``weights="model"`` takes the trained weights, the ones the run's ``val/top1`` was measured on; ``"ema"`` the
+    EMA's (refused for a run trained without EMA). A run that has not finished, diverged or failed on its data is
+    refused naming its status, unless ``allow_unfinished``. An earlier export in ``out`` is refused (naming its
     files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone."""
+    return export_checked(source, out, weights, overwrite, allow_unfinished)[0]
+
+
+def export_checked(source: str | Path, out: str | Path, weights: str, overwrite: bool,
+                   allow_unfinished: bool) -> tuple[Path, str | None, float | None]:
+    """export_run's work; returns the folder, why the run is unfinished (None: finished) and the exported weights'
+    validation top-1 (None: not measured), for the command's line."""
     if weights not in ("model", "ema"):
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
     path = resolve_checkpoint(source)
     ckpt = load_record(path)  # weights_only=True
+    summary = run_summary(path)
+    unfinished = unfinished_reason(summary, ckpt, path)
+    if unfinished and not allow_unfinished:
+        raise ValueError(f"{source}: {unfinished}; export a run that completed or stopped at trainer.max_steps, or "
+                         "pass --allow-unfinished to export this checkpoint anyway")
     state = getattr(ckpt, weights)
     if state is None:
         raise ValueError(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); "
@@ -165,11 +230,12 @@ def export_run(source: str | Path, out: str | Path, weights: str = "ema", overwr
     out = Path(out).expanduser()
     keep_or_refuse([out / WEIGHTS_FILE, out / "config.json", out / "README.md"], overwrite, keep_in=out)
     config = export_config(ckpt, model, weights, path)
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    top1 = exported_top1(summary, weights, path) if not unfinished else None
+    config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
     atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
     write_text_atomic(out / "config.json", json_text(config))
-    write_text_atomic(out / "README.md", model_card(config, ckpt, _metrics(run_dir)))
-    return out
+    write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
+    return out, unfinished, top1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,16 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
     parser.add_argument("source", help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
     parser.add_argument("--out", required=True, help="the folder to write")
-    parser.add_argument("--weights", choices=("model", "ema"), default="ema",
-                        help="the EMA weights (default) or the trained model's")
+    parser.add_argument("--weights", choices=("model", "ema"), default="model",
+                        help="the trained model's weights (default: the ones the run's val/top1 was measured on) "
+                             "or the EMA's")
+    parser.add_argument("--allow-unfinished", action="store_true",
+                        help="export a run that has not finished, diverged or failed on its data (refused otherwise)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export in --out (its files are kept in --out/.replaced/)")
     args = parser.parse_args(argv)
     try:
-        out = export_run(args.source, args.out, args.weights, args.overwrite)
+        out, unfinished, top1 = export_checked(args.source, args.out, args.weights, args.overwrite,
+                                               args.allow_unfinished)
     except (FileNotFoundError, ValueError) as exc:
         return input_error(program_name("quest-export"), exc)
-    print(f"exported {args.source} ({args.weights} weights) to {out}")
+    measured = f"validation top-1 {top1:.2f}%" if top1 is not None else "not measured on the validation set"
+    print(f"exported {args.source} ({args.weights} weights, {measured}"
+          + (f"; unfinished: {unfinished}" if unfinished else "") + f") to {out}")
     return 0
 
 

@@ -1,0 +1,86 @@
+"""quest-export exports the weights the user expects: by default the trained model's, the ones the run's val/top1
+was measured on; the command and the model card say which weights and their top-1, every metric labelled with the
+weights it belongs to; a run that has not finished, diverged or failed on its data is refused, naming its status,
+unless --allow-unfinished."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from quest.engine.checkpoint import load_record
+from quest.engine.export import export_run
+from quest.engine.export import main as export_main
+from tests.interop_helpers import make_image_folder, train_tiny_run
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("export_weights")
+    return train_tiny_run(make_image_folder(base / "data"), base / "run")
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize("weights,field,top1_key", [("model", "model", "val/top1"), ("ema", "ema", "val_ema/top1")])
+def test_the_exported_weights_are_named_with_their_top1(finished_run, tmp_path, capsys, weights, field, top1_key):
+    summary = json.loads((finished_run / "summary.json").read_text())
+    args = [str(finished_run), "--out", str(tmp_path / "out")] + (["--weights", weights] if weights != "model" else [])
+    assert export_main(args) == 0  # model: the default
+    line = capsys.readouterr().out
+    assert f"({weights} weights, validation top-1 {summary[top1_key]:.2f}%)" in line, line
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quest"]["weights"] == weights and config["quest"]["val_top1"] == summary[top1_key]
+    assert config["quest"]["run_status"] == "completed"
+    stored = getattr(load_record(finished_run / "checkpoints" / "last.pt"), field)
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    assert exported.keys() == stored.keys() and all(torch.equal(exported[k], stored[k]) for k in stored)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"holds the {weights} weights of step {summary['step']}: validation top-1 {summary[top1_key]:.2f}%" in card
+    # every metric row says what it was measured on
+    assert f"| val/top1 | model, last step | {summary['val/top1']}" in card
+    assert f"| val_ema/top1 | EMA, last step | {summary['val_ema/top1']}" in card
+    assert f"| best/val/top1 | model at epoch {summary['best_epoch']} (best.pt) |" in card
+
+
+@pytest.mark.parametrize("status", ["diverged", "bad_data", "interrupted", "requeued", None])
+def test_a_run_that_did_not_finish_is_refused_naming_its_status_unless_asked(finished_run, tmp_path, capsys, status):
+    run = _copy(finished_run, tmp_path)
+    if status is None:
+        (run / "summary.json").unlink()
+        named = "there is no summary.json beside"
+    else:
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "status": status}))
+        named = f"the run's status is {status}"
+    assert export_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "--allow-unfinished" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()  # refused before any work
+    assert export_main([str(run), "--out", str(tmp_path / "out"), "--allow-unfinished"]) == 0
+    assert f"not measured on the validation set; unfinished: {named}" in capsys.readouterr().out
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quest"]["val_top1"] is None and config["quest"]["run_status"] == status
+    assert "the run did not measure them on its validation set" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_run_continued_after_its_summary_is_unfinished(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "step": summary["step"] - 1}))
+    with pytest.raises(ValueError, match=rf"says completed at step {summary['step'] - 1}, but last.pt holds step "
+                                         rf"{summary['step']}"):
+        export_run(run, tmp_path / "out")
+
+
+def test_best_pt_is_the_best_epochs_model(finished_run, tmp_path):
+    summary = json.loads((finished_run / "summary.json").read_text())
+    out = export_run(finished_run / "checkpoints" / "best.pt", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["quest"]["val_top1"] == summary["best/val/top1"]
