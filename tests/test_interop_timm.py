@@ -128,8 +128,9 @@ def test_export_refusals_name_the_problem(tiny_run, tmp_path, capsys):
     ckpt = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     ckpt["ema"] = None
     torch.save(ckpt, tmp_path / "no_ema.pt")
-    assert export_main([str(tmp_path / "no_ema.pt"), "--out", str(tmp_path / "y")]) == 2
-    assert "holds no EMA weights" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "no_ema.pt"), "--out", str(tmp_path / "y"), "--weights", "ema"]) == 2
+    err = capsys.readouterr().err  # both of its problems in the one message: no EMA, no summary.json beside it
+    assert "holds no EMA weights" in err and "there is no summary.json beside" in err and err.count("\n") == 1, err
     assert not (tmp_path / "y").exists()
 
 

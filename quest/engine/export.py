@@ -215,13 +215,16 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
     ckpt = load_record(path)  # weights_only=True
     summary = run_summary(path)
     unfinished = unfinished_reason(summary, ckpt, path)
+    problems = []  # every one in the one message
     if unfinished and not allow_unfinished:
-        raise ValueError(f"{source}: {unfinished}; export a run that completed or stopped at trainer.max_steps, or "
-                         "pass --allow-unfinished to export this checkpoint anyway")
+        problems.append(f"{unfinished}; export a run that completed or stopped at trainer.max_steps, or pass "
+                        "--allow-unfinished to export this checkpoint anyway")
     state = getattr(ckpt, weights)
     if state is None:
-        raise ValueError(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); "
-                         "use --weights model")
+        problems.append(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); use "
+                        "--weights model")
+    if problems:
+        raise ValueError(f"{source}: " + "; and ".join(problems))
     model = build_model(OmegaConf.create(ckpt.config))
     model.load_state_dict(state)  # strict: the export holds exactly what the model has
     from safetensors.torch import save as safetensors_bytes
