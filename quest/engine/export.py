@@ -30,8 +30,11 @@ from omegaconf import OmegaConf
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.errors import input_error, program_name
+from quest.extras import MissingExtra
 from quest.io import atomic_write, file_sha256, json_text, keep_or_refuse, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
+
+from .onnx_export import ONNX_FILE, export_onnx, require_onnx
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
 
@@ -188,6 +191,9 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: list[tup
               f"- checkpoint: `{quest['checkpoint']}` (sha256 `{quest['checkpoint_sha256']}`), "
               f"step {quest['step']}, epoch {quest['epoch']}",
               f"- weights: {quest['weights']}", f"- training data: {quest['train_data']}",
+              *([f"- ONNX: `{quest['onnx']['file']}` (opset {quest['onnx']['opset']}, dynamic batch axis); "
+                 f"onnxruntime's logits within {quest['onnx']['max_abs_diff_vs_pytorch']:.2g} of PyTorch's"]
+                if quest.get("onnx") else []),
               f"- config choices: `{json.dumps(quest['choices'])}`", f"- quest version: {quest['quest_version']}",
               "", "## Training config", "", "```yaml", OmegaConf.to_yaml(OmegaConf.create(ckpt.config)).rstrip(),
               "```", ""]
@@ -195,22 +201,25 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: list[tup
 
 
 def export_run(source: str | Path, out: str | Path, weights: str = "model", overwrite: bool = False,
-               allow_unfinished: bool = False) -> Path:
+               allow_unfinished: bool = False, onnx: bool = False) -> Path:
     """Write the export of ``source`` (a run directory or checkpoint file) to ``out``; returns ``out``.
 
     ``weights="model"`` takes the trained weights, the ones the run's ``val/top1`` was measured on; ``"ema"`` the
     EMA's (refused for a run trained without EMA). A run that has not finished, diverged or failed on its data is
     refused naming its status, unless ``allow_unfinished``. An earlier export in ``out`` is refused (naming its
-    files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone."""
-    return export_checked(source, out, weights, overwrite, allow_unfinished)[0]
+    files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone.
+    ``onnx``: also ``model.onnx`` (quest.engine.onnx_export), checked with onnxruntime."""
+    return export_checked(source, out, weights, overwrite, allow_unfinished, onnx)[0]
 
 
 def export_checked(source: str | Path, out: str | Path, weights: str, overwrite: bool,
-                   allow_unfinished: bool) -> tuple[Path, str | None, float | None]:
+                   allow_unfinished: bool, onnx: bool = False) -> tuple[Path, str | None, float | None]:
     """export_run's work; returns the folder, why the run is unfinished (None: finished) and the exported weights'
     validation top-1 (None: not measured), for the command's line."""
     if weights not in ("model", "ema"):
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
+    if onnx:
+        require_onnx()  # before any work
     path = resolve_checkpoint(source)
     ckpt = load_record(path)  # weights_only=True
     summary = run_summary(path)
@@ -231,10 +240,13 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser()
-    keep_or_refuse([out / WEIGHTS_FILE, out / "config.json", out / "README.md"], overwrite, keep_in=out)
+    keep_or_refuse([out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else []),
+                   overwrite, keep_in=out)
     config = export_config(ckpt, model, weights, path)
     top1 = exported_top1(summary, weights, path) if not unfinished else None
     config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
+    if onnx:  # first: a failed check writes nothing
+        config["quest"]["onnx"] = export_onnx(model, config["pretrained_cfg"]["input_size"][-1], out)
     atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
     write_text_atomic(out / "config.json", json_text(config))
     write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
@@ -250,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", choices=("model", "ema"), default="model",
                         help="the trained model's weights (default: the ones the run's val/top1 was measured on) "
                              "or the EMA's")
+    parser.add_argument("--onnx", action="store_true",
+                        help="also write model.onnx (dynamic batch axis), checked against PyTorch with onnxruntime; "
+                             "needs pip install 'quest[onnx]'")
     parser.add_argument("--allow-unfinished", action="store_true",
                         help="export a run that has not finished, diverged or failed on its data (refused otherwise)")
     parser.add_argument("--overwrite", action="store_true",
@@ -257,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out, unfinished, top1 = export_checked(args.source, args.out, args.weights, args.overwrite,
-                                               args.allow_unfinished)
-    except (FileNotFoundError, ValueError) as exc:
+                                               args.allow_unfinished, args.onnx)
+    except (FileNotFoundError, ValueError, MissingExtra) as exc:
         return input_error(program_name("quest-export"), exc)
     measured = f"validation top-1 {top1:.2f}%" if top1 is not None else "not measured on the validation set"
     print(f"exported {args.source} ({args.weights} weights, {measured}"
