@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
+
+from .recompute import attention_recomputing, recompute_applies
 
 __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"]
 
@@ -207,8 +209,22 @@ class QKAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
     ) -> torch.Tensor:
-        """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels."""
+        """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels. While training,
+        the transformed q' and k' are recomputed in the backward instead of being kept (quest.attention.recompute)."""
+        if not torch.jit.is_scripting():
+            out = self._recomputing(q, k, v, attn_mask, is_causal)
+            if out is not None:
+                return out
         return self._sdpa(*self.transform_qk(q, k), v, attn_mask, is_causal)
+
+    @torch.jit.unused
+    def _recomputing(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                     is_causal: bool) -> Optional[torch.Tensor]:
+        """:meth:`attend` with q', k' recomputed in the backward, or None where that does not apply."""
+        if not recompute_applies(q):
+            return None
+        return attention_recomputing(lambda: self._folded(*self.transform_qk(q, k)), (q, k),
+                                     lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
 
     def register_attention_hook(self, hook: AttentionHook) -> RemovableHandle:
         """Call ``hook(layer, logits, probs)`` at every forward (see :data:`AttentionHook`) until the returned
@@ -230,11 +246,7 @@ class QKAttention(nn.Module):
     ) -> torch.Tensor:
         """softmax(scale * q k^T + mask) @ v for transformed q, k: through the fused SDPA kernels, or written out
         when an attention hook asks for the probabilities."""
-        if isinstance(scale, torch.Tensor):
-            # SDPA takes a Python float scale; a learnable (per-layer or per-head) scale is folded into q instead,
-            # which is exact and keeps the gradient w.r.t. the scale. Cast to q's dtype so that under bf16 autocast
-            # the fp32 parameter does not promote q to fp32 (and SDPA cast it back).
-            q, scale = q * scale.to(q.dtype), 1.0
+        q, k, scale = self._folded(q, k, scale)
         if not torch.jit.is_scripting():  # hooks are Python callables: a scripted model has none
             if self._attention_hooks:
                 return self._explicit_attention(q, k, scale, v, attn_mask, is_causal)
@@ -245,6 +257,16 @@ class QKAttention(nn.Module):
             is_causal=is_causal,
             scale=scale,
         )
+
+    def _folded(self, q: torch.Tensor, k: torch.Tensor,
+                scale: Union[float, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, float]:
+        """(q, k, scale) with a tensor scale folded into q: SDPA takes a Python float scale; a learnable (per-layer or
+        per-head) scale is folded into q instead, which is exact and keeps the gradient w.r.t. the scale. Cast to
+        q's dtype so that under bf16 autocast the fp32 parameter does not promote q to fp32 (and SDPA cast it
+        back)."""
+        if isinstance(scale, torch.Tensor):
+            return q * scale.to(q.dtype), k, 1.0
+        return q, k, scale
 
     def _explicit_attention(self, q, k, scale: float, v, attn_mask, is_causal: bool) -> torch.Tensor:
         """What SDPA computes, written out so that the attention hooks see the logits and probabilities."""

@@ -24,6 +24,7 @@ import torch.nn as nn
 from quest.config_checks import is_int
 
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
+from .recompute import attention_recomputing, recompute_applies
 from .registry import register_attention
 
 __all__ = ["EllipticalAttention", "EllipticalQuestAttention", "elliptical_weights", "link_elliptical"]
@@ -159,6 +160,9 @@ class _Elliptical(QKAttention):
         m = self.metric(v)
         if self._index is not None:  # only a linked layer has a successor that reads its values
             self._values = v.detach()
+        if recompute_applies(q):  # q' = q * m recomputed in the backward, not kept (quest.attention.recompute)
+            return attention_recomputing(lambda: self._folded(*self.transform_qkm(q, k, m)), (q, k),
+                                         lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
         return self._sdpa(*self.transform_qkm(q, k, m), v, attn_mask, is_causal)
 
 

@@ -1,0 +1,76 @@
+"""Attention whose transformed queries and keys are not kept for backward: recomputed there instead.
+
+SDPA saves its inputs for backward. Standard attention's q and k are views of the qkv projection, which stays alive
+anyway; a formulation's q' and k' (normalised, scaled, re-weighted) are new tensors, one (B, H, N, d) each per
+layer, which made QUEST's and QNorm's training step hold 6% more memory than standard attention's and the QKNorms'
+12-19% more (docs/benchmarks.md). Here SDPA's saved q' and k' are replaced, through autograd's saved-tensor hooks,
+by a recipe: the backward reruns the formulation's transform on the raw q and k (views, already kept) under the
+forward's autocast state. The transform is deterministic, so the gradients are bit-identical; it costs one more
+element-wise pass per transformed tensor in the backward.
+
+Not used where autograd saves nothing or someone else owns the saved tensors: without gradients, under TorchScript,
+torch.fx, torch.compile (its partitioner recomputes element-wise ops by itself), torch.func transforms (which
+disable saved-tensor hooks) and inside activation checkpointing (whose own hooks must see every tensor).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["recompute_applies", "attention_recomputing"]
+
+Transformed = tuple[torch.Tensor, torch.Tensor, float]
+
+
+def recompute_applies(q: torch.Tensor) -> bool:
+    """Whether the saved q', k' can be replaced by a recipe in this call (see the module docstring)."""
+    if isinstance(q, torch.fx.Proxy) or not (torch.is_grad_enabled() and q.requires_grad):
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    autograd = torch._C._autograd
+    # private, checked here by name: functorch disables the hooks (vmap/grad), checkpointing pushes its own
+    enabled = getattr(autograd, "_saved_tensors_hooks_is_enabled", lambda: True)()
+    top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+    return bool(enabled) and (top is None or top(False) is None)
+
+
+def _key(t: torch.Tensor) -> tuple[Any, ...]:
+    # the same tensor whether autograd hands us the object SDPA got or another Python wrapper of it
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def attention_recomputing(transform: Callable[[], Transformed], raw: tuple[torch.Tensor, ...],
+                          attend: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+    """``attend(*transform())``, with the transform's new outputs (those that are none of ``raw``) not saved for
+    backward but recomputed from ``transform`` when the backward needs them."""
+    q2, k2, scale = transform()
+    raw_keys = {_key(t) for t in raw}
+    fresh = {_key(t): i for i, t in enumerate((q2, k2)) if _key(t) not in raw_keys}
+    if not fresh:
+        return attend(q2, k2, scale)
+    device = q2.device.type
+    autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+    cache: dict[int, torch.Tensor] = {}
+
+    def recomputed(i: int) -> torch.Tensor:
+        if i not in cache:  # the first of the backward's requests (or a second backward, retain_graph=True)
+            with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
+                cache.update(enumerate(transform()[:2]))
+        value = cache.pop(i)
+        if not any(j in fresh.values() for j in cache):  # both handed out: nothing held
+            cache.clear()
+        return value
+
+    def pack(t: torch.Tensor) -> Any:
+        index = fresh.get(_key(t)) if isinstance(t, torch.Tensor) else None
+        return ("recompute", index) if index is not None else t
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, tuple) and len(packed) == 2 and packed[0] == "recompute":
+            return recomputed(packed[1])
+        return packed
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return attend(q2, k2, scale)
