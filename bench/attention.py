@@ -10,6 +10,8 @@ What it measures
   c. With a GPU only: part a in bf16 autocast on the GPU, and which SDPA backends each formulation can use.
   d. torch.compile (trainer.compile=true): part a with every model compiled, against compiled timm, interleaved;
      per formulation the graph breaks (torch._dynamo.explain) and whether later steps recompile.
+  e. Part a's step of each formulation with its transformed q', k' recomputed in the backward (quest.attention.
+     recompute, the default) and kept for backward (as before), interleaved in one process: time and peak memory.
 
 How
   Time: after warm-up steps, the variants run round-robin (the starting variant rotates every round), one timed
@@ -138,8 +140,10 @@ def profiled_step(step: Step, device: torch.device) -> tuple[float, str]:
     return peak / 2**20, ", ".join(kernels) or "none (explicit)"
 
 
-def report(title: str, steps: dict[str, Step], baseline: str, rounds: int, warmup: int, device: torch.device) -> None:
-    """Warm up, profile one step of each variant, time them interleaved; print one table against ``baseline``."""
+def report(title: str, steps: dict[str, Step], baseline: str, rounds: int, warmup: int,
+           device: torch.device) -> dict[str, list[float]]:
+    """Warm up, profile one step of each variant, time them interleaved; print one table against ``baseline``;
+    return the step times."""
     print(f"\n## {title}\n")
     for step in steps.values():
         for _ in range(warmup):
@@ -158,6 +162,7 @@ def report(title: str, steps: dict[str, Step], baseline: str, rounds: int, warmu
     print_markdown(rows)
     print(f"\n{rounds} rounds after {warmup} warm-up steps per variant; baseline: {baseline}; "
           f"load average now {os.getloadavg()[0]:.2f}.")
+    return times
 
 
 def print_markdown(rows: list[list[str]]) -> None:
@@ -220,6 +225,35 @@ def vit_steps(device: torch.device, batch: int, amp: torch.dtype | None) -> dict
     models: dict[str, nn.Module] = {BASELINE: timm.create_model(MODEL)}
     models.update({name: create_model(MODEL, attention=name) for name in list_attentions()})
     return {name: train_step(m.to(device).train(), x, amp) for name, m in models.items()}
+
+
+def recompute_steps(batch: int) -> dict[str, Step]:
+    """e: each formulation's ViT-Ti step with its q', k' recomputed in the backward (today) and kept (as before
+    quest.attention.recompute), in one process."""
+    import quest.attention.base as base
+    import quest.attention.elliptical as elliptical
+
+    x = torch.randn(batch, 3, 224, 224)
+    steps: dict[str, Step] = {}
+    for name in list_attentions():
+        step = train_step(create_model(MODEL, attention=name).train(), x)
+        steps[name] = step
+        if name != "standard":
+            steps[f"{name} (kept)"] = _kept(step, base, elliptical)
+    return steps
+
+
+def _kept(step: Step, *modules: object) -> Step:
+    def kept_step() -> None:
+        saved = [m.recompute_applies for m in modules]
+        for m in modules:
+            m.recompute_applies = lambda q: False
+        try:
+            step()
+        finally:
+            for m, f in zip(modules, saved):
+                m.recompute_applies = f
+    return kept_step
 
 
 def layer_steps(batch: int, tokens: int = 197, dim: int = 192, heads: int = 3) -> dict[str, Step]:
@@ -297,7 +331,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads (0: torch's default); 1 is steadier on a shared machine")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds, 1 warm-up step, 1,024 tokens")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="parts to leave out")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d", "e"], help="parts to leave out")
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.layer_repeats, args.long_repeats, args.warmup, args.tokens = 3, 3, 2, 1, [1024]
@@ -312,6 +346,12 @@ def main() -> None:
                vit_steps(cpu, args.batch, None), BASELINE, args.repeats, args.warmup, cpu)
         report(f"a2. one attention layer of {MODEL} (dim 192, 3 heads, 197 tokens), batch {args.batch}, fp32, CPU: "
                "forward + backward", layer_steps(args.batch), BASELINE, args.layer_repeats, args.warmup, cpu)
+    if "e" not in args.skip:
+        times = report(f"e. {MODEL}, batch {args.batch}, fp32, CPU: q', k' recomputed in the backward against kept",
+                       recompute_steps(args.batch), "standard", args.repeats, args.warmup, cpu)
+        print("\nrecomputed / kept, paired per round (median): " + ", ".join(
+            f"{n} {statistics.median(a / b for a, b in zip(times[n], times[f'{n} (kept)'])):.3f}"
+            for n in times if f"{n} (kept)" in times))
     if "d" not in args.skip:
         report(f"d. {MODEL}, batch {args.batch}, fp32, CPU, torch.compile: forward + backward per step",
                compile_check(args.batch), f"{BASELINE} (compiled)", args.repeats, args.warmup, cpu)
