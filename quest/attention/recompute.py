@@ -27,8 +27,8 @@ def recompute_applies(q: torch.Tensor) -> bool:
     """Whether the saved q', k' can be replaced by a recipe in this call (see the module docstring)."""
     if isinstance(q, torch.fx.Proxy) or not (torch.is_grad_enabled() and q.requires_grad):
         return False
-    if torch.compiler.is_compiling():
-        return False
+    if torch.compiler.is_compiling() or not torch.amp.is_autocast_available(q.device.type):
+        return False  # compiled: the partitioner recomputes; meta (FLOP counting): no autocast state to replay
     autograd = torch._C._autograd
     # private, checked here by name: functorch disables the hooks (vmap/grad), checkpointing pushes its own
     enabled = getattr(autograd, "_saved_tensors_hooks_is_enabled", lambda: True)()
