@@ -137,6 +137,10 @@ class TrainerConfig:
     max_loss_factor: Optional[float] = 10.0  # null: no default guard (non-finite values still count)
     # CPU intra-op threads (null: 1 for the CPU presets, else torch's default; docs/training.md)
     torch_threads: Optional[int] = None
+    # say so (once per epoch) when training waits for data more than this fraction of an epoch (docs/training.md)
+    data_wait_warning: float = 0.1
+    # on a GPU with a known peak: say so when MFU stays below this with little data wait
+    low_mfu_warning: float = 0.3
 
 
 @dataclass
@@ -184,7 +188,8 @@ OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
     "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps",
-    "trainer.max_loss_factor", "data.max_skipped_fraction", "data.preflight", "logger.*", "model.pretrained_download",
+    "trainer.max_loss_factor", "trainer.data_wait_warning", "trainer.low_mfu_warning", "data.max_skipped_fraction",
+    "data.preflight", "logger.*", "model.pretrained_download",
 )
 #: Keys that name a run (a different value is a different run) but may still change when it resumes in the same
 #: directory: the data set moved (its size and classes are checked), a longer run (the schedule is rebuilt for the

@@ -44,14 +44,19 @@ def _fit(run_dir: Path, *overrides: str) -> dict:
     return fit(cfg, run_dir, provenance=record)
 
 
+def wall_clock(key: str) -> bool:
+    """A metric measured with a clock (rates, data wait, step time, peak memory): it differs between two runs."""
+    return key == "train/img_per_s" or key.startswith("perf/")
+
+
 def _rows(run_dir: Path) -> dict[tuple, float]:
     """Every metrics row by (step, keys), with its values except the wall-clock ones."""
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        key = (row["step"], tuple(sorted(k for k in row if k != "train/img_per_s")))
+        key = (row["step"], tuple(sorted(row)))
         assert key not in out, f"metrics row logged twice: {key}"
-        out[key] = {k: v for k, v in row.items() if k != "train/img_per_s"}
+        out[key] = {k: v for k, v in row.items() if not wall_clock(k)}
     return out
 
 

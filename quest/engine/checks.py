@@ -148,6 +148,7 @@ def _trainer(c: Checks) -> None:
         c.fail("recipe.ema", "must be false with trainer.strategy=fsdp (the EMA copy of a sharded model is not "
                "supported)")
     c.positive("trainer.max_loss", "trainer.max_loss_factor", optional=True)
+    c.fraction("trainer.data_wait_warning", "trainer.low_mfu_warning")
     resume = c.value("trainer.resume")
     if resume not in ("auto", "never") and not Path(str(resume)).expanduser().is_file():
         c.fail("trainer.resume", "must be auto, never or the path of an existing checkpoint file")

@@ -21,7 +21,7 @@ from timm.utils import random_seed
 from quest.io import write_text_atomic
 from quest.owned_dir import Difference
 
-from .builders import model_meta
+from .builders import build_model, model_meta, resolve_img_size
 from .checkpoint import Checkpointer
 from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
@@ -30,6 +30,7 @@ from .loop import Evaluator, Outcome, StepLog, train_loop
 from .run_dir import RunDirectory
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
+from .telemetry import Telemetry, flops_per_image, peak_tflops
 from .threads import busy_hint, default_cpu_threads
 from .trainer import Run, hms
 
@@ -131,16 +132,18 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         if run.left_out and not plan.checkpoint:  # a new run's first metrics row: what the pre-flight left out
             logger.log({f"data/preflight_left_out/{split}": record["files"] for split, record in run.left_out.items()},
                        run.state.step)
+        telemetry = _telemetry(cfg, run)
         signals = StopSignals().install()
         try:
             out = Outcome("failed")
             try:
-                out = train_loop(run, StepLog(logger, run), signals, checkpointer,
+                out = train_loop(run, StepLog(logger, run, telemetry), signals, checkpointer,
                                  Evaluator(logger, tr.eval_every_n_epochs, tr.epochs))
             finally:
                 if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
                     signals.uninstall()
-            summary = {**_summary(run, out, start, plan.checkpoint is not None, plan.changes), **out.ending}
+            summary = {**_summary(run, out, start, plan.checkpoint is not None, plan.changes), **out.ending,
+                       "perf": telemetry.summary()}
             if out.status == REQUEUED:
                 summary["requeue"] = signals.requeue_plan()
             logger.summary(summary)
@@ -153,6 +156,25 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     if out.status == REQUEUED:
         signals.requeue(ctx)
     return summary
+
+
+def _telemetry(cfg: Any, run: Run) -> Telemetry:
+    """The run's telemetry: its model's training FLOPs per image (counted once, on a copy without weights) and the
+    device's peak FLOP/s at the run's precision (None on the CPU and unknown GPUs)."""
+    size = resolve_img_size(cfg)
+    try:
+        flops = flops_per_image(lambda: build_model(cfg), size)
+    except Exception as exc:  # a model that cannot be built on the meta device: figures without FLOPs, said once
+        log.warning("FLOPs not counted for %s at %d px (%s: %s): the log shows no FLOP/s or MFU", cfg.model.name,
+                    size, type(exc).__name__, exc)
+        flops = None
+    peak = peak_tflops(run.ctx.device, run.precision)
+    tr = cfg.trainer
+    log.info("%s at %d px: %s training FLOPs per image; device peak %s", cfg.model.name, size,
+             f"{flops / 1e9:.3g} G" if flops else "unknown",
+             f"{peak:g} TFLOP/s ({run.precision})" if peak else "unknown (no MFU; achieved FLOP/s only)")
+    return Telemetry(run.ctx.device, run.ctx.world_size, flops, peak, data_wait_warning=tr.data_wait_warning,
+                     low_mfu_warning=tr.low_mfu_warning)
 
 
 def _summary(run: Run, out: Outcome, start: float, resumed: bool, changes: list[Difference]) -> dict[str, Any]:

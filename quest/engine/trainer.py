@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,6 +74,7 @@ class Run:
                                                              ("val", self.parts.val_loader))
                          if (record := preflight_left_out(loader.dataset))}
         self._counts = [0, 0]  # this rank's skipped and drawn images not yet in the state
+        self.data_wait = 0.0  # seconds this process waited for the loader since StepLog last took it
         self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
         self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
 
@@ -246,7 +248,7 @@ class Run:
         self._epoch_start, self._counts = (st.step, st.micro_in_epoch), [0, 0]
         per_epoch = self.batches_per_epoch
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for images, targets, n_bad in p.train_loader:
+        for images, targets, n_bad in self._timed(p.train_loader):
             self._counts[0] += n_bad
             self._counts[1] += n_bad + len(targets)
             st.drew_batch()
@@ -258,6 +260,19 @@ class Run:
                                 and st.micro_in_epoch < per_epoch):
                 yield pending
                 pending = []
+
+    def _timed(self, loader: Any) -> Iterator[Any]:
+        """The loader's batches, the time spent waiting for each (its workers' start included) added to
+        ``data_wait``: host clocks only, nothing on the device."""
+        tic = time.perf_counter()
+        for batch in loader:
+            self.data_wait += time.perf_counter() - tic
+            yield batch
+            tic = time.perf_counter()
+
+    def take_data_wait(self) -> float:
+        wait, self.data_wait = self.data_wait, 0.0
+        return wait
 
     def diagnose(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """Attention statistics (diagnostics.every_n_steps) on the first images of a step."""
