@@ -145,9 +145,10 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    """The logger=<option> group: metrics.jsonl always; wandb when asked."""
+    """The logger=<option> group: metrics.jsonl always; wandb and TensorBoard when asked (both may be on)."""
 
     wandb: bool = False  # also log to Weights & Biases (the [wandb] extra)
+    tensorboard: bool = False  # also write TensorBoard event files to <run>/tensorboard (the [tensorboard] extra)
     project: str = "quest"  # wandb project
     entity: Optional[str] = None  # wandb entity (null: your default)
     mode: str = "offline"  # offline unless the user configures wandb (online | offline | disabled)

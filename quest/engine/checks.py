@@ -24,6 +24,7 @@ from quest.config_checks import (
     is_int,
 )
 from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
+from quest.extras import require_all
 from quest.schema import TrainConfig
 
 __all__ = ["check_train_config", "check_patch_size", "ConfigError"]
@@ -226,6 +227,11 @@ def check_train_config(cfg: Any) -> None:
     checks.raise_if_any("config")
     _relations(checks)
     checks.raise_if_any("config")
+    # the writers' packages, named with their extras before any work (import-free: find_spec)
+    require_all([need for on, need in ((cfg.logger.wandb, ("wandb", "wandb", "logger.wandb=true")),
+                                       (cfg.logger.get("tensorboard"), ("tensorboard", "tensorboard",
+                                                                        "logger.tensorboard=true"))) if on],
+                "the logger config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:
         where_classes = get_dataset(cfg.data.name).where_classes

@@ -1,13 +1,22 @@
-"""Run outputs: metrics.jsonl (every logged step and epoch), summary.json, and optionally a wandb run."""
+"""Run outputs: metrics.jsonl (every logged step and epoch), summary.json, and optionally a wandb run and
+TensorBoard event files (``tensorboard/`` in the run directory).
+
+metrics.jsonl is the record; TensorBoard's files are a view of it: each start (a resume included) removes the event
+files of the run's earlier attempts and writes every row metrics.jsonl holds again, so that an interrupted attempt's
+rows after its last checkpoint, which a resume cuts from metrics.jsonl, are not shown twice either."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from quest.io import json_text, open_records, write_json_atomic
 
-__all__ = ["RunLogger", "LOG_FORMAT", "start_log_file", "stop_log_file", "wandb_group"]
+__all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "start_log_file", "stop_log_file", "wandb_group"]
+
+#: the event directory of a run (``tensorboard --logdir runs`` finds every run's)
+TENSORBOARD_DIR = "tensorboard"
 
 #: the log file's lines (train.log, eval.log), as Hydra's default job logging writes them
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -49,8 +58,31 @@ class RunLogger:
         if not enabled:
             return
         self._metrics = open_records(self.run_dir / "metrics.jsonl")
+        self.tensorboard = None
+        if logger_cfg is not None and logger_cfg.get("tensorboard"):
+            self.tensorboard = self._start_tensorboard(cfg)
         if logger_cfg is not None and logger_cfg.wandb:
             self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
+
+    def _start_tensorboard(self, cfg: Any):
+        from quest.extras import require
+
+        require("tensorboard", "tensorboard", "logger.tensorboard=true")
+        from omegaconf import OmegaConf
+        from torch.utils.tensorboard import SummaryWriter
+
+        directory = self.run_dir / TENSORBOARD_DIR
+        for stale in directory.glob("events.out.tfevents.*"):  # a view of metrics.jsonl, rewritten below
+            stale.unlink()
+        writer = SummaryWriter(log_dir=str(directory))
+        if cfg is not None:
+            writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "```", 0)
+        self._metrics.flush()
+        with open(self._metrics.name) as f:
+            for line in f:
+                row = json.loads(line)
+                _scalars(writer, row, row.get("step", 0))
+        return writer
 
     def _start_wandb(self, cfg: Any, lc: Any, choices: dict[str, str], resume_id: str | None):
         from omegaconf import OmegaConf
@@ -96,6 +128,8 @@ class RunLogger:
         if not self.enabled:
             return
         self._metrics.write(json_text({"step": step, **metrics}, indent=None))
+        if self.tensorboard is not None:
+            _scalars(self.tensorboard, metrics, step)
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
@@ -103,6 +137,8 @@ class RunLogger:
         if not self.enabled:
             return
         write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.tensorboard is not None:
+            _hparams(self.tensorboard, summary)
         if self.wandb_run is not None:
             self.wandb_run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
 
@@ -110,5 +146,24 @@ class RunLogger:
         if not self.enabled:
             return
         self._metrics.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def _scalars(writer: Any, row: dict[str, Any], step: int) -> None:
+    for key, value in row.items():
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            writer.add_scalar(key, value, step)
+
+
+def _hparams(writer: Any, summary: dict[str, Any]) -> None:
+    """The run's choices and seed as hparams, with its final metrics, in the run's own event directory."""
+    from torch.utils.tensorboard.summary import hparams
+
+    params = {**{k: str(v) for k, v in (summary.get("choices") or {}).items()}, "seed": summary.get("seed")}
+    metrics = {f"hparam/{k}": float(v) for k, v in summary.items()
+               if k.startswith(("val/", "val_ema/", "best/")) and isinstance(v, (int, float))}
+    for event in hparams({k: v for k, v in params.items() if v is not None}, metrics):
+        writer.file_writer.add_summary(event)
