@@ -118,3 +118,27 @@ def test_the_resident_peak_is_read_and_reset():
     del block
     if before is not None and Path("/proc/self/clear_refs").exists():
         assert after >= 64 * 2**20
+
+
+def test_the_report_and_the_figure_show_where_the_time_went(tmp_path, monkeypatch):
+    from quest.report.perf_plot import plot_perf
+    from quest.report.plot import PlotInputError
+    from quest.report.render import perf_markdown
+    from quest.report.runs import load_runs
+    from quest.report.tables import build_report
+
+    for attention in ("standard", "quest"):
+        fit(compose_cfg(*FAST, f"attention={attention}", "trainer.epochs=1", "trainer.log_every_n_steps=2"),
+            tmp_path / "sweep" / attention)
+    table = perf_markdown(build_report(load_runs([tmp_path / "sweep"])))
+    assert "| run | attention | val/top1 | img/s per device | data wait | peak memory | MFU |" in table, table
+    summary = json.loads((tmp_path / "sweep" / "quest" / "summary.json").read_text())
+    perf = summary["perf"]
+    assert (f"| quest | quest | {summary['val/top1']:.2f} | {perf['img_per_s_per_device_mean']:.0f} | "
+            f"{perf['data_wait_mean']:.0%} | {perf['peak_mem_gib_max']:.2f} GiB | — |") in table, table
+    out = plot_perf([tmp_path / "sweep" / "standard", tmp_path / "sweep" / "quest"], tmp_path / "perf.png")
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n')
+    with pytest.raises(PlotInputError, match="has no perf/ rows"):
+        plot_perf([tmp_path / "old"], tmp_path / "old.png")

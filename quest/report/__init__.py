@@ -5,9 +5,9 @@ over seeds, Welch p-values against the best formulation, learning-rate sensitivi
 Loading runs: :mod:`quest.report.runs`; grouping and statistics: :mod:`quest.report.tables` and
 :mod:`quest.report.stats`; markdown and CSV: :mod:`quest.report.render`.
 """
-from .render import lr_csv, lr_markdown, runs_csv, runs_markdown, write_outputs
+from .render import lr_csv, lr_markdown, perf_markdown, runs_csv, runs_markdown, write_outputs
 from .runs import ReportInputError, RunResult, load_runs
 from .tables import DEFAULT_PRIMARY, LRSweep, Report, Row, build_report, row_keys
 
 __all__ = ["ReportInputError", "RunResult", "load_runs", "Row", "LRSweep", "Report", "row_keys", "build_report",
-           "runs_markdown", "runs_csv", "lr_markdown", "lr_csv", "write_outputs", "DEFAULT_PRIMARY"]
+           "runs_markdown", "perf_markdown", "runs_csv", "lr_markdown", "lr_csv", "write_outputs", "DEFAULT_PRIMARY"]

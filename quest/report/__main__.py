@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from quest.errors import input_error, program_name
 
-from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, runs_markdown, write_outputs
+from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportInputError as err:
         return input_error(program_name("quest-report"), err)
     print(runs_markdown(report))
+    if perf := perf_markdown(report):
+        print(perf)
     if report.sweeps:
         print(lr_markdown(report))
     if args.out:

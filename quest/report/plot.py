@@ -1,4 +1,5 @@
-"""Figures from run directories. ``diagnostics``: Figure-A6-style curves of the attention diagnostics.
+"""Figures from run directories. ``diagnostics``: Figure-A6-style curves of the attention diagnostics; ``perf``: the
+data wait and throughput over training (quest.report.perf_plot); ``explain``: explanation maps side by side.
 
     python -m quest.report.plot diagnostics RUN_DIR [RUN_DIR ...] --out FILE.png [--layers 0,3|all] [--keys ...]
 
@@ -304,6 +305,12 @@ def _parser() -> argparse.ArgumentParser:
         "q_norm_max, head01/max_logit",
     )
     diag.add_argument("--prefix", default="diag/", help="key prefix the run was logged with (default: diag/)")
+    perf = commands.add_parser("perf", help="data wait and images/s per device against step (docs/training.md)",
+                               description="Plot each RUN_DIR/metrics.jsonl's telemetry (perf/ rows).")
+    perf.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    perf.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    perf.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl = commands.add_parser(
         "explain",
         help="one explanation method's maps of several runs on the same images (QUEST paper, Figure 1)",
@@ -331,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out = compare_runs(args.run_dirs, args.out, args.method, args.suite)
             except (FileNotFoundError, ValueError) as err:
                 raise PlotInputError(str(err)) from err
+        elif args.command == "perf":
+            from .perf_plot import plot_perf
+
+            out = plot_perf(args.run_dirs, args.out)
         else:
             keys = [k for part in args.keys for k in part.split(",") if k]
             out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)

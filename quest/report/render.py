@@ -8,7 +8,7 @@ from typing import Any
 
 from quest.io import keep_or_refuse, markdown_table, write_text_atomic
 
-from .runs import RunResult
+from .runs import PERF_METRICS, RunResult
 from .stats import lower_is_better, mean_std
 from .tables import LR_KEYS, Report, Row
 
@@ -75,6 +75,25 @@ def runs_markdown(report: Report) -> str:
         lines += ["Runs without summary.json that match no row (not counted):", ""]
         lines += [f"- {r.path}" for r in report.unmatched] + [""]
     return "\n".join(lines)
+
+
+def perf_markdown(report: Report) -> str:
+    """Where each run's time went, beside its accuracy: images/s per device, data wait, peak memory and MFU (the
+    means summary.json's ``perf`` holds; docs/training.md); "" when no run has them (runs before the telemetry)."""
+    runs = [r for row in report.rows for r in (*row.runs, *row.excluded)
+            if any(m in r.metrics for m in PERF_METRICS)]
+    if not runs:
+        return ""
+    header = ["run", "attention", report.primary, "img/s per device", "data wait", "peak memory", "MFU"]
+    fmt = {"perf/img_per_s_per_device": "{:.0f}", "perf/data_wait": "{:.0%}", "perf/peak_mem_gib": "{:.2f} GiB",
+           "perf/mfu": "{:.0%}"}
+    body = [[r.path.name, _fmt_value(r.value("attention")),
+             _fmt_value(round(r.metrics[report.primary], report.decimals)) if report.primary in r.metrics else "—",
+             *(fmt[m].format(r.metrics[m]) if m in r.metrics else "—" for m in PERF_METRICS)] for r in runs]
+    return "\n".join(["## Where the time went, per run", "",
+                      "Means over each run's log intervals (peak memory: the maximum); MFU only on a GPU of known "
+                      "peak; `quest-plot perf RUN_DIR ... --out perf.png` draws them over training.", "",
+                      *markdown_table(header, body), ""])
 
 
 def runs_csv(report: Report) -> str:
@@ -175,10 +194,12 @@ def lr_csv(report: Report) -> str:
 
 
 def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
-    """runs.md / runs.csv, and lr_sensitivity.md / .csv when there is an lr sweep, in ``out_dir``. Tables already
-    there are refused (OutputExists), or with ``overwrite`` kept in ``out_dir/.replaced/<UTC time>/``."""
+    """runs.md (the results and, per run, where the time went) / runs.csv, and lr_sensitivity.md / .csv when there
+    is an lr sweep, in ``out_dir``. Tables already there are refused (OutputExists), or with ``overwrite`` kept in
+    ``out_dir/.replaced/<UTC time>/``."""
     out_dir = Path(out_dir)
-    texts = {"runs.md": runs_markdown(report), "runs.csv": runs_csv(report)}
+    perf = perf_markdown(report)
+    texts = {"runs.md": runs_markdown(report) + ("\n" + perf if perf else ""), "runs.csv": runs_csv(report)}
     if report.sweeps:
         texts.update({"lr_sensitivity.md": lr_markdown(report), "lr_sensitivity.csv": lr_csv(report)})
     keep_or_refuse([out_dir / name for name in texts], overwrite, keep_in=out_dir)

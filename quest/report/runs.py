@@ -25,6 +25,11 @@ class ReportInputError(ValueError):
     """Input that cannot be reported on; the message names the path or option and what was expected."""
 
 
+#: the telemetry shown beside the accuracy (summary.json's ``perf``: time-weighted means, the memory's maximum)
+PERF_METRICS = {"perf/img_per_s_per_device": "img_per_s_per_device_mean", "perf/data_wait": "data_wait_mean",
+                "perf/peak_mem_gib": "peak_mem_gib_max", "perf/mfu": "mfu_mean"}
+
+
 # --- loading ----------------------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
@@ -153,6 +158,8 @@ def _load_run(run_dir: Path) -> RunResult:
         raise ReportInputError(f"{summary_path}: status {status!r}, expected completed, stopped, diverged, "
                                "interrupted or requeued")
     metrics = {k: n for k, v in raw.items() if not isinstance(v, dict) and (n := number(v)) is not None}
+    perf = raw.get("perf") if isinstance(raw.get("perf"), dict) else {}
+    metrics.update({name: n for name, key in PERF_METRICS.items() if (n := number(perf.get(key))) is not None})
     metrics.update(_eval_metrics(run_dir))
     return RunResult(run_dir, status, flatten(raw), config, metrics)
 
