@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .axes import STEP_LABEL, formulation_color, plain_linear_axis  # noqa: E402
-from .plot import PlotInputError, load_metrics, run_formulation, run_label  # noqa: E402
+from .run_metrics import PlotInputError, load_metrics, run_formulation, run_label  # noqa: E402
 
 __all__ = ["PERF_PANELS", "perf_figure", "plot_perf"]
 

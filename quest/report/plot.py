@@ -12,7 +12,6 @@ axes say their units and log axes read as plain numbers. Definitions: docs/diagn
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
@@ -31,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from .axes import FORMULATION_COLORS, STEP_LABEL, axis_label, formulation_color, plain_linear_axis, plain_log_axis, shade  # noqa: E402
+from .run_metrics import PlotInputError, load_metrics, run_formulation, run_label  # noqa: E402
 
 __all__ = ["PlotInputError", "FORMULATION_COLORS", "formulation_color", "axis_label", "plain_log_axis",
            "load_metrics", "run_label", "run_formulation", "layer_series", "diagnostics_figure", "plot_diagnostics",
@@ -48,62 +48,6 @@ DEFAULT_KEYS = ("max_logit", "q_norm_at_max", "k_norm_at_max")
 _AT_MAX = ("q_norm_at_max", "k_norm_at_max")
 _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("", "o", "s", "^", "v", "D", "P", "X")  # the 2nd, 3rd, ... run of one formulation (seeds, lrs)
-
-class PlotInputError(ValueError):
-    """A run directory that cannot be plotted; the message names the path and what was expected."""
-
-
-def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of ``run_dir/metrics.jsonl``; a truncated last line (a run killed mid-write) is skipped."""
-    run_dir = Path(run_dir)
-    path = run_dir / "metrics.jsonl"
-    if not run_dir.is_dir():
-        raise PlotInputError(f"{run_dir}: not a directory (expected a run directory containing metrics.jsonl)")
-    if not path.is_file():
-        raise PlotInputError(
-            f"{path}: file not found (expected the run's metrics.jsonl, one JSON object per line with an integer "
-            "'step')"
-        )
-    lines = path.read_text().splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):
-                logger.warning("%s:%d: skipping a truncated last line", path, number)
-                continue
-            raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
-        if not isinstance(record, dict) or type(record.get("step")) is not int:
-            raise PlotInputError(f"{path}:{number}: expected a JSON object with an integer 'step', got {line[:80]!r}")
-        records.append(record)
-    return records
-
-
-def run_formulation(run_dir: Path) -> str | None:
-    """The run's attention formulation: ``attention`` (or ``choices.attention``) from ``summary.json``, else None."""
-    summary_path = Path(run_dir) / "summary.json"
-    if not summary_path.is_file():
-        return None
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError:
-        logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
-        return None
-    if isinstance(summary, dict):
-        choices = summary.get("choices")
-        for source in (summary, choices if isinstance(choices, dict) else {}):
-            if isinstance(source.get("attention"), str):
-                return source["attention"]
-    return None
-
-
-def run_label(run_dir: Path) -> str:
-    """``attention`` (or ``choices.attention``) from ``summary.json``, else the directory name."""
-    return run_formulation(run_dir) or Path(run_dir).resolve().name
-
 
 def layer_series(records: list[dict[str, Any]], prefix: str = "diag/") -> Series:
     """Per-layer diagnostic values keyed by layer index, statistic and step (a later line for a step wins)."""

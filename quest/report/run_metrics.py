@@ -1,0 +1,68 @@
+"""What the figures read from a run directory: ``metrics.jsonl``'s records and the run's formulation (its
+``summary.json``), with :class:`PlotInputError` naming the path and what was expected."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PlotInputError", "load_metrics", "run_formulation", "run_label"]
+
+logger = logging.getLogger("quest.report")
+
+
+class PlotInputError(ValueError):
+    """A run directory that cannot be plotted; the message names the path and what was expected."""
+
+
+def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl``; a truncated last line (a run killed mid-write) is skipped."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        raise PlotInputError(f"{run_dir}: not a directory (expected a run directory containing metrics.jsonl)")
+    if not path.is_file():
+        raise PlotInputError(
+            f"{path}: file not found (expected the run's metrics.jsonl, one JSON object per line with an integer "
+            "'step')"
+        )
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                logger.warning("%s:%d: skipping a truncated last line", path, number)
+                continue
+            raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
+        if not isinstance(record, dict) or type(record.get("step")) is not int:
+            raise PlotInputError(f"{path}:{number}: expected a JSON object with an integer 'step', got {line[:80]!r}")
+        records.append(record)
+    return records
+
+
+def run_formulation(run_dir: Path) -> str | None:
+    """The run's attention formulation: ``attention`` (or ``choices.attention``) from ``summary.json``, else None."""
+    summary_path = Path(run_dir) / "summary.json"
+    if not summary_path.is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError:
+        logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
+        return None
+    if isinstance(summary, dict):
+        choices = summary.get("choices")
+        for source in (summary, choices if isinstance(choices, dict) else {}):
+            if isinstance(source.get("attention"), str):
+                return source["attention"]
+    return None
+
+
+def run_label(run_dir: Path) -> str:
+    """``attention`` (or ``choices.attention``) from ``summary.json``, else the directory name."""
+    return run_formulation(run_dir) or Path(run_dir).resolve().name
