@@ -9,46 +9,19 @@ difference; what each command does is quest.cli's.
 """
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Callable
+
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data"]
 
 
-def train() -> None:
-    from quest.cli import train as command
+def _command(name: str) -> Callable[[], None]:
+    def command() -> None:
+        getattr(import_module("quest.cli"), name)()  # imported when the command runs, not when this module loads
 
-    command()
-
-
-def evaluate() -> None:
-    from quest.cli import evaluate as command
-
-    command()
+    command.__name__ = command.__qualname__ = name
+    command.__doc__ = f"quest.cli.{name}: the console script's command."
+    return command
 
 
-def toy() -> None:
-    from quest.cli import toy as command
-
-    command()
-
-
-def report() -> None:
-    from quest.cli import report as command
-
-    command()
-
-
-def plot() -> None:
-    from quest.cli import plot as command
-
-    command()
-
-
-def export() -> None:
-    from quest.cli import export as command
-
-    command()
-
-
-def data() -> None:
-    from quest.cli import data as command
-
-    command()
+train, evaluate, toy, report, plot, export, data = map(_command, __all__)

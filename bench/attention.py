@@ -97,19 +97,24 @@ def quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _peak_of_new_allocations(prof: profile) -> int:
-    """Replay the allocator events of a profile in time order: the most bytes live at once among blocks allocated
-    inside it. Frees are matched to allocations by address, so the free of a block that existed before the
-    profile (last step's gradients) is ignored; the allocator's own size table can be stale for those."""
+def allocation_events(prof: profile) -> list[tuple[int, int, int]]:
+    """(time ns, address, size) of every allocator event of a profile, in time order (size < 0: a free)."""
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         stack.extend(event.children)
         if event.tag == _EventType.Allocation:
             events.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
+    return sorted(events)
+
+
+def _peak_of_new_allocations(prof: profile) -> int:
+    """Replay the allocator events of a profile in time order: the most bytes live at once among blocks allocated
+    inside it. Frees are matched to allocations by address, so the free of a block that existed before the
+    profile (last step's gradients) is ignored; the allocator's own size table can be stale for those."""
     live: dict[int, int] = {}
     current = peak = 0
-    for _, ptr, size in sorted(events):
+    for _, ptr, size in allocation_events(prof):
         if size > 0:
             live[ptr] = size
             current += size

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -46,3 +47,20 @@ def bf16_sdpa_unavailable() -> str | None:
     except RuntimeError as exc:
         return f"bf16 attention fails in this torch under ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')}: {exc}"
     return None
+
+
+def flat_data_config(**changes: Any) -> dict[str, Any]:
+    """A data config exactly as quest stored it in checkpoints before data sets were registered (commit 0b96722):
+    one flat node with every data set's keys (quest/schema.py's DataConfig of that time), here with its defaults,
+    then ``changes``."""
+    stored = {
+        "name": "???", "root": None, "batch_size": 64, "eval_batch_size": None, "num_workers": 0, "num_classes": 10,
+        "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "train_split": "train", "val_split": "val",
+        "subset_fraction": 1.0, "subset_seed": 0, "val_fraction": 0.2, "split_seed": 0, "download": False,
+        "bad_images": "error", "max_skipped_fraction": 0.01, "preflight": True, "fake_train_size": 256,
+        "fake_val_size": 64, "pin_memory": True,
+        "canvas": {"size": 32, "scale_min": 12, "scale_max": 22, "clutter": 3, "noise": 0.05, "copies": 2, "seed": 0},
+        "num_samples": None, "shuffle_window": 8192,
+    }
+    stored.update(changes)
+    return stored

@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 import torch
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 import quest.attention.base as base
 import quest.attention.elliptical as elliptical
+from bench.attention import allocation_events
 from quest.attention import list_attentions
 from quest.models.factory import create_model
 
@@ -35,13 +35,7 @@ def _kept_by_forward(model: torch.nn.Module, x: torch.Tensor) -> int:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = model(x)
     live: dict[int, int] = {}
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation:
-            events.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
-    for _, ptr, size in sorted(events):
+    for _, ptr, size in allocation_events(prof):  # the allocator's own events, as bench/attention.py reads them
         if size > 0:
             live[ptr] = size
         else:

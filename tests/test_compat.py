@@ -33,7 +33,7 @@ from quest.engine.run_state import Plan, _plan_metrics
 from quest.evaluation.directory import EvalDirectory, EvalDirectoryError
 from quest.torch_files import FORMAT
 
-from .helpers import compose_cfg
+from .helpers import compose_cfg, flat_data_config
 
 V1_FILE = Path(__file__).parent / "fixtures" / "checkpoint_v1.pt"
 
@@ -54,15 +54,7 @@ CHECKPOINT_SIZE_ONLY = {k: v for k, v in CHECKPOINT_V1.items() if k != "metrics_
 
 #: a data config as quest stored it before data sets were registered (commit 0b96722): one flat node with every data
 #: set's keys, here data=digits exactly as in tests/fixtures/checkpoint_v1.pt
-DATA_FLAT = {
-    "name": "digits", "root": None, "batch_size": 16, "eval_batch_size": None, "num_workers": 0, "num_classes": 10,
-    "img_size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "train_split": "train", "val_split": "val",
-    "subset_fraction": 1.0, "subset_seed": 0, "val_fraction": 0.2, "split_seed": 0, "download": False,
-    "bad_images": "error", "max_skipped_fraction": 0.01, "preflight": True, "fake_train_size": 256,
-    "fake_val_size": 64, "pin_memory": True,
-    "canvas": {"size": 32, "scale_min": 12, "scale_max": 22, "clutter": 3, "noise": 0.05, "copies": 2, "seed": 0},
-    "num_samples": None, "shuffle_window": 8192,
-}
+DATA_FLAT = flat_data_config(name="digits", batch_size=16, img_size=16)
 #: today's data=digits node with the same values
 DATA_TODAY = {
     "name": "digits", "root": None, "batch_size": 16, "eval_batch_size": None, "num_workers": 0, "num_classes": 10,

@@ -27,7 +27,7 @@ from quest.data.shards import WdsDataset
 from quest.engine.checks import ConfigError, check_train_config
 from quest.engine.run_dir import check_resume, config_differences
 
-from .helpers import CONFIGS, ROOT, compose_cfg
+from .helpers import CONFIGS, ROOT, compose_cfg, flat_data_config
 from .test_data_shards import TRAIN_LENGTHS, VAL_LENGTHS, write_shards
 from .warm import run_app
 
@@ -36,26 +36,10 @@ DOC = ROOT / "docs" / "data.md"
 WITH_YAML = [name for name in list_datasets() if (CONFIGS / "data" / f"{name}.yaml").is_file()]
 
 
-def _flat(**changes):
-    """A data config exactly as quest stored it in checkpoints before data sets were registered: one flat node with
-    every data set's keys (quest/schema.py's DataConfig of that time), here with its defaults, then ``changes``."""
-    stored = {
-        "name": "???", "root": None, "batch_size": 64, "eval_batch_size": None, "num_workers": 0, "num_classes": 10,
-        "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "train_split": "train", "val_split": "val",
-        "subset_fraction": 1.0, "subset_seed": 0, "val_fraction": 0.2, "split_seed": 0, "download": False,
-        "bad_images": "error", "max_skipped_fraction": 0.01, "preflight": True, "fake_train_size": 256,
-        "fake_val_size": 64, "pin_memory": True,
-        "canvas": {"size": 32, "scale_min": 12, "scale_max": 22, "clutter": 3, "noise": 0.05, "copies": 2, "seed": 0},
-        "num_samples": None, "shuffle_window": 8192,
-    }
-    stored.update(changes)
-    return stored
-
-
 def test_the_flat_keys_are_the_shared_keys_and_every_data_sets_own():
     """FLAT_KEYS (what upgrade_data_config may drop) is exactly the old flat node's keys: the shared ones plus the
     options of the built-in data sets, so nothing a data set reads is ever dropped and nothing else is kept."""
-    assert set(_flat()) == FLAT_KEYS
+    assert set(flat_data_config()) == FLAT_KEYS
     own = {f.name for name in list_datasets() for f in dataclasses.fields(get_dataset(name).settings)}
     assert {f.name for f in dataclasses.fields(DataConfig)} | own >= FLAT_KEYS
 
@@ -106,12 +90,12 @@ def shards(tmp_path) -> Path:
 def _stored(name: str, shards_root: Path) -> dict:
     """Stored data configs of today's three kinds, each with non-default values of its own options."""
     return {
-        "digits_canvas": _flat(name="digits_canvas", val_fraction=0.25, split_seed=1,
+        "digits_canvas": flat_data_config(name="digits_canvas", val_fraction=0.25, split_seed=1,
                                canvas={"size": 40, "scale_min": 10, "scale_max": 20, "clutter": 2, "noise": 0.1,
                                        "copies": 1, "seed": 3}),
-        "fake": _flat(name="fake", batch_size=16, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
+        "fake": flat_data_config(name="fake", batch_size=16, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
                       fake_train_size=24, fake_val_size=8),
-        "imagenet_wds": _flat(name="imagenet_wds", root=str(shards_root), num_classes=3, img_size=16, batch_size=4,
+        "imagenet_wds": flat_data_config(name="imagenet_wds", root=str(shards_root), num_classes=3, img_size=16, batch_size=4,
                               val_split="validation", shuffle_window=4, mean=[0.485, 0.456, 0.406],
                               std=[0.229, 0.224, 0.225]),
     }[name]
@@ -161,7 +145,7 @@ def test_a_stored_flat_data_config_composes_validates_builds_the_same_samples_an
 
 def test_a_stored_option_that_changed_is_still_a_difference():
     cfg = OmegaConf.to_container(compose_cfg("data=digits_canvas"), resolve=True)
-    old = {**cfg, "data": _flat(name="digits_canvas", canvas={**_flat()["canvas"], "copies": 3})}
+    old = {**cfg, "data": flat_data_config(name="digits_canvas", canvas={**flat_data_config()["canvas"], "copies": 3})}
     assert [(d.key, d.stored, d.new) for d in config_differences(old, cfg)] == [("data.canvas.copies", 3, 2)]
     with pytest.raises(ConfigError, match="data.canvas.copies: 3 -> 2"):
         check_resume(old, cfg, Path("/run"))
@@ -287,7 +271,7 @@ def test_a_run_whose_checkpoint_stores_the_flat_data_config_resumes_exactly(tmp_
     raw = torch.load(path, weights_only=True)
     own = raw["config"]["data"]
     assert "canvas" not in own and own["fake_train_size"] == 64  # what this quest stores: fake's keys only
-    raw["config"]["data"] = _flat(**{k: v for k, v in own.items()})  # as the earlier quest stored it
+    raw["config"]["data"] = flat_data_config(**{k: v for k, v in own.items()})  # as the earlier quest stored it
     torch.save(raw, path)
     record = json.loads((tmp_path / "resumed" / "run.json").read_text())
     record["config"]["data"] = raw["config"]["data"]
@@ -308,7 +292,7 @@ def test_eval_without_data_takes_any_data_sets_key_for_the_checkpoints_config_an
     register_eval_configs()
     cfg = eval_cfg("data.val_fraction=0.3", "data.canvas.copies=1", "data.root=/x")
     assert not data_was_chosen(cfg)
-    assert data_overrides(cfg) == {"val_fraction": 0.3, "canvas": {**_flat()["canvas"], "copies": 1}, "root": "/x"}
+    assert data_overrides(cfg) == {"val_fraction": 0.3, "canvas": {**flat_data_config()["canvas"], "copies": 1}, "root": "/x"}
     assert data_overrides(eval_cfg()) == {}  # the keys' defaults are no override
     with pytest.raises(ConfigCompositionException, match="val_fractoin"):
         eval_cfg("data.val_fractoin=0.3")

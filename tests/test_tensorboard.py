@@ -77,7 +77,7 @@ def test_a_missing_tensorboard_is_named_before_any_work(tmp_path, monkeypatch):
 
     installed = extras._installed
     monkeypatch.setattr(extras, "_installed", lambda module: module != "tensorboard" and installed(module))
-    with pytest.raises(extras.MissingExtra, match=r"logger.tensorboard=true needs 'tensorboard'.*"
+    with pytest.raises(extras.MissingExtra, match=r"logger=tensorboard needs 'tensorboard'.*"
                                                   r"pip install 'quest\[tensorboard\]'"):
         fit(compose_cfg(*FAST, "logger=tensorboard"), tmp_path / "run")
     assert not (tmp_path / "run").exists()

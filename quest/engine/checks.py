@@ -228,9 +228,9 @@ def check_train_config(cfg: Any) -> None:
     _relations(checks)
     checks.raise_if_any("config")
     # the writers' packages, named with their extras before any work (import-free: find_spec)
-    require_all([need for on, need in ((cfg.logger.wandb, ("wandb", "wandb", "logger.wandb=true")),
+    require_all([need for on, need in ((cfg.logger.wandb, ("wandb", "wandb", "logger=wandb")),
                                        (cfg.logger.get("tensorboard"), ("tensorboard", "tensorboard",
-                                                                        "logger.tensorboard=true"))) if on],
+                                                                        "logger=tensorboard"))) if on],
                 "the logger config")
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:
