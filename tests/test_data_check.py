@@ -25,7 +25,7 @@ def _quest_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_warm_app_is_the_console_script():
     """What _quest_data runs is what pyproject.toml installs as quest-data."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["quest-data"] == ":".join(APPS["quest.data.check"]) == "quest.cli:data"
+    assert scripts["quest-data"] == ":".join(APPS["quest.data.check"]) == "quest_cli:data"
 
 
 def _folder(root: Path, splits=("train", "val")) -> Path:

@@ -314,7 +314,7 @@ def test_nothing_is_registered_or_kept_between_diagnostic_steps():
     diag.collect(x)  # warm-up: lazily created caches of torch itself are not ours
     before = _live_tensors()
     metrics = diag.collect(x)
-    assert _live_tensors() == before
+    assert _live_tensors() <= before  # none kept (fewer: torch freed a cache of an earlier test in this process)
     assert no_hooks_anywhere(model)
     assert not _holds_tensor(diag)
     assert all(type(v) is float for v in metrics.values())

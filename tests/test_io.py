@@ -123,5 +123,7 @@ def test_nothing_in_quest_writes_a_result_file_around_the_io_layer():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if direct.search(line) and "fileobj=" not in line:
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
-    allowed = {"engine/checkpoint.py"}  # replace_with_link's copy fallback: a temporary, fsynced, then renamed
+    # replace_with_link's copy fallback: a temporary, fsynced, then renamed; telemetry: the kernel's control file
+    # /proc/self/clear_refs (resets the resident peak), not a file quest keeps
+    allowed = {"engine/checkpoint.py", "engine/telemetry.py"}
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []

@@ -29,6 +29,9 @@ NEWLY_RESOLVED = {
 
 
 BEFORE = json.loads(FIXTURE.read_text())
+#: keys added to the composed groups after the fixture was written (the telemetry's thresholds): in every config,
+#: outside the comparison
+ADDED_SINCE = ("trainer.data_wait_warning", "trainer.low_mfu_warning")
 MODELS = options("model")
 
 
@@ -53,7 +56,8 @@ def test_every_composed_value_is_unchanged(model):
     changed, newly = [], set()
     for config in _rows(model):
         values, before = resolved_values(*config.split()), BEFORE[config]
-        assert sorted(values) == sorted(before), config
+        assert sorted(values) == sorted([*before, *ADDED_SINCE]), config
+        values = {k: v for k, v in values.items() if k not in ADDED_SINCE}
         for key, value in values.items():
             if value == before[key]:
                 continue

@@ -223,7 +223,7 @@ class QKAttention(nn.Module):
         """:meth:`attend` with q', k' recomputed in the backward, or None where that does not apply."""
         if not recompute_applies(q):
             return None
-        return attention_recomputing(lambda: self._folded(*self.transform_qk(q, k)), (q, k),
+        return attention_recomputing(lambda q_, k_: self._folded(*self.transform_qk(q_, k_)), (q, k),
                                      lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
 
     def register_attention_hook(self, hook: AttentionHook) -> RemovableHandle:

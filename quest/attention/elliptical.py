@@ -161,7 +161,7 @@ class _Elliptical(QKAttention):
         if self._index is not None:  # only a linked layer has a successor that reads its values
             self._values = v.detach()
         if recompute_applies(q):  # q' = q * m recomputed in the backward, not kept (quest.attention.recompute)
-            return attention_recomputing(lambda: self._folded(*self.transform_qkm(q, k, m)), (q, k),
+            return attention_recomputing(lambda q_, k_: self._folded(*self.transform_qkm(q_, k_, m)), (q, k),
                                          lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
         return self._sdpa(*self.transform_qkm(q, k, m), v, attn_mask, is_causal)
 

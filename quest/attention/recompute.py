@@ -41,11 +41,13 @@ def _key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def attention_recomputing(transform: Callable[[], Transformed], raw: tuple[torch.Tensor, ...],
+def attention_recomputing(transform: Callable[[torch.Tensor, torch.Tensor], Transformed],
+                          raw: tuple[torch.Tensor, torch.Tensor],
                           attend: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
-    """``attend(*transform())``, with the transform's new outputs (those that are none of ``raw``) not saved for
-    backward but recomputed from ``transform`` when the backward needs them."""
-    q2, k2, scale = transform()
+    """``attend(*transform(*raw))``, with the transform's new outputs (those that are none of ``raw``) not saved for
+    backward but recomputed by ``transform`` when the backward needs them (on detached copies of ``raw``: values
+    only, so that module hooks of the transform, a FLOP counter's say, see no graph to follow)."""
+    q2, k2, scale = transform(*raw)
     raw_keys = {_key(t) for t in raw}
     fresh = {_key(t): i for i, t in enumerate((q2, k2)) if _key(t) not in raw_keys}
     if not fresh:
@@ -57,7 +59,7 @@ def attention_recomputing(transform: Callable[[], Transformed], raw: tuple[torch
     def recomputed(i: int) -> torch.Tensor:
         if i not in cache:  # the first of the backward's requests (or a second backward, retain_graph=True)
             with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
-                cache.update(enumerate(transform()[:2]))
+                cache.update(enumerate(transform(*(t.detach() for t in raw))[:2]))
         value = cache.pop(i)
         if not any(j in fresh.values() for j in cache):  # both handed out: nothing held
             cache.clear()
