@@ -64,6 +64,13 @@ def test_the_advice_is_given_once_per_epoch_with_its_levers():
     assert Telemetry(torch.device("cpu"), 1).end_epoch(3, seconds=1.0, data_wait=0.01) == []  # no peak: no MFU
 
 
+def test_advice_is_said_when_its_condition_starts_not_every_epoch_it_lasts():
+    t = Telemetry(torch.device("cpu"), world_size=1, data_wait_warning=0.1)
+    waits = [0.5, 0.5, 0.5, 0.0, 0.4, 0.4]  # loader-bound for 3 epochs, fine for 1, bound again for 2
+    said = [bool(t.end_epoch(epoch, seconds=1.0, data_wait=w)) for epoch, w in enumerate(waits, 1)]
+    assert said == [True, False, False, False, True, False]
+
+
 def test_the_wait_is_the_time_blocked_on_the_loader(tmp_path, monkeypatch):
     """A driven clock: each batch takes 3 ticks to arrive and every other moment 1 tick, so the fraction the loop
     waited is known exactly, whatever the machine's load."""

@@ -101,6 +101,7 @@ class Telemetry:
     low_mfu_warning: float = 0.30
     _epoch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # data wait, wall seconds
     _sums: dict[str, list[float]] = field(default_factory=dict)
+    _active: set[str] = field(default_factory=set)  # the advice whose condition held in the last epoch
 
     def __post_init__(self) -> None:
         self._reset_peak()
@@ -143,22 +144,27 @@ class Telemetry:
         return row
 
     def end_epoch(self, epoch: int, seconds: float, data_wait: float) -> list[str]:
-        """The advice for the epoch just ended (each at most once per epoch), given the wall and wait seconds since
-        its last interval; the loop logs it."""
+        """The advice for the epoch just ended, given the wall and wait seconds since its last interval; the loop
+        logs it. Each piece is said when its condition starts (not again for every epoch it lasts: the log lines
+        carry the figures) and again if it comes back after an epoch without it."""
         wait, wall = self._epoch[0] + data_wait, self._epoch[1] + seconds
         self._epoch = [0.0, 0.0]
         if wall <= 0:
             return []
+        said, self._active = self._active, set()
         advice = []
         if wait / wall > self.data_wait_warning:
-            advice.append(f"epoch {epoch}: training waited for data {100 * wait / wall:.0f}% of the time (above "
-                          f"trainer.data_wait_warning={self.data_wait_warning}); the loader is the bottleneck: try "
-                          f"{DATA_LEVERS}")
+            self._active.add("data")
+            advice += [] if "data" in said else [
+                f"epoch {epoch}: training waited for data {100 * wait / wall:.0f}% of the time (above "
+                f"trainer.data_wait_warning={self.data_wait_warning}); the loader is the bottleneck: try {DATA_LEVERS}"]
         mfu = self._mean("perf/mfu")
         if mfu is not None and mfu < self.low_mfu_warning and wait / wall <= self.data_wait_warning:
-            advice.append(f"epoch {epoch}: MFU {100 * mfu:.0f}% with little data wait ({100 * wait / wall:.0f}%): "
-                          "the GPU is under-used by the model itself; try trainer.compile=true, "
-                          "trainer.precision=bf16, or a larger data.batch_size")
+            self._active.add("mfu")
+            advice += [] if "mfu" in said else [
+                f"epoch {epoch}: MFU {100 * mfu:.0f}% with little data wait ({100 * wait / wall:.0f}%): the GPU is "
+                "under-used by the model itself; try trainer.compile=true, trainer.precision=bf16, or a larger "
+                "data.batch_size"]
         return advice
 
     def _mean(self, key: str) -> float | None:
