@@ -236,7 +236,6 @@ def recompute_steps(batch: int) -> dict[str, Step]:
     """e: each formulation's ViT-Ti step with its q', k' recomputed in the backward (today) and kept (as before
     quest.attention.recompute), in one process."""
     import quest.attention.base as base
-    import quest.attention.elliptical as elliptical
 
     x = torch.randn(batch, 3, 224, 224)
     steps: dict[str, Step] = {}
@@ -244,7 +243,7 @@ def recompute_steps(batch: int) -> dict[str, Step]:
         step = train_step(create_model(MODEL, attention=name).train(), x)
         steps[name] = step
         if name != "standard":
-            steps[f"{name} (kept)"] = _kept(step, base, elliptical)
+            steps[f"{name} (kept)"] = _kept(step, base)
     return steps
 
 

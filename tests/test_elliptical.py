@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+import warnings
 
 import pytest
 import torch
@@ -161,7 +162,8 @@ def test_no_gradient_flows_through_m(name, monkeypatch):
     monkeypatch.setattr(elliptical_module, "elliptical_weights", recording)
     grads = _param_grads(model, x)
     assert len(recorded) == DEPTH - 1
-    assert all(not layer._values.requires_grad for _, layer in attention_layers(model))
+    kept = attention_layers(model)[0][1].chain.values
+    assert sum(v is not None for v in kept) == DEPTH - 1 and not any(v.requires_grad for v in kept if v is not None)
 
     # The same forward with m a constant (the recorded values) gives the same gradients ...
     constants = iter(recorded)
@@ -188,45 +190,72 @@ def test_a_standalone_layer_is_a_first_layer(name):
     plain.load_state_dict(layer.state_dict())
     x = torch.randn(2, 7, dim, dtype=torch.float64)
     torch.testing.assert_close(layer(x), plain(x), atol=0, rtol=0)
-    assert not layer.uses_m and layer._values is None  # keeps nothing: no successor reads it
+    assert not layer.uses_m and layer.chain.values == [None]  # keeps nothing: no successor reads it
 
 
 def test_values_are_dropped_at_every_model_forward_and_a_skipped_layer_is_refused():
     model = make_model("elliptical")
     model(images())
     layers = [layer for _, layer in attention_layers(model)]
-    assert all(layer._values is not None for layer in layers)
+    chain = layers[0].chain
+    assert all(layer.chain is chain for layer in layers)
+    # layers 0 and 1 keep their values for the next layer; the last one's are read by nobody
+    assert [v is not None for v in chain.values] == [True, True, False]
 
     def fail(*args, **kwargs):
         raise RuntimeError("boom")
 
-    layers[0].forward = fail
+    layers[0].proj.forward = fail  # this forward stops inside the first layer, after it started
     with pytest.raises(RuntimeError, match="boom"):
         model(images())
-    assert all(layer._values is None for layer in layers)  # nothing of the previous forward survives
+    assert [v is not None for v in chain.values] == [True, False, False]  # only this forward's first values
     with pytest.raises(RuntimeError, match="previous attention layer has not run"):
-        layers[1](torch.randn(2, 17, 64, dtype=torch.float64))
+        layers[2](torch.randn(2, 17, 64, dtype=torch.float64))
 
 
 def test_a_deep_copy_carries_its_own_values():
     model = make_model("elliptical_quest")
     model(images())
-    before = [layer._values for _, layer in attention_layers(model)]
+    chain = attention_layers(model)[0][1].chain
+    before = list(chain.values)
     twin = copy.deepcopy(model)  # as an EMA copy is made
-    twin_layers = [layer for _, layer in attention_layers(twin)]
-    assert all(layer._prev[0] is twin_layers[i] for i, layer in enumerate(twin_layers[1:]))
+    twin_chain = attention_layers(twin)[0][1].chain
+    assert twin_chain is not chain and all(layer.chain is twin_chain for _, layer in attention_layers(twin))
     twin(images(2))
-    assert all(a is b for a, b in zip(before, [layer._values for _, layer in attention_layers(model)], strict=True))
+    assert all(a is b for a, b in zip(before, chain.values, strict=True))
     x = images(2)
     torch.testing.assert_close(twin(x), model(x), atol=0, rtol=0)
 
 
-def test_relinking_registers_one_hook_and_other_models_are_untouched():
+def test_relinking_keeps_one_chain_and_other_models_have_none():
     model = make_model("elliptical")
+    before = dict(model.state_dict())
     elliptical_module.link_elliptical(model)
-    assert sum(h is elliptical_module._clear_values for h in model._forward_pre_hooks.values()) == 1
+    chains = {id(layer.chain) for _, layer in attention_layers(model)}
+    assert len(chains) == 1 and model.state_dict().keys() == before.keys()
     standard = create_model(MODEL, attention="standard", depth=DEPTH)
-    assert not standard._forward_pre_hooks
+    assert not any(isinstance(m, elliptical_module.ValueChain) for m in standard.modules())
+
+
+@pytest.mark.parametrize("name", list(ELLIPTICAL))
+def test_torchscript_uses_m_as_the_eager_model_does(name):
+    model = make_model(name)
+    x = images()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated
+        scripted = torch.jit.script(model)
+    eager = model(x)
+    torch.testing.assert_close(scripted(x), eager, atol=1e-12, rtol=0)
+    plain = create_model(MODEL, attention=ELLIPTICAL[name], depth=DEPTH, num_classes=5).double().eval()
+    plain.load_state_dict(model.state_dict())
+    assert not torch.allclose(plain(x), eager)  # m changes the output here, so the comparison above can fail
+    x2 = images(2)  # another batch size: nothing of the first call is read
+    torch.testing.assert_close(scripted(x2), model(x2), atol=1e-12, rtol=0)
+    assert all(slot.numel() == 0 for block in scripted.blocks for slot in block.attn.chain.slots)  # none kept
+    buf = io.BytesIO()
+    torch.jit.save(scripted, buf)
+    buf.seek(0)
+    torch.testing.assert_close(torch.jit.load(buf)(x), eager, atol=1e-12, rtol=0)  # the layers still share slots
 
 
 def test_gradient_checkpointing_recomputes_with_the_same_values():

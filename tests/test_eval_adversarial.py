@@ -254,12 +254,12 @@ def test_attack_time_estimator_is_set_on_the_layers_and_restored():
     with torch.no_grad():
         before = model(x)
     with attack_time_estimator(model, "median") as info:
-        assert {layer.options["estimator"] for layer in layers} == {"median"}
-        assert type(layers[0]).options["estimator"] == "mean"  # the class (shared by other models) untouched
+        assert {layer.estimator for layer in layers} == {"median"}
+        assert {layer.options["estimator"] for layer in layers} == {"mean"}  # how it was trained: untouched
         with torch.no_grad():
             during = model(x)
     assert info == {"used": "median", "as_trained": ["mean"], "layers": 3, "overridden": True}
-    assert {layer.options["estimator"] for layer in layers} == {"mean"}
+    assert {layer.estimator for layer in layers} == {"mean"}
     with torch.no_grad():
         torch.testing.assert_close(model(x), before, atol=0, rtol=0)
     # the median model, built independently with the option set at construction, gives the same outputs
@@ -295,7 +295,7 @@ def test_suite_attacks_and_scores_with_the_attack_time_estimator():
         outputs = model((x[chosen] - 0.5) / 0.5), median((x[chosen] - 0.5) / 0.5)
     assert not torch.allclose(*outputs)
     assert result["clean_as_trained"]["nll"] != result["clean"]["nll"]
-    assert {layer.options["estimator"] for layer in elliptical_layers(model)} == {"mean"}  # restored
+    assert {layer.estimator for layer in elliptical_layers(model)} == {"mean"}  # restored
 
 
 def test_bad_settings():

@@ -20,8 +20,6 @@ from quest.models.factory import create_model
 
 MODELS = ["vit_tiny_patch16_224", "deit_tiny_patch16_224", "deit3_small_patch16_224"]
 SMALL = {"depth": 2, "img_size": 32, "patch_size": 8, "num_classes": 5}
-#: formulations TorchScript cannot compile, and why (each refuses with this reason: test below)
-NOT_SCRIPTABLE = {"elliptical": "Python references", "elliptical_quest": "Python references"}
 ATOL = 1e-5  # float32 on the CPU; measured differences: 0 (same kernels) to ~1e-6 (fx/script op order)
 
 
@@ -98,11 +96,6 @@ def test_torchscript(name, attention):
     model, x = _model(name, attention), _images()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, still what timm tests
-        if attention in NOT_SCRIPTABLE:
-            with pytest.raises(RuntimeError, match=f"{attention} attention cannot be compiled by TorchScript: .*"
-                                                   f"{NOT_SCRIPTABLE[attention]}"):
-                torch.jit.script(model)
-            return
         scripted = torch.jit.script(model)
         # FX then TorchScript, as timm's test_model_forward_fx_torchscript
         traced_scripted = torch.jit.script(torch.fx.symbolic_trace(model))

@@ -212,18 +212,19 @@ class QKAttention(nn.Module):
         """softmax(logits + mask) @ v with this formulation's logits, through the fused SDPA kernels. While training,
         the transformed q' and k' are recomputed in the backward instead of being kept (quest.attention.recompute)."""
         if not torch.jit.is_scripting():
-            out = self._recomputing(q, k, v, attn_mask, is_causal)
+            out = self._recomputing(self.transform_qk, q, k, v, attn_mask, is_causal)
             if out is not None:
                 return out
         return self._sdpa(*self.transform_qk(q, k), v, attn_mask, is_causal)
 
     @torch.jit.unused
-    def _recomputing(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+    def _recomputing(self, transform: Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, Any]],
+                     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
                      is_causal: bool) -> Optional[torch.Tensor]:
-        """:meth:`attend` with q', k' recomputed in the backward, or None where that does not apply."""
+        """SDPA of ``transform(q, k)`` with q', k' recomputed in the backward, or None where that does not apply."""
         if not recompute_applies(q):
             return None
-        return attention_recomputing(lambda q_, k_: self._folded(*self.transform_qk(q_, k_)), (q, k),
+        return attention_recomputing(lambda q_, k_: self._folded(*transform(q_, k_)), (q, k),
                                      lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
 
     def register_attention_hook(self, hook: AttentionHook) -> RemovableHandle:

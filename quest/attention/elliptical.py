@@ -15,19 +15,20 @@ model drops all of them at the start of every model forward.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 
 from quest.config_checks import is_int
 
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
-from .recompute import attention_recomputing, recompute_applies
 from .registry import register_attention
 
-__all__ = ["EllipticalAttention", "EllipticalQuestAttention", "elliptical_weights", "link_elliptical"]
+__all__ = ["EllipticalAttention", "EllipticalQuestAttention", "ValueChain", "elliptical_weights", "link_elliptical"]
 
 ESTIMATORS = ("mean", "median")
 
@@ -50,11 +51,68 @@ def elliptical_weights(
     return (m / m.amax(dim=-1, keepdim=True).clamp_min(eps)).to(v.dtype)
 
 
+class ValueChain(nn.Module):
+    """The detached values of a model's elliptical layers, kept for the next layer's m.
+
+    One instance is shared by every linked layer of a model and registered in each, so ``copy.deepcopy`` (an EMA
+    copy) and pickling keep the sharing and a copy has its own; it holds no parameters or buffers, so ``state_dict``
+    and checkpoints are those of the plain model. Slot i holds layer i's values while layer i + 1 uses m. The first
+    layer empties every slot when it starts, so a forward never reads values of an earlier one; otherwise they stay
+    until the next forward, for the backward's recomputation under gradient checkpointing.
+
+    TorchScript does not share submodules: it gives every layer its own copy of this module and of its lists. The
+    tensors in a list stay shared, though, so scripted code keeps the values in ``slots``, tensors whose data it
+    swaps (``Tensor.set_data``), and a scripted layer empties its predecessor's slot once read (a scripted model
+    never checkpoints): after a scripted forward nothing is held, and ``torch.jit.save`` writes no activations.
+    """
+
+    # TorchScript reads attribute types from the class's annotations, unevaluated: under this module's
+    # ``from __future__ import annotations`` a plain ``values: List[...]`` would reach it as a string it cannot parse
+    __annotations__ = {"values": List[Optional[Tensor]], "slots": List[Tensor]}
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.values = [None] * depth
+        self.slots = [torch.empty(0) for _ in range(depth)]  # empty: 1-D; values are (B, H, N, d)
+
+    @torch.jit.export
+    def start(self) -> None:
+        """Forget every layer's values (the first layer calls this when a forward starts)."""
+        for i in range(len(self.values)):
+            self.values[i] = None
+            if torch.jit.is_scripting():
+                self.slots[i].set_data(torch.empty(0))
+
+    @torch.jit.export
+    def put(self, index: int, values: Tensor) -> None:
+        if torch.jit.is_scripting():
+            self.slots[index].set_data(values)
+        else:
+            self.values[index] = values
+
+    @torch.jit.export
+    def take(self, index: int) -> Optional[Tensor]:
+        """Layer ``index``'s values of this forward, or None where it has not run."""
+        if torch.jit.is_scripting():
+            slot = self.slots[index]
+            if slot.dim() != 4:
+                return None
+            values = slot.detach()  # a tensor of its own over the same storage, kept when the slot is emptied
+            slot.set_data(torch.empty(0))
+            return values
+        return self.values[index]
+
+    def extra_repr(self) -> str:
+        return f"layers={len(self.values)}"
+
+
 class _Elliptical(QKAttention):
     """Shared body: option checks, linking, recording v and estimating m. Subclasses give :meth:`transform_qkm`."""
 
     #: layers: attention-layer indices (block indices in a ViT) that use m; None = every layer but the first.
     options = {"layers": None, "estimator": "mean", "eps": 1e-6}
+    # the layer selection is read while linking only; TorchScript has no frozenset
+    __jit_ignored_attributes__ = QKAttention.__jit_ignored_attributes__ + ["_use_layers"]
 
     def _init_formulation(self, device: Any = None, dtype: Any = None) -> None:
         opts = self.options
@@ -78,37 +136,34 @@ class _Elliptical(QKAttention):
             )
         # eps: a finite number > 0, checked when the options were bound (quest.attention.registry.option_problem)
         self._use_layers = None if layers is None else frozenset(int(i) for i in layers)
-        # Plain attributes, never parameters or buffers: state_dict and checkpoints stay those of standard / quest.
-        self._index: int | None = None
-        self._prev: tuple[_Elliptical, ...] = ()  # a tuple, so nn.Module does not register it as a submodule
+        #: "mean" or "median"; an instance attribute, so that an evaluation can change it (quest.evaluation.estimator)
+        self.estimator: str = str(opts["estimator"])
+        # Unlinked, a layer is a first layer with a chain of its own: no m, and it keeps no values.
+        self.chain = ValueChain(1)
+        self._index = 0
         self._uses_m = False
-        self._values: torch.Tensor | None = None
-
-    def __prepare_scriptable__(self) -> nn.Module:
-        # torch.jit.script asks every module first: refuse by name instead of failing deep inside the compiler
-        raise RuntimeError(
-            f"{self.attention_name} attention cannot be compiled by TorchScript: each layer reads the previous "
-            "layer's values through Python references that TorchScript cannot hold; use torch.export, torch.compile, "
-            "torch.fx or ONNX instead (docs/interop.md)")
+        self._keeps_values = False  # True while the next layer uses m
 
     # --- linking ------------------------------------------------------------------------------------------------
     def bind(self, site: LayerSite) -> None:
-        """Link to the previous attention layer of the model; the first layer also checks that the model is one
-        chain of elliptical self-attention blocks and installs the model's value-clearing pre-hook (once)."""
+        """Link into the model's chain: the first layer checks that the model is one chain of elliptical
+        self-attention blocks and makes the shared :class:`ValueChain`; each later one joins it and tells its
+        predecessor whether to keep its values."""
         layers = site.layers
         if site.index == 0:
             _check_chain(layers)
-            if _clear_values not in site.model._forward_pre_hooks.values():
-                site.model.register_forward_pre_hook(_clear_values)
-        self._link(site.index, layers[site.index - 1] if site.index else None, len(layers))
+        chain = layers[site.index - 1].chain if site.index else ValueChain(len(layers))
+        self._link(site.index, chain, len(layers))
+        if site.index:
+            layers[site.index - 1]._keeps_values = self._uses_m
 
-    def _link(self, index: int, prev: _Elliptical | None, depth: int) -> None:
+    def _link(self, index: int, chain: ValueChain, depth: int) -> None:
         if self._use_layers is not None and max(self._use_layers, default=0) >= depth:
             raise ValueError(
                 f"{self.attention_name} option layers={sorted(self._use_layers)}: the model has {depth} attention "
                 f"layers (indices 0..{depth - 1})"
             )
-        self._index, self._prev, self._values = index, (() if prev is None else (prev,)), None
+        self.chain, self._index, self._keeps_values = chain, index, False
         self._uses_m = index > 0 and (self._use_layers is None or index in self._use_layers)
 
     @property
@@ -116,36 +171,38 @@ class _Elliptical(QKAttention):
         """True when this layer weights its logits by m (linked, not the first layer, listed in ``layers``)."""
         return self._uses_m
 
-    def metric(self, v: torch.Tensor) -> torch.Tensor | None:
+    def metric(self, v: torch.Tensor) -> Optional[torch.Tensor]:
         """This layer's m (B, H, 1, d) for its values ``v``, or None where it does not use m."""
         if not self._uses_m:
             return None
-        prev = self._prev[0]._values
+        prev = self.chain.take(self._index - 1)
         if prev is None:
             raise RuntimeError(
                 f"elliptical layer {self._index}: the previous attention layer has not run in this forward; "
                 "elliptical layers must run in order inside the model's forward (see docs/attention.md)"
             )
-        if not isinstance(v, torch.fx.Proxy) and prev.shape != v.shape:  # traced: shapes are known at run time only
+        if not torch.jit.is_scripting():
+            if isinstance(v, torch.fx.Proxy):  # traced: shapes are known at run time only
+                return elliptical_weights(v, prev, self.estimator, self.eps)
+        if prev.shape != v.shape:
             raise RuntimeError(
-                f"elliptical layer {self._index}: values of shape {tuple(v.shape)} cannot be compared with the "
-                f"previous layer's {tuple(prev.shape)}"
+                f"elliptical layer {self._index}: values of shape {v.shape} cannot be compared with the "
+                f"previous layer's {prev.shape}"
             )
-        return elliptical_weights(v, prev, self.options["estimator"], self.options["eps"])
+        return elliptical_weights(v, prev, self.estimator, self.eps)
 
     # --- formulation --------------------------------------------------------------------------------------------
-    def transform_qkm(
-        self, q: torch.Tensor, k: torch.Tensor, m: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def transform_qkm(self, q: torch.Tensor, k: torch.Tensor,
+                      m: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, float]:
         """(q, k, m) -> (q', k', scale); ``m=None`` is the formulation without m (standard resp. quest)."""
         raise NotImplementedError
 
-    def transform_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def transform_qk(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, float]:
         # Without the values there is no m: this is the first-layer (standard / quest) transform. The logits a
         # layer actually uses, m included, come from effective_qk.
         return self.transform_qkm(q, k, None)
 
-    def effective_qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def effective_qk(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, float]:
         q, k, v = self.project_qkv(x)
         return self.transform_qkm(q, k, self.metric(v))
 
@@ -154,23 +211,28 @@ class _Elliptical(QKAttention):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
+        attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
     ) -> torch.Tensor:
+        if self._index == 0:
+            self.chain.start()
         m = self.metric(v)
-        if self._index is not None:  # only a linked layer has a successor that reads its values
-            self._values = v.detach()
-        if recompute_applies(q):  # q' = q * m recomputed in the backward, not kept (quest.attention.recompute)
-            return attention_recomputing(lambda q_, k_: self._folded(*self.transform_qkm(q_, k_, m)), (q, k),
-                                         lambda q2, k2, scale: self._sdpa(q2, k2, scale, v, attn_mask, is_causal))
-        return self._sdpa(*self.transform_qkm(q, k, m), v, attn_mask, is_causal)
+        if self._keeps_values:
+            self.chain.put(self._index, v.detach())
+        if not torch.jit.is_scripting():  # q' = q * m recomputed in the backward, not kept (quest.attention.recompute)
+            out = self._recomputing(functools.partial(self.transform_qkm, m=m), q, k, v, attn_mask, is_causal)
+            if out is not None:
+                return out
+        q2, k2, scale = self.transform_qkm(q, k, m)
+        return self._sdpa(q2, k2, scale, v, attn_mask, is_causal)
 
 
 @register_attention("elliptical")
 class EllipticalAttention(_Elliptical):
     """Elliptical attention: softmax((q * m) . k / sqrt(d)), m on the query side as in the authors' code."""
 
-    def transform_qkm(self, q, k, m):
+    def transform_qkm(self, q: torch.Tensor, k: torch.Tensor,
+                      m: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, float]:
         return (q if m is None else q * m), k, self.head_dim**-0.5
 
 
@@ -184,16 +246,9 @@ class EllipticalQuestAttention(_Elliptical):
 
     scale_invariant_in = frozenset({"keys"})  # m weights the query's dimensions, keys stay l2-normalised
 
-    def transform_qkm(self, q, k, m):
-        return (q if m is None else q * m), l2_normalize(k, self.options["eps"]), 1.0
-
-
-def _clear_values(model: nn.Module, args: Any) -> None:
-    # A module-level function of the model alone (no closure over layers), so copy.deepcopy(model) (EMA) and
-    # pickling give a copy whose hook clears the copy's layers, not the original's.
-    for module in model.modules():
-        if isinstance(module, _Elliptical):
-            module._values = None
+    def transform_qkm(self, q: torch.Tensor, k: torch.Tensor,
+                      m: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, float]:
+        return (q if m is None else q * m), l2_normalize(k, self.eps), 1.0
 
 
 def _check_chain(layers: Sequence[QKAttention]) -> None:

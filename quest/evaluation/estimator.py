@@ -3,9 +3,10 @@
 The authors attacked their Elliptical models with ``--grad-median`` (``ImageAttack/Scripts/run_{fgm,pgd,spsa}.sh``
 in KurtPask/Elliptical-Attention @ 5ae39ee): ``ImageAttack/main.py`` builds the evaluated model with
 ``median=args.grad_median``, so m is the median over tokens of |V_l - V_{l-1}| instead of the mean it was trained
-with, for the attack and for scoring the attacked images alike. The estimator is the ``estimator`` entry of a
-layer's ``options`` (a class attribute of the generated subclass, shared by every layer of the model and by any
-other model built with the same options); it is overridden here on each layer instance only and restored after.
+with, for the attack and for scoring the attacked images alike. A layer's ``estimator`` attribute is what it uses;
+its ``options`` (a class attribute of the generated subclass, shared by every layer of the model and by any other
+model built with the same options, and what a checkpoint stores) say how it was trained and are left alone: the
+attribute is set here on each layer and restored after.
 """
 from __future__ import annotations
 
@@ -18,9 +19,6 @@ import torch.nn as nn
 from quest.attention.elliptical import ESTIMATORS, EllipticalAttention, EllipticalQuestAttention
 
 __all__ = ["ESTIMATORS", "elliptical_layers", "attack_time_estimator"]
-
-_MISSING = object()
-
 
 def elliptical_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, (EllipticalAttention, EllipticalQuestAttention))]
@@ -38,16 +36,13 @@ def attack_time_estimator(model: nn.Module, estimator: str | None) -> Iterator[d
         yield {"used": None, "as_trained": None, "layers": 0,
                "note": "no elliptical layers: the setting does not apply"}
         return
-    saved = [vars(layer).get("options", _MISSING) for layer in layers]
+    saved = [layer.estimator for layer in layers]
     if estimator is not None:
         for layer in layers:
-            layer.options = {**layer.options, "estimator": estimator}  # an instance attribute: the class stays
+            layer.estimator = estimator
     try:
         yield {"used": estimator or (trained[0] if len(trained) == 1 else trained), "as_trained": trained,
                "layers": len(layers), "overridden": estimator is not None}
     finally:
-        for layer, options in zip(layers, saved):
-            if options is _MISSING:
-                vars(layer).pop("options", None)
-            else:
-                layer.options = options
+        for layer, used in zip(layers, saved):
+            layer.estimator = used
