@@ -247,6 +247,20 @@ def recompute_steps(batch: int) -> dict[str, Step]:
     return steps
 
 
+def recompute_share(step: Step, rounds: int = 3) -> float:
+    """The fraction of a step's CPU time spent recomputing q', k' (a count, not a race: no other variant needed)."""
+    shares = []
+    for _ in range(rounds + 1):  # the first one warms up
+        with warnings.catch_warnings(), quiet_stderr():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events)
+        shares.append(sum(e.cpu_time_total for e in events if e.key == "quest.attention.recompute") / total)
+    return statistics.median(shares[1:])
+
+
 def _kept(step: Step, *modules: object) -> Step:
     def kept_step() -> None:
         saved = [m.recompute_applies for m in modules]
@@ -356,6 +370,10 @@ def main() -> None:
         print("\nrecomputed / kept, paired per round (median): " + ", ".join(
             f"{n} {statistics.median(a / b for a, b in zip(times[n], times[f'{n} (kept)'])):.3f}"
             for n in times if f"{n} (kept)" in times))
+        print("\nthe recompute's own share of a step's CPU time (torch.profiler, the 'quest.attention.recompute' "
+              "ranges over the step's total; median of 3 profiled steps): " + ", ".join(
+                  f"{n} {recompute_share(step) * 100:.2f}%" for n, step in recompute_steps(args.batch).items()
+                  if not n.endswith("(kept)") and n != "standard"))
     if "d" not in args.skip:
         report(f"d. {MODEL}, batch {args.batch}, fp32, CPU, torch.compile: forward + backward per step",
                compile_check(args.batch), f"{BASELINE} (compiled)", args.repeats, args.warmup, cpu)

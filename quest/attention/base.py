@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
 
-from .recompute import attention_recomputing, recompute_applies
+from .recompute import attention_recomputing, recalled_factor, recompute_applies, remember_factor
 
 __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"]
 
@@ -91,7 +91,12 @@ def _l2_normalize_ops(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]
 def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: record the operators
         return _l2_normalize_ops(x, eps, scale)
-    return _L2Normalize.apply(x, eps, scale)[0]
+    inv = recalled_factor(x, eps)  # the backward recomputing this layer's q', k': the forward's 1/max(||x||, eps)
+    if inv is not None:
+        return x * (inv if scale is None else inv * scale)  # the forward's expression, so the same bits
+    out, _, inv = _L2Normalize.apply(x, eps, scale)
+    remember_factor(x, eps, inv)
+    return out
 
 
 @dataclass(frozen=True)

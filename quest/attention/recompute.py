@@ -6,7 +6,9 @@ layer, which made QUEST's and QNorm's training step hold 6% more memory than sta
 12-19% more (docs/benchmarks.md). Here SDPA's saved q' and k' are replaced, through autograd's saved-tensor hooks,
 by a recipe: the backward reruns the formulation's transform on the raw q and k (views, already kept) under the
 forward's autocast state. The transform is deterministic, so the gradients are bit-identical; it costs one more
-element-wise pass per transformed tensor in the backward.
+element-wise pass per transformed tensor in the backward, and no more: an l2 normalisation remembers its
+1/max(||x||, eps) from the forward (kept for its own backward anyway) and the recompute multiplies by it instead of
+taking the norm again (:func:`remember_factor`).
 
 Not used where autograd saves nothing or someone else owns the saved tensors: without gradients, under TorchScript,
 torch.fx, torch.compile (its partitioner recomputes element-wise ops by itself), torch.func transforms (which
@@ -14,11 +16,12 @@ disable saved-tensor hooks) and inside activation checkpointing (whose own hooks
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["recompute_applies", "attention_recomputing"]
+__all__ = ["recompute_applies", "attention_recomputing", "remember_factor", "recalled_factor"]
 
 Transformed = tuple[torch.Tensor, torch.Tensor, float]
 
@@ -36,6 +39,36 @@ def recompute_applies(q: torch.Tensor) -> bool:
     return bool(enabled) and (top is None or top(False) is None)
 
 
+#: per thread, while a transform runs under attention_recomputing: ``recording`` (the forward) or ``replaying``
+#: (the backward's recompute), a dict of the factors it remembered, by input tensor
+_factors = threading.local()
+
+
+def remember_factor(x: torch.Tensor, tag: Any, factor: torch.Tensor) -> None:
+    """Remember the non-differentiable ``factor`` a transform computed from ``x`` (an l2 normalisation's 1/||x||):
+    the backward's recompute gets it back from :func:`recalled_factor` instead of computing it again (the norm is
+    most of the recompute's cost). ``tag`` holds what else the factor depends on (the norm floor), so that two
+    normalisations of one tensor are told apart. A no-op outside a recording transform; the factor is one that
+    autograd keeps for the transform's own backward anyway, so nothing more is held."""
+    recording = getattr(_factors, "recording", None)
+    if recording is not None:
+        recording[(_key(x), tag)] = factor
+
+
+def recalled_factor(x: torch.Tensor, tag: Any) -> Optional[torch.Tensor]:
+    """The factor remembered for ``x`` and ``tag`` in the forward, while the backward recomputes; None otherwise."""
+    replaying = getattr(_factors, "replaying", None)
+    return None if replaying is None else replaying.get((_key(x), tag))
+
+
+def _with_factors(mode: str, factors: dict[Any, torch.Tensor], fn: Callable[[], Any]) -> Any:
+    setattr(_factors, mode, factors)
+    try:
+        return fn()
+    finally:
+        setattr(_factors, mode, None)
+
+
 def _key(t: torch.Tensor) -> tuple[Any, ...]:
     # the same tensor whether autograd hands us the object SDPA got or another Python wrapper of it
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
@@ -47,7 +80,8 @@ def attention_recomputing(transform: Callable[[torch.Tensor, torch.Tensor], Tran
     """``attend(*transform(*raw))``, with the transform's new outputs (those that are none of ``raw``) not saved for
     backward but recomputed by ``transform`` when the backward needs them (on detached copies of ``raw``: values
     only, so that module hooks of the transform, a FLOP counter's say, see no graph to follow)."""
-    q2, k2, scale = transform(*raw)
+    factors: dict[Any, torch.Tensor] = {}
+    q2, k2, scale = _with_factors("recording", factors, lambda: transform(*raw))
     raw_keys = {_key(t) for t in raw}
     fresh = {_key(t): i for i, t in enumerate((q2, k2)) if _key(t) not in raw_keys}
     if not fresh:
@@ -58,8 +92,11 @@ def attention_recomputing(transform: Callable[[torch.Tensor, torch.Tensor], Tran
 
     def recomputed(i: int) -> torch.Tensor:
         if i not in cache:  # the first of the backward's requests (or a second backward, retain_graph=True)
-            with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
-                cache.update(enumerate(transform(*(t.detach() for t in raw))[:2]))
+            # labelled, so that a profile (and bench/attention.py part e) shows what the recompute costs
+            with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]), \
+                    torch.profiler.record_function("quest.attention.recompute"):
+                detached = [t.detach() for t in raw]  # the same keys as raw: the factors are found
+                cache.update(enumerate(_with_factors("replaying", factors, lambda: transform(*detached))[:2]))
         value = cache.pop(i)
         if not any(j in fresh.values() for j in cache):  # both handed out: nothing held
             cache.clear()
