@@ -9,9 +9,9 @@ finite-difference step delta divides both and cancels in that normalisation, so 
 - ``elliptical_quest``:  z_ij = ||q_i|| (l2n(q_i) * m) . l2n(k_j) = (q_i * m) . l2n(k_j), scale 1
 
 The previous block's values are carried without forking timm's ``VisionTransformer``: when the model is built,
-:meth:`~quest.attention.QKAttention.bind` gives every layer its index and a plain (unregistered) reference to the
-previous attention layer; each layer keeps its detached ``v`` from its last forward, and a forward pre-hook on the
-model drops all of them at the start of every model forward.
+:meth:`~quest.attention.QKAttention.bind` gives every layer its index and one :class:`ValueChain` shared by all of
+them; a layer whose successor uses m puts its detached ``v`` there, and the first layer empties it when a forward
+starts.
 """
 from __future__ import annotations
 
