@@ -25,7 +25,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config_files import config_root, hydra_config_path
-from quest.errors import EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
+from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
+from quest.sweep_jobs import job_failed, sweep_failure
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
@@ -63,16 +64,13 @@ def _train_app(cfg: DictConfig) -> None:
                 _remove_if_empty(Path(hc.runtime.output_dir))  # a refused new run leaves no empty directory behind
                 raise
     except SystemExit as exc:
-        if multirun and exc.code == EXIT_ERROR:  # this job's mistake is reported; the sweep goes on
-            _failed_jobs.append(hc.runtime.output_dir)
-            return
+        if multirun and exc.code in (EXIT_ERROR, EXIT_BUG):  # this job's error is printed; the sweep goes on
+            return job_failed(hc.runtime.output_dir, exc.code)  # returned too: a SLURM job's launcher reads it
         raise
     code = exit_code(summary, multirun=multirun)
     if code:
         sys.exit(code)
-
-
-_failed_jobs: list[str] = []  # the multirun jobs refused with an error, for the sweep's exit code
+    return None
 
 
 def _remove_if_empty(path: Path) -> None:
@@ -98,11 +96,25 @@ def train() -> None:
     _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")
     sys.argv = rewrite_attention_override(sys.argv)
     exit_on_bad_overrides(program_name("quest-train"), sys.argv[1:], TrainConfig, config_root(), "train")
+    _register_slurm_launcher()
     _train_app()
-    if _failed_jobs:
-        print(f"{program_name('quest-train')}: error: {len(_failed_jobs)} job(s) of the sweep were refused (their "
-              f"errors are above): {', '.join(_failed_jobs)}", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
+    failure = sweep_failure()
+    if failure:
+        print(f"{program_name('quest-train')}: error: {failure[1]}", file=sys.stderr)
+        sys.exit(failure[0])
+
+
+def _register_slurm_launcher() -> None:
+    """Hydra finds launchers by listing the hydra_plugins namespace, which an editable install (the README's
+    ``pip install -e``) maps through an import hook that cannot be listed: registered by hand, quest's launcher
+    (``hydra/launcher=slurm``) is found in a checkout as in a wheel. Without the [slurm] extra there is none."""
+    try:
+        from hydra_plugins.quest_launcher import SlurmLauncher
+    except ImportError:
+        return
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(SlurmLauncher)
 
 
 TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the chosen attention (python train.py is the "

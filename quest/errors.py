@@ -90,6 +90,8 @@ def program_name(default: str) -> str:
         module = path.resolve().relative_to(package.parent).with_suffix("")
     except ValueError:
         return default
+    if module.parts[:1] != (package.name,):  # another program in the same tree (a venv inside the checkout)
+        return default
     parts = module.parts[:-1] if module.name == "__main__" else module.parts
     return "python -m " + ".".join(parts)
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quest.errors import EXIT_BUG, EXIT_ERROR, describe, reporting_errors
+from quest.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
 from quest.io import lock_file
 
 from .helpers import FAST
@@ -99,7 +99,8 @@ def test_each_job_of_a_multirun_reports_its_own_error_and_the_sweep_goes_on(tmp_
                   cwd=tmp_path, env=ENV)
     assert out.returncode == EXIT_ERROR and "Traceback" not in out.stderr, out.stderr[-3000:]
     first, sweep = out.stderr.split("train.py: error: ")[1:]  # the job's error, then the sweep's
-    assert "recipe.lr must be > 0" in first and sweep.startswith("1 job(s) of the sweep were refused"), out.stderr
+    assert "recipe.lr must be > 0" in first and sweep.startswith("1 job(s) of the sweep failed: "), out.stderr
+    assert sweep.rstrip().endswith("(refused; its error is above)"), out.stderr
     summaries = list((tmp_path / "sweep").glob("*/summary.json"))
     assert len(summaries) == 1  # the good job ran; the refused one left no directory
 
@@ -169,3 +170,16 @@ def test_a_tool_refusing_its_input_prints_one_error_line_and_exits_2(tmp_path, c
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and ": error: " in lines[0] and str(missing) in lines[0], err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv0, expected", [
+    ("train.py", "train.py"), ("/usr/bin/quest-eval", "quest-eval"),
+    (str(Path(__file__).parents[1] / "quest" / "data" / "check.py"), "python -m quest.data.check"),
+    (str(Path(__file__).parents[1] / "quest" / "toy" / "__main__.py"), "python -m quest.toy"),
+    # another program under the same tree (a venv inside the checkout): not a quest module
+    (str(Path(__file__).parents[1] / ".venv" / "lib" / "pytest" / "__main__.py"), "fallback"),
+    ("/somewhere/else.py", "fallback"), ("", "fallback"),
+])
+def test_the_program_is_named_as_the_user_typed_it(monkeypatch, argv0, expected):
+    monkeypatch.setattr("sys.argv", [argv0])
+    assert program_name("fallback") == expected

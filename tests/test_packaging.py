@@ -22,8 +22,11 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def test_every_subpackage_and_config_folder_is_shipped():
     declared = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "quest").rglob("__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for top in ("quest", "hydra_plugins")
+               for p in (ROOT / top).rglob("__init__.py")}
     assert on_disk <= declared, f"add to [tool.setuptools] packages: {sorted(on_disk - declared)}"
+    # a namespace shared with the other Hydra plugins: an __init__.py there would hide them
+    assert not (ROOT / "hydra_plugins" / "__init__.py").exists()
     assert {"quest.configs", "quest.configs.toy"} <= declared
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"quest.configs": "configs"}
 
@@ -31,7 +34,7 @@ def test_every_subpackage_and_config_folder_is_shipped():
 @pytest.mark.process  # pip builds the wheel in an interpreter of its own
 def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     src = tmp_path / "src"  # a copy: setuptools writes build/ beside the sources
-    for name in ("quest", "configs"):
+    for name in ("quest", "configs", "hydra_plugins"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "quest_cli.py"):
         shutil.copy(ROOT / name, src / name)
@@ -43,6 +46,7 @@ def test_the_wheel_holds_every_config_and_the_console_scripts(tmp_path):
     assert configs and configs <= names, sorted(configs - names)
     assert "quest/configs/train.yaml" in names and "quest/configs/toy/grid/quick.yaml" in names
     assert "quest_cli.py" in names  # the commands' entry module (quest_cli's docstring: why outside the package)
+    assert "hydra_plugins/quest_launcher/__init__.py" in names and "hydra_plugins/__init__.py" not in names
     assert not any(n.startswith(("tests/", "configs/", "bench/")) for n in names)  # nothing but the package
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(meta).decode()

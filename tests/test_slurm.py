@@ -138,3 +138,16 @@ def _sweep_dir(sweep: Path, prefix: str, launcher: Future) -> Path:
             return found[0]
         time.sleep(0.2)
     raise AssertionError(f"no {prefix}* run under {sweep}: {launcher.result().stderr[-3000:]}")
+
+
+def test_a_job_refused_on_the_cluster_fails_the_sweep_naming_its_log(cluster, tmp_path):
+    """A config refused inside its SLURM job (recipe.lr is checked in the run) makes the launching command exit 1
+    naming the job's log, which holds the one-line error; before quest's launcher the sweep exited 0."""
+    sweep = tmp_path / "sweep"
+    out = run_app("train.py", "-m", "hydra/launcher=slurm_cpu", "recipe.lr=-1", *TINY, f"hydra.sweep.dir={sweep}",
+                  cwd=tmp_path, env=_job_env(cluster), timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("train.py: error: 1 job(s) of the sweep failed: ") and "(refused; its error is in " in line
+    log = Path(line.rsplit("its error is in ", 1)[1].rstrip(")"))
+    assert log.is_relative_to(sweep / ".submitit") and "recipe.lr must be > 0" in log.read_text()
