@@ -14,9 +14,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import quest.attention.base as base
+import quest.attention.recompute as recompute
 from bench.attention import allocation_events
 from quest.attention import list_attentions
 from quest.models.factory import create_model
+
+
+@pytest.fixture(autouse=True)
+def recompute_every_size(monkeypatch):
+    # these tests use the smallest models that show the saving; quest recomputes only from MIN_BYTES up (its test below)
+    monkeypatch.setattr(recompute, "MIN_BYTES", 0)
 
 
 def _model(attention: str) -> torch.nn.Module:
@@ -107,3 +114,11 @@ def test_the_recompute_reuses_the_forward_norms_and_tells_two_floors_apart(monke
     expected = torch.autograd.grad(sdpa(q2, k2, v, scale=1.0).square().sum(), (q, k, v))
     for g, e in zip(grads, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=0)
+
+
+def test_small_tensors_are_kept_large_ones_recomputed(monkeypatch):
+    monkeypatch.undo()  # quest's own threshold, not this module's
+    elements = recompute.MIN_BYTES // 4  # float32
+    assert not recompute.recompute_applies(torch.zeros(elements - 1, requires_grad=True))
+    assert recompute.recompute_applies(torch.zeros(elements, requires_grad=True))
+    assert recompute.recompute_applies(torch.zeros(elements, dtype=torch.bfloat16, requires_grad=True)) is False

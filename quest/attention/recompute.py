@@ -10,9 +10,10 @@ element-wise pass per transformed tensor in the backward, and no more: an l2 nor
 1/max(||x||, eps) from the forward (kept for its own backward anyway) and the recompute multiplies by it instead of
 taking the norm again (:func:`remember_factor`).
 
-Not used where autograd saves nothing or someone else owns the saved tensors: without gradients, under TorchScript,
-torch.fx, torch.compile (its partitioner recomputes element-wise ops by itself), torch.func transforms (which
-disable saved-tensor hooks) and inside activation checkpointing (whose own hooks must see every tensor).
+Not used for small tensors (:data:`MIN_BYTES`), where autograd saves nothing or where someone else owns the saved
+tensors: without gradients, under TorchScript, torch.fx, torch.compile (its partitioner recomputes element-wise ops
+by itself), torch.func transforms (which disable saved-tensor hooks) and inside activation checkpointing (whose own
+hooks must see every tensor).
 """
 from __future__ import annotations
 
@@ -26,9 +27,18 @@ __all__ = ["recompute_applies", "attention_recomputing", "remember_factor", "rec
 Transformed = tuple[torch.Tensor, torch.Tensor, float]
 
 
+#: Below this many bytes per transformed tensor the q', k' are kept: the memory saved is small there, while the
+#: recompute's Python work (about 0.1-0.3 ms per layer and step on a CPU) is not. Measured: the default run's
+#: vit_pico layers (64 x 2 x 17 x 32 floats, 0.27 MiB) stepped 4-8% slower with the recompute; ViT-Ti at 224 px from
+#: batch 8 up (1.2 MiB) pays 0.6-2.0% (docs/benchmarks.md, "Memory: q' and k' recomputed in the backward").
+MIN_BYTES = 1 << 20
+
+
 def recompute_applies(q: torch.Tensor) -> bool:
     """Whether the saved q', k' can be replaced by a recipe in this call (see the module docstring)."""
     if isinstance(q, torch.fx.Proxy) or not (torch.is_grad_enabled() and q.requires_grad):
+        return False
+    if q.numel() * q.element_size() < MIN_BYTES:
         return False
     if torch.compiler.is_compiling() or not torch.amp.is_autocast_available(q.device.type):
         return False  # compiled: the partitioner recomputes; meta (FLOP counting): no autocast state to replay
@@ -70,8 +80,18 @@ def _with_factors(mode: str, factors: dict[Any, torch.Tensor], fn: Callable[[], 
 
 
 def _key(t: torch.Tensor) -> tuple[Any, ...]:
-    # the same tensor whether autograd hands us the object SDPA got or another Python wrapper of it
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+    # the same tensor whether autograd hands us the object SDPA got or another Python wrapper of it (data_ptr holds
+    # the storage offset; it is cheaper than asking for the storage, which pack does for every saved tensor)
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+class _Recipe:
+    """What pack keeps instead of a transformed tensor: which of (q', k') to recompute."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def attention_recomputing(transform: Callable[[torch.Tensor, torch.Tensor], Transformed],
@@ -90,26 +110,30 @@ def attention_recomputing(transform: Callable[[torch.Tensor, torch.Tensor], Tran
     autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
     cache: dict[int, torch.Tensor] = {}
 
+    def rerun() -> None:
+        detached = [t.detach() for t in raw]  # the same keys as raw: the factors are found
+        cache.update(enumerate(_with_factors("replaying", factors, lambda: transform(*detached))[:2]))
+
     def recomputed(i: int) -> torch.Tensor:
         if i not in cache:  # the first of the backward's requests (or a second backward, retain_graph=True)
             # labelled, so that a profile (and bench/attention.py part e) shows what the recompute costs
-            with torch.no_grad(), torch.autocast(device, dtype=autocast[1], enabled=autocast[0]), \
-                    torch.profiler.record_function("quest.attention.recompute"):
-                detached = [t.detach() for t in raw]  # the same keys as raw: the factors are found
-                cache.update(enumerate(_with_factors("replaying", factors, lambda: transform(*detached))[:2]))
+            with torch.no_grad(), torch.profiler.record_function("quest.attention.recompute"):
+                if (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) == autocast:
+                    rerun()  # the backward runs under the forward's autocast state (the usual case): as it is
+                else:
+                    with torch.autocast(device, dtype=autocast[1], enabled=autocast[0]):
+                        rerun()
         value = cache.pop(i)
         if not any(j in fresh.values() for j in cache):  # both handed out: nothing held
             cache.clear()
         return value
 
     def pack(t: torch.Tensor) -> Any:
-        index = fresh.get(_key(t)) if isinstance(t, torch.Tensor) else None
-        return ("recompute", index) if index is not None else t
+        index = fresh.get(_key(t))
+        return t if index is None else _Recipe(index)
 
     def unpack(packed: Any) -> torch.Tensor:
-        if isinstance(packed, tuple) and len(packed) == 2 and packed[0] == "recompute":
-            return recomputed(packed[1])
-        return packed
+        return recomputed(packed.index) if isinstance(packed, _Recipe) else packed
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return attend(q2, k2, scale)
