@@ -38,10 +38,10 @@ def recompute_applies(q: torch.Tensor) -> bool:
     """Whether the saved q', k' can be replaced by a recipe in this call (see the module docstring)."""
     if isinstance(q, torch.fx.Proxy) or not (torch.is_grad_enabled() and q.requires_grad):
         return False
-    if q.numel() * q.element_size() < MIN_BYTES:
-        return False
     if torch.compiler.is_compiling() or not torch.amp.is_autocast_available(q.device.type):
         return False  # compiled: the partitioner recomputes; meta (FLOP counting): no autocast state to replay
+    if q.numel() * q.element_size() < MIN_BYTES:  # after the compiling check: a traced size would become a guard
+        return False
     autograd = torch._C._autograd
     # private, checked here by name: functorch disables the hooks (vmap/grad), checkpointing pushes its own
     enabled = getattr(autograd, "_saved_tensors_hooks_is_enabled", lambda: True)()
