@@ -94,6 +94,10 @@ def _child(app: str, args: list[str], cwd: str, env: dict[str, str], out: str, e
         os.write(2, b"tests/warm.py: the zygote did not import tests.warm_preload (started outside the checkout?)\n")
         os._exit(70)
     os.chdir(cwd)
+    # multiprocessing's start method as a new interpreter has it: the forkserver made this child with its own set
+    # ('forkserver'), so every process pool the app starts (the shard pre-flight's) would start a new forkserver
+    # and import everything again, 5 s a pool, where the app run by a shell forks
+    multiprocessing.set_start_method(None, force=True)
     _set_sys_path(app, os.environ.get("PYTHONPATH", ""), env.get("PYTHONPATH", ""))
     os.environ.clear()
     os.environ.update(env)
