@@ -67,9 +67,12 @@ def without_result(exc: BaseException, folder: Any) -> str:
     """One line for submitit's error about a job that gave no result. Its text (submitit/core/core.py) is either
     "Job <id> (task: <t>) with path <result>" / "has not produced any output (state: <state>)" and the job's error
     stream, or, for an exception outside the run (FailedJobError), "Job (task=<t>) failed during processing with
-    trace:", the trace, and the log paths."""
+    trace:", the trace, and the log paths; when sbatch itself failed, it is sbatch's error output (submitit raises
+    the same FailedJobError for it)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip() and set(line.strip()) != {"-"}]
     first = lines[0] if lines else ""
+    if not first.startswith("Job "):  # no job was submitted: Slurm unreachable, a bad partition or account, ...
+        return f"the sweep's jobs could not be submitted: {lines[-1] if lines else 'sbatch failed'}"
     if first.startswith("Job (task=") and "failed during processing" in first:
         trace = [line for line in lines[1:] if not line.startswith("You can check full logs") and
                  not line.startswith("- ")]
@@ -77,7 +80,7 @@ def without_result(exc: BaseException, folder: Any) -> str:
         what = f"a SLURM job of the sweep failed before its run started ({trace[-1] if trace else 'no trace'})"
         where = f"its log: {logs[0]}" if logs else f"its log is under {folder}"
     else:
-        job = first.split(" with path ")[0] if first.startswith("Job ") else "a job"  # "Job 42_0 (task: 0)"
+        job = first.split(" with path ")[0]  # "Job 42_0 (task: 0)"
         status = next((line for line in lines if "has not produced any output" in line), "")
         state = status[status.find("(") + 1:status.rfind(")")] if "(" in status else "state unknown"
         after = lines[lines.index(status) + 1:] if status in lines else []

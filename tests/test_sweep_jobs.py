@@ -96,6 +96,17 @@ CRASHED = FailedJobError("\n".join([
 ]))
 
 
+def test_a_sweep_that_could_not_be_submitted_is_one_line(monkeypatch, capsys):
+    # submitit raises FailedJobError with sbatch's own output when sbatch fails (here: no Slurm controller found)
+    error = FailedJobError("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+                           "sbatch: fatal: Could not establish a configuration source")
+    with pytest.raises(SystemExit) as exit_:
+        _launcher(monkeypatch, error).launch([["a=1"]], 0)
+    assert exit_.value.code == EXIT_ERROR
+    assert capsys.readouterr().err == ("quest-train: error: the sweep's jobs could not be submitted: sbatch: fatal: "
+                                       "Could not establish a configuration source\n")
+
+
 @pytest.mark.parametrize("error, expected", [
     (TIMEOUT, "SLURM job 42_1 (task: 0) ended without a result (state: TIMEOUT); its error stream ends with: "
               "slurmstepd: error: *** JOB 43 ON node1 CANCELLED AT 2026-12-03T12:00:01 DUE TO TIME LIMIT ***; its log "
