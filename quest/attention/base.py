@@ -49,7 +49,7 @@ class _L2Normalize(torch.autograd.Function):
     def forward(x: torch.Tensor, eps: float, scale: torch.Tensor | None):  # type: ignore[override]
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         inv = norm.clamp_min(eps).reciprocal()
-        return x * (inv if scale is None else inv * scale), norm, inv  # norm and inv: saved for backward only
+        return _times_inverse(x, inv, scale), norm, inv  # norm and inv: saved for backward only
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
@@ -84,6 +84,11 @@ def l2_normalize(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor] = No
 
 def _l2_normalize_ops(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
     inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
+    return _times_inverse(x, inv, scale)
+
+
+def _times_inverse(x: torch.Tensor, inv: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    # the one expression of every path (eager, the backward's recompute, TorchScript / FX), so they agree to the bit
     return x * (inv if scale is None else inv * scale)
 
 
@@ -93,7 +98,7 @@ def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tens
         return _l2_normalize_ops(x, eps, scale)
     inv = recalled_factor(x, eps)  # the backward recomputing this layer's q', k': the forward's 1/max(||x||, eps)
     if inv is not None:
-        return x * (inv if scale is None else inv * scale)  # the forward's expression, so the same bits
+        return _times_inverse(x, inv, scale)
     out, _, inv = _L2Normalize.apply(x, eps, scale)
     remember_factor(x, eps, inv)
     return out
