@@ -194,6 +194,7 @@ def _l2_normalize_grad(ctx, g: Tensor, _g_inv: Tensor) -> tuple[Optional[Tensor]
 _l2_normalize_op.register_autograd(_l2_normalize_grad, setup_context=_l2_normalize_setup)
 
 
+@torch.jit.unused
 def l2_normalize_fused(x: Tensor, eps: float, scale: Optional[Tensor] = None) -> Tensor:
     """x * scale / max(||x||, eps) over the last dimension of a (B, H, N, d) tensor in one kernel each way;
     ``scale`` one value or one per head (any shape of that many elements), in x's dtype."""
@@ -280,17 +281,20 @@ def _layer_norm_grad(ctx, g: Tensor, _gm: Tensor, _gr: Tensor):  # noqa: ANN001,
 _layer_norm_op.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
 
 
+@torch.jit.unused
 def layer_norm_fused(x: Tensor, norm: torch.nn.LayerNorm) -> Tensor:
     """``norm`` (a LayerNorm over the last dimension, with gains and biases) of a (B, H, N, d) tensor in one kernel
     each way, computed in float32 and written in x's dtype."""
     return _layer_norm_op(x, norm.weight, norm.bias, float(norm.eps))[0]
 
 
+@torch.jit.unused
 def layer_norm_applies(x: Tensor, norm: torch.nn.Module) -> bool:
     """Whether ``norm`` of ``x`` takes :func:`layer_norm_fused`: an affine LayerNorm over d (timm's LayerNorm
     subclass computes the same), where fused operators apply."""
-    return (isinstance(norm, torch.nn.LayerNorm) and norm.weight is not None and norm.bias is not None
-            and tuple(norm.normalized_shape) == (x.shape[-1],) and fused_applies(x))
+    # fused_applies first: it refuses an fx Proxy, whose shape must not reach the comparison
+    return (fused_applies(x) and isinstance(norm, torch.nn.LayerNorm) and norm.weight is not None
+            and norm.bias is not None and tuple(norm.normalized_shape) == (x.shape[-1],))
 
 
 # --- elliptical attention's m -------------------------------------------------------------------------------------
@@ -315,6 +319,7 @@ def _(v: Tensor, v_prev: Tensor, eps: float) -> Tensor:
     return v.new_empty((v.shape[0], v.shape[1], 1, v.shape[3]))
 
 
+@torch.jit.unused
 def elliptical_m_fused(v: Tensor, v_prev: Tensor, eps: float) -> Tensor:
     """Elliptical attention's m (mean estimator) in one kernel reading each value tensor once; no gradient."""
     return _elliptical_m_op(v.detach(), v_prev.detach(), eps)
