@@ -190,22 +190,26 @@ def test_the_fused_recompute_gives_the_kept_gradients_to_the_bit(attention, monk
 
 
 @pytest.fixture(scope="module")
-def standard_kept_bf16() -> int:
-    with fused.fused_path(True), cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
-        return _kept_by_forward(_model("standard", depth=3, img_size=64), torch.randn(2, 3, 64, 64))
+def standard_kept() -> dict[torch.dtype, int]:
+    kept = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        with fused.fused_path(True), cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype):
+            kept[dtype] = _kept_by_forward(_model("standard", depth=3, img_size=64), torch.randn(2, 3, 64, 64))
+    return kept
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("attention", list_attentions())
-def test_under_bf16_autocast_a_formulation_keeps_at_most_5_percent_more_than_standard(attention,
-                                                                                      standard_kept_bf16,
-                                                                                      monkeypatch):
-    """What a forward keeps for backward under bf16 autocast with CUDA's rules (its float32 LayerNorm and norms):
-    on the fused path at most 1.05x standard attention's. (The PyTorch path kept up to 1.28x on an H200.)"""
+def test_under_autocast_a_formulation_keeps_at_most_5_percent_more_than_standard(attention, dtype, standard_kept,
+                                                                                 monkeypatch):
+    """What a forward keeps for backward under bf16 / fp16 autocast with CUDA's rules (its float32 LayerNorm and
+    norms): on the fused path at most 1.05x standard attention's (measured 1.000-1.012x; the PyTorch path kept
+    1.03-1.16x here, up to 1.28x on an H200)."""
     monkeypatch.setattr(recompute, "MIN_BYTES", 0)
     model = _model(attention, depth=3, img_size=64)
-    with fused.fused_path(True), cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with fused.fused_path(True), cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype):
         kept = _kept_by_forward(model, torch.randn(2, 3, 64, 64))
-    assert kept <= 1.05 * standard_kept_bf16, f"{attention}: {kept / standard_kept_bf16:.3f}x standard"
+    assert kept <= 1.05 * standard_kept[dtype], f"{attention}: {kept / standard_kept[dtype]:.3f}x standard"
 
 
 def test_without_the_fused_path_cuda_rules_keep_more():

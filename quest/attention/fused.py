@@ -176,11 +176,14 @@ def _(g: Tensor, x: Tensor, inv: Tensor, scale: Optional[Tensor], eps: float) ->
 def _l2_normalize_setup(ctx, inputs, output) -> None:  # noqa: ANN001 (torch.library's signature)
     x, eps, scale = inputs
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # no zeros made for the factor's (absent) gradient: one kernel less
     ctx.save_for_backward(x, output[1], scale)
     ctx.eps = eps
 
 
-def _l2_normalize_grad(ctx, g: Tensor, _g_inv: Tensor) -> tuple[Optional[Tensor], None, Optional[Tensor]]:  # noqa: ANN001
+def _l2_normalize_grad(ctx, g: Optional[Tensor], _g_inv: None) -> tuple[Optional[Tensor], None, Optional[Tensor]]:  # noqa: ANN001
+    if g is None:
+        return None, None, None
     x, inv, scale = ctx.saved_tensors
     gx, dot = _l2_normalize_backward_op(g, x, inv, scale, ctx.eps)
     gscale = None
@@ -269,10 +272,13 @@ def _(g: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor) -> tuple
 def _layer_norm_setup(ctx, inputs, output) -> None:  # noqa: ANN001
     x, weight, _, _ = inputs
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, output[1], output[2])
 
 
-def _layer_norm_grad(ctx, g: Tensor, _gm: Tensor, _gr: Tensor):  # noqa: ANN001, ANN202
+def _layer_norm_grad(ctx, g: Optional[Tensor], _gm: None, _gr: None):  # noqa: ANN001, ANN202
+    if g is None:
+        return None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     gx, gw, gb = _layer_norm_backward_op(g, x, weight, mean, rstd)
     return gx, gw.to(weight.dtype), gb.to(weight.dtype), None

@@ -42,7 +42,7 @@ _MATMUL = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.convol
 #: operators that run no kernel: allocations (the caching allocator's work, no pass over memory) and host reads
 _NO_KERNEL = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
               "aten.detach", "aten.lift_fresh", "aten._local_scalar_dense", "aten._unsafe_view", "aten.alias",
-              "aten.set_", "aten.resize_")
+              "aten.set_", "aten.resize_", "profiler.")
 
 
 #: a kernel moving less than this is latency, not bandwidth: on a GPU a few microseconds whatever its size
@@ -143,9 +143,13 @@ def step_cost(attention: str, model: str = "vit_tiny_patch16_224", batch: int = 
     """Launches and non-matmul bytes of one training step (forward, loss, backward; the optimizer aside: the same
     for every formulation) of ``model`` with ``attention``, counted on the CPU under ``dtype`` autocast with CUDA's
     rules (None: float32, no autocast). ``gpu_path``: the formulations' fused operators as they run on a GPU
-    (quest.attention.fused), else the CPU's path."""
+    (quest.attention.fused), else the CPU's path. The backward recomputes q', k' as at a training batch size
+    (quest.attention.recompute skips tensors under 1 MiB, which the small batch here would be)."""
+    from unittest import mock
+
     from quest.models import create_model
 
+    from . import recompute
     from .fused import fused_path
 
     torch.manual_seed(0)
@@ -154,7 +158,7 @@ def step_cost(attention: str, model: str = "vit_tiny_patch16_224", batch: int = 
     targets = torch.randint(0, 10, (batch,))
     counter = DispatchCost()
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else torch.autocast("cpu", enabled=False)
-    with fused_path(gpu_path), cuda_autocast_rules(), counter:
+    with mock.patch.object(recompute, "MIN_BYTES", 0), fused_path(gpu_path), cuda_autocast_rules(), counter:
         with autocast:
             loss = F.cross_entropy(net(images), targets)
         loss.backward()
