@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -49,11 +50,24 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: float, sum
     seconds = time.perf_counter() - tic
     found = next(cwd.rglob("summary.json"), None) if summary else None
     out = {"returncode": None if ended else proc.returncode, "seconds": seconds,
-           "summary": json.loads(found.read_text()) if found else None, "stdout_tail": (stdout or "")[-600:],
-           "stderr_tail": (stderr or "")[-1500:] if ended or proc.returncode else ""}
+           "summary": json.loads(found.read_text()) if found else None, "stdout_tail": (stdout or "")[-4000:],
+           "stderr_tail": (stderr or "")[-1500:] if ended or proc.returncode else "",
+           "error_line": error_line(stderr or "") if ended or proc.returncode else ""}
     if ended:
         out["ended"] = f"at the budget, after {timeout:.0f} s"
     return out
+
+
+def error_line(stderr: str) -> str:
+    """The line of a failed run's error stream that says what went wrong: quest's one-line error (``train.py: error:
+    ...``), else a traceback's last exception line (not torchrun's ChildFailedError about its worker), else the last
+    line with words."""
+    lines = [line.strip() for line in stderr.splitlines() if any(c.isalnum() for c in line)]
+    for pattern in (r"^[\w.-]+: error: ", r"^[\w.]*(Error|Exception)\b.*: "):
+        found = [line for line in lines if re.match(pattern, line) and "ChildFailedError" not in line]
+        if found:
+            return found[-1][:300]
+    return (lines or [""])[-1][:300]
 
 
 def _free_port() -> int:
@@ -69,7 +83,7 @@ def _in_process(work: Callable[[], int]) -> dict[str, Any]:
         code, tail = int(work()), ""
     except Exception:
         code, tail = 1, traceback.format_exc()[-1500:]
-    return {"returncode": code, "seconds": time.perf_counter() - tic, "stderr_tail": tail}
+    return {"returncode": code, "seconds": time.perf_counter() - tic, "stderr_tail": tail, "error_line": error_line(tail)}
 
 
 def train_run(overrides: list[str], cwd: Path, env: dict[str, str], torchrun: bool, in_process: bool,
@@ -114,8 +128,8 @@ def toy_quick(device: torch.device, overrides: list[str], env: dict[str, str], i
         args = ["grid=quick", f"device={device.type}", f"out_dir={tmp}", *overrides]
         if not in_process:
             out = cli_run([sys.executable, "-m", "quest.toy", *args], ROOT, env, timeout, summary=False)
-            return {**{k: v for k, v in out.items() if k not in ("summary", "stdout_tail")},
-                    "table": out["stdout_tail"].strip()}
+            table = [line for line in out["stdout_tail"].splitlines() if line.startswith("|")]  # not its log lines
+            return {**{k: v for k, v in out.items() if k not in ("summary", "stdout_tail")}, "table": "\n".join(table)}
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 

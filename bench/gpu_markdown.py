@@ -65,10 +65,9 @@ def _numerics(rows: list[dict[str, Any]]) -> list[str]:
 
 def _run_line(label: str, r: dict[str, Any]) -> str:
     status = (r.get("summary") or {}).get("status") if "summary" in r else r.get("status")
-    tail = (r.get("stderr_tail") or "").strip().splitlines()
+    error = r.get("error_line") if r["returncode"] else ""
     return (f"- {label}: exit {r['returncode']}{' (' + r['ended'] + ')' if r.get('ended') else ''}, "
-            f"{r['seconds']:.1f} s" + (f", status {status}" if status else "") +
-            (f"; its last error line: `{tail[-1][:300]}`" if r["returncode"] and tail else ""))
+            f"{r['seconds']:.1f} s" + (f", status {status}" if status else "") + (f"; error: `{error}`" if error else ""))
 
 
 def _recipe(rows: list[dict[str, Any]]) -> list[str]:
@@ -127,7 +126,9 @@ def render(report: Any) -> str:
              f"started {m['started']}", "", "| part | status | s | note |", "|---|---|---|---|"]
     for name, entry in report.parts.items():
         note = (entry.get("reason") or "").strip().splitlines()
-        lines.append(f"| {name} | {entry['status']} | {entry.get('seconds', 0):.0f} | {note[-1][:200] if note else ''} |")
+        failed = [r for r in entry["rows"] if r.get("ok") is False]
+        status = entry["status"] + (f"; {len(failed)} row(s) failed a check" if failed else "")
+        lines.append(f"| {name} | {status} | {entry.get('seconds', 0):.0f} | {note[-1][:200] if note else ''} |")
     for name, entry in report.parts.items():
         rows = entry["rows"]
         if not rows:
