@@ -13,7 +13,8 @@ budget):
 - ``recipe``: train.py against the bare step: the recipe's parts (drop path, mixup / cutmix, EMA, its optimizer)
   built by quest's builders added one at a time, and train.py's own steady step (bench/gpu_recipe.py);
 - ``fsdp``: ``torchrun --nproc_per_node=1 train.py trainer.strategy=fsdp recipe.ema=false``: exit code and time;
-- ``step_compiled``: the same step compiled (bf16), as many rows as its share of the budget allows;
+- ``step_compiled``: the same step compiled (bf16), as many rows as fit in 150 s (when parts follow it; alone, or
+  last of those chosen, as many as the budget allows);
 - ``toy``: ``python -m quest.toy grid=quick device=cuda`` end to end, then one full-grid chunk (150 runs, 4,096
   samples) with the full grid's time estimated from it;
 - ``apps``: the default digits run on the GPU, a torchrun job with one process on NCCL;
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import time
 
-STARTED = time.perf_counter()  # the budget counts the imports below too
+STARTED = time.perf_counter()  # run as a command, the budget counts the imports below too
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -189,10 +190,11 @@ def failures(report: Report) -> list[str]:
 
 
 def main(argv: list[str] | None = None, *, in_process: bool = False, compile_backend: str = "inductor",
-         clock: Any = time.perf_counter) -> int:
+         started: float | None = None) -> int:
     """The command (``argv``: default sys.argv[1:]). ``in_process`` and ``compile_backend``: what a test sets (the
     module's docstring says why); the command line runs the apps as child interpreters and compiles with inductor.
-    ``clock``: the budget's (a test drives its own); from the command line the budget counts from the start."""
+    ``started``: when the budget began on time.perf_counter's clock (the command line: before its imports; None:
+    now, as a caller in a longer process wants)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: every code path, in seconds")
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
     if device.type == "cpu" and not smoke:
         print("no GPU: run with --cpu-smoke for the CPU check of the code paths", file=sys.stderr)
         return 2
-    budget = Budget(args.budget_s, clock, start=STARTED if clock is time.perf_counter else None)
+    budget = Budget(args.budget_s, time.perf_counter, start=started)
     check = Check(smoke, args.steps, device, in_process, compile_backend)
     report = Report(Path(args.out), _meta(check, args.budget_s, argv), render)
     threads = torch.get_num_threads()
@@ -230,4 +232,4 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(started=STARTED))

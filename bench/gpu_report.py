@@ -39,7 +39,8 @@ class Budget:
 class Part:
     """One part of the check: ``run(part_run)`` emits its rows. ``estimate_s``: what its first row (or the whole
     part, for a one-row part) is expected to take, on the GPU and in the CPU smoke; ``cap_s``: the most it may use
-    (None: whatever the budget leaves), so that one expensive part cannot starve the ones after it."""
+    (None: whatever the budget leaves), so that one expensive part cannot starve the ones after it; the last part
+    run has no cap."""
 
     name: str
     what: str
@@ -92,16 +93,17 @@ class PartRun:
     """What a part sees while it runs: its time left (the budget's, or its cap's if sooner), a way to emit a row,
     and :meth:`afford`, the check before each row."""
 
-    def __init__(self, part: Part, report: Report, budget: Budget, smoke: bool):
+    def __init__(self, part: Part, report: Report, budget: Budget, smoke: bool, capped: bool = True):
         self.part, self.report, self.budget, self.smoke = part, report, budget, smoke
+        self.cap_s = part.cap_s if capped else None
         self.start = budget.elapsed()
         self.last_row_s: float | None = None  # how long the part's previous row took: the next one's estimate
         self._row_start = self.start
 
     def left(self) -> float:
         left = self.budget.left()
-        if self.part.cap_s is not None:
-            left = min(left, self.part.cap_s - (self.budget.elapsed() - self.start))
+        if self.cap_s is not None:
+            left = min(left, self.cap_s - (self.budget.elapsed() - self.start))
         return left
 
     def estimate(self) -> float:
@@ -128,14 +130,15 @@ class PartRun:
 
 def run_parts(parts: list[Part], report: Report, budget: Budget, smoke: bool) -> None:
     """Each part in order (the list is the priority), each started only when its first row's estimate fits in
-    the time left; a part that raises is recorded as failed with its traceback and the next one runs."""
-    for part in parts:
+    the time left, and held to its cap only when parts follow it (the last may use what is left); a part that
+    raises is recorded as failed with its traceback and the next one runs."""
+    for index, part in enumerate(parts):
         need = part.estimate_s[1 if smoke else 0]
         if need > budget.left():
             report.end(part.name, "skipped", 0.0, f"needs ~{need:.0f} s, {max(budget.left(), 0):.0f} s left of "
                                                   f"the {budget.total_s:.0f} s budget")
             continue
-        run = PartRun(part, report, budget, smoke)
+        run = PartRun(part, report, budget, smoke, capped=index < len(parts) - 1)
         report.part(part.name)  # on disk as running: a call cut short shows where it was
         report.write()
         print(f"== {part.name}: {part.what} ({budget.left():.0f} s left)", flush=True)
