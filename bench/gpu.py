@@ -44,6 +44,7 @@ import datetime  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -231,5 +232,10 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
     return 1 if report.meta["failed"] else 0
 
 
+def _stopped(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)  # the part running is marked interrupted, its child ended
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stopped)  # a time limit's SIGTERM (timeout, a job's end): the rows so far stay
     sys.exit(main(started=STARTED))

@@ -32,15 +32,16 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: float, sum
     tic = time.perf_counter()
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    ended = False
+    ended, stdout, stderr = False, "", ""
     try:
         stdout, stderr = proc.communicate(timeout=max(timeout, 1.0))
-    except subprocess.TimeoutExpired:
+    except BaseException as exc:  # the limit, or this process stopped (SIGTERM, Ctrl-C): no child outlives it
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            _end_group(proc, signal.SIGKILL)
+            raise
         ended = True
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)  # the group this call started: torchrun and its worker
-            except ProcessLookupError:
+            if not _end_group(proc, sig):
                 break
             try:
                 stdout, stderr = proc.communicate(timeout=wait)
@@ -56,6 +57,16 @@ def cli_run(args: list[str], cwd: Path, env: dict[str, str], timeout: float, sum
     if ended:
         out["ended"] = f"at the budget, after {timeout:.0f} s"
     return out
+
+
+def _end_group(proc: subprocess.Popen, sig: int) -> bool:
+    """Send ``sig`` to the process group ``proc`` leads (started by cli_run: torchrun and its worker, say); False
+    when it is gone already."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def error_line(stderr: str) -> str:
