@@ -225,9 +225,10 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
         run_parts([p for p in check.parts() if p.name in chosen], report, budget, smoke)
     finally:  # a caller in this process (a test) keeps its own setting; fit sets one thread on a CPU too
         torch.set_num_threads(threads)
-        report.meta.update(elapsed_s=budget.elapsed(), failed=failures(report))
+        ending = {"elapsed_s": budget.elapsed(), "failed": failures(report)}
+        report.meta.update(ending)
         report.write()
-        report.close()
+        report.close(ending)
     print((Path(args.out) / "gpu_check.md").read_text())
     return 1 if report.meta["failed"] else 0
 

@@ -85,7 +85,10 @@ class Report:
         write_text_atomic(self.out_dir / "gpu_check.json", json_text(plain({**self.meta, "parts": self.parts})))
         write_text_atomic(self.out_dir / "gpu_check.md", self.render(self))
 
-    def close(self) -> None:
+    def close(self, ending: dict[str, Any] | None = None) -> None:
+        """The last line (``{"end": ending}``: a file without it is from a call cut short), and the file closed."""
+        if ending is not None:
+            self._line({"end": ending})
         self._lines.close()
 
 

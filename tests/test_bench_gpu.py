@@ -93,6 +93,7 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
     rows = [(r["part"], r.get("attention") or r.get("step")) for r in _records(tmp_path) if "part" in r
             and "part_status" not in r]
     assert rows == [(name, r.get("attention") or r.get("step")) for name, p in parts.items() for r in p["rows"]]
+    assert _records(tmp_path)[-1] == {"end": {"elapsed_s": report["elapsed_s"], "failed": report["failed"]}}
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| timm's own |" in md and "the loop's cost (train.py over the recipe's whole step)" in md
     assert "## Numerics: every formulation against float64" in md and "## FSDP, one process" in md
