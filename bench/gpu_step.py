@@ -168,9 +168,11 @@ def proxy_cost(attention: str, dtype: torch.dtype, smoke: bool) -> dict[str, Any
         from quest.attention.proxy import step_cost
     except Exception as exc:  # ImportError before it lands; anything it raises on import after
         return {"launches": None, "bytes": None, "reason": f"quest.attention.proxy: {type(exc).__name__}: {exc}"}
+    tic = time.perf_counter()
     try:
         cost = step_cost(attention, model=model, batch=2, img_size=size, dtype=dtype)
-        out = {"launches": int(cost["launches"]), "bytes": int(cost["bytes"]), "model": model}
+        out = {"launches": int(cost["launches"]), "bytes": int(cost["bytes"]), "model": model,
+               "seconds": time.perf_counter() - tic}
     except Exception as exc:
         out = {"launches": None, "bytes": None, "reason": f"step_cost({attention!r}): {type(exc).__name__}: {exc}"}
     _PROXY_CACHE[key] = out
