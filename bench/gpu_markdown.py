@@ -28,9 +28,10 @@ def _step_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     std = next((r for r in done if r["attention"] == "standard"), None)
     std_proxy = (std or {}).get("proxy") or {}
     depth = f" at depth {meta['depth']}" if meta.get("depth") else ""
+    counted = next((p["model"] for r in done if (p := r.get("proxy") or {}).get("model")), "ViT-Ti")
     lines = [f"{meta['model']}{depth}, {meta['img_size']} px, batch {meta['batch']}, median of {meta['steps']} steps; "
-             "(x std): over quest's standard in this table; proxy: quest.attention.proxy's count for one eager step "
-             "on the CPU under CUDA's autocast rules", "",
+             "(x std): over quest's standard in this table; proxy: quest.attention.proxy's count of one eager "
+             f"training step of {counted} (batch 2, the GPU path) on the CPU under CUDA's autocast rules", "",
              "| attention | ms (x std) | img/s | MFU | SDPA | peak GiB (x std) | first step s | proxy launches (x std) "
              "| proxy MB moved (x std) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in done:
