@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from quest.attention import list_attentions
+from quest.engine.telemetry import peak_tflops
 from quest.models import create_model
 
 __all__ = ["TIMM", "device_peak", "sdpa_backend", "step_flops", "time_steps", "train_throughput", "proxy_cost",
@@ -20,9 +21,6 @@ __all__ = ["TIMM", "device_peak", "sdpa_backend", "step_flops", "time_steps", "t
 
 #: the attention name of timm's own ViT (``timm.create_model(name)``, timm's Attention): the tables' anchor row
 TIMM = "timm"
-# dense bf16 / fp16 tensor-core peaks (FLOP/s) by device name, from the vendors' datasheets
-PEAKS = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 989e12,
-         "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "V100": 125e12}
 # the H200 run's row order; a formulation added later comes after these
 _ORDER = ("standard", "quest", "qnorm", "qknorm", "qknorm_hs", "qknorm_ds", "elliptical", "elliptical_quest")
 
@@ -34,13 +32,11 @@ def table_order() -> list[str]:
 
 
 def device_peak(device: torch.device) -> tuple[str, float | None]:
+    """The device's name and dense bf16 peak FLOP/s (quest's telemetry table; fp16's is the same), None if unknown."""
     if device.type != "cuda":
         return "cpu", None
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAKS.items():
-        if key in name:
-            return name, peak
-    return name, None
+    peak = peak_tflops(device, "bf16")
+    return torch.cuda.get_device_name(device), peak * 1e12 if peak else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
