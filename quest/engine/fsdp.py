@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
@@ -27,8 +28,10 @@ __all__ = ["shard_model", "save_sharded", "load_sharded", "full_model_state_dict
 
 
 def shard_model(model: nn.Module, ctx: DistContext) -> nn.Module:
-    if not ctx.distributed:
-        raise ValueError("trainer.strategy=fsdp shards over several processes; launch with torchrun or srun")
+    # one process is a group too when torchrun started it (`--nproc_per_node=1`: FSDP's code path on one GPU)
+    if not (ctx.distributed or dist.is_initialized()):
+        raise ValueError("trainer.strategy=fsdp needs a process group: launch with torchrun (one process or more) "
+                         "or srun")
     for block in getattr(model, "blocks", []):
         fully_shard(block)
     fully_shard(model)
