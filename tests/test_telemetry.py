@@ -229,6 +229,9 @@ def test_advice_never_names_a_setting_that_is_on():
     assert not any("trainer.precision=bf16" in text for text in _advice(auto))
     cpu = _advice(ALL_OFF, device="cpu")  # the GPU pipelines do not help a run on the CPU
     assert cpu and not any("data.pipeline" in text for text in cpu)
+    # DeiT-III's 3-Augment has no uint8 pipeline (quest.engine.checks would refuse data.pipeline=split with it)
+    assert not any("data.pipeline" in text for text in _advice({**ALL_OFF, "recipe": "deit3"}))
+    assert "data.pipeline=split" in _advice({**ALL_OFF, "recipe": "deit"})[0]  # RandAugment: it has
 
 
 def test_advice_names_more_workers_only_while_there_are_cpus_for_them(monkeypatch):

@@ -84,7 +84,7 @@ class Levers:
         current = cfg.data.get("pipeline", "timm")
         if device.type == "cuda":  # on the CPU the "device's" share runs on the same cores as the workers
             later = GPU_PIPELINES[GPU_PIPELINES.index(current) + 1:] if current in GPU_PIPELINES else GPU_PIPELINES
-            pipelines = tuple(p for p in later if p != "device" or reads_files)  # device: the file's bytes only
+            pipelines = tuple(p for p in later if _pipeline_fits(cfg, p, reads_files))
         try:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
@@ -111,6 +111,23 @@ class Levers:
         out += ["trainer.precision=bf16"] if self.bf16 else []
         size = f" (now {self.batch_size})" if self.batch_size else ""
         return out + [f"a larger data.batch_size{size}"]
+
+
+def _pipeline_fits(cfg: Any, name: str, reads_files: bool) -> bool:
+    """Whether the run's config with ``data.pipeline=name`` passes that pipeline's checks (a data set that reads
+    image files for ``device``; the recipe steps a uint8 pipeline reproduces): advice suggests no refused setting."""
+    from omegaconf import OmegaConf
+
+    from quest.config_checks import Checks
+    from quest.data.train_input import get_train_input
+
+    kind = get_train_input(name)
+    if kind.reads_files and not reads_files:
+        return False
+    checks = Checks(OmegaConf.merge(cfg, {"data": {"pipeline": name}}))
+    if kind.check is not None:
+        kind.check(checks)
+    return not checks.problems
 
 
 def _count_compile(*_: Any) -> None:
