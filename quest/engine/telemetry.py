@@ -302,12 +302,9 @@ class Telemetry:
         if apart is None:
             return {}
         self._apart.add(apart)
-        row: dict[str, float] = {}
-        if apart.compile_steps:
-            row.update({"perf/compile_s": apart.compile_s, "perf/compile_steps": apart.compile_steps})
-        if apart.loader_starts:
-            row["perf/loader_start_s"] = apart.loader_start_s
-        return row
+        # in every row, 0 when nothing was apart: a row's keys do not depend on where a compile or a resume fell
+        return {"perf/compile_s": apart.compile_s, "perf/compile_steps": apart.compile_steps,
+                "perf/loader_start_s": apart.loader_start_s}
 
     def end_epoch(self, epoch: int, seconds: float, data_wait: float, apart: Apart | None = None) -> list[str]:
         """The advice for the epoch just ended, given the steady wall and wait seconds since its last interval (and
@@ -374,10 +371,10 @@ def perf_text(perf: dict[str, float]) -> str:
     if "perf/tflops_per_device" in perf:
         parts.append(f"{perf['perf/tflops_per_device']:.3g} TFLOP/s/device"
                      + (f" MFU {100 * perf['perf/mfu']:.0f}%" if "perf/mfu" in perf else " (no MFU: peak unknown)"))
-    if "perf/compile_s" in perf:
+    if perf.get("perf/compile_steps"):
         steps = int(perf["perf/compile_steps"])
         parts.append(f"compiling {perf['perf/compile_s']:.3g}s ({steps} step{'s' if steps > 1 else ''}, "
                      "not in the figures)")
-    if "perf/loader_start_s" in perf:
+    if perf.get("perf/loader_start_s"):
         parts.append(f"loader start {perf['perf/loader_start_s']:.3g}s")
     return " ".join(parts)
