@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
 
+from .fused import fused_applies, l2_normalize_fused
 from .recompute import attention_recomputing, recalled_factor, recompute_applies, remember_factor
 
 __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"]
@@ -96,6 +97,8 @@ def _times_inverse(x: torch.Tensor, inv: torch.Tensor, scale: Optional[torch.Ten
 def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: record the operators
         return _l2_normalize_ops(x, eps, scale)
+    if fused_applies(x):  # one kernel each way on a GPU (quest.attention.fused); the recompute reruns it
+        return l2_normalize_fused(x, eps, scale)
     inv = recalled_factor(x, eps)  # the backward recomputing this layer's q', k': the forward's 1/max(||x||, eps)
     if inv is not None:
         return _times_inverse(x, inv, scale)

@@ -26,6 +26,7 @@ from torch import Tensor
 from quest.config_checks import is_int
 
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
+from .fused import elliptical_m_fused, fused_applies
 from .registry import register_attention
 
 __all__ = ["EllipticalAttention", "EllipticalQuestAttention", "ValueChain", "elliptical_weights", "link_elliptical"]
@@ -41,6 +42,9 @@ def elliptical_weights(
     Computed in at least float32 (a bf16 mean over a few hundred tokens loses digits) and returned in ``v``'s dtype.
     The ``eps`` floor only matters when the values did not change at all, and then m = 0 (uniform attention).
     """
+    if not torch.jit.is_scripting():
+        if estimator == "mean" and fused_applies(v):  # one kernel reading each value tensor once, on a GPU
+            return elliptical_m_fused(v, v_prev, eps)
     work = torch.promote_types(v.dtype, torch.float32)
     # Detached inputs, so m is a constant to autograd (the released code computes it under no_grad too).
     delta = (v.detach().to(work) - v_prev.detach().to(work)).abs()

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from .base import LayerSite, QKAttention, l2_normalize
+from .fused import layer_norm_applies, layer_norm_fused
 from .registry import register_attention
 
 __all__ = [
@@ -36,6 +37,9 @@ class StandardAttention(QKAttention):
         # the norms (qk_norm, qknorm_ds) run in the qkv projection's (B, N, H, d) layout, so their outputs keep it,
         # SDPA's output too, and the heads merge without a copy: otherwise each layer held one more (B, H, N, d)
         # tensor for backward (the projection's input), 6% of a ViT-Ti step's memory
+        if not torch.jit.is_scripting():  # one kernel each way on a GPU, in q's dtype (quest.attention.fused)
+            if layer_norm_applies(q, self.q_norm) and layer_norm_applies(k, self.k_norm):
+                return layer_norm_fused(q, self.q_norm), layer_norm_fused(k, self.k_norm), self.head_dim**-0.5
         return (self.q_norm(q.transpose(1, 2)).transpose(1, 2), self.k_norm(k.transpose(1, 2)).transpose(1, 2),
                 self.head_dim**-0.5)
 

@@ -1,0 +1,144 @@
+"""The Triton kernels behind quest.attention.fused: one per fused operator and direction, each beside its PyTorch
+reference there (``_l2_normalize_reference``, ...), against which tests/test_fused_kernels.py checks values and
+gradients on the CPU under ``TRITON_INTERPRET=1``.
+
+Every kernel works on rows of the head dimension (d <= 256): row r is (b, h, n) = (r // (N H), (r // N) % H, r % N)
+of a (B, H, N, d) tensor with strides (s_b, s_h, s_n, 1), written out in each kernel (Triton's interpreter refuses
+a nested jit function). It reads its input in its own dtype through the caller's strides (q and k are strided
+views of the qkv projection: no copy first), computes in float32 and writes in the input's dtype: one pass over
+memory each way, where PyTorch's operators take four to eight (a norm, a clamp, a reciprocal, a multiply, and under
+CUDA's autocast float32 copies besides).
+
+Imported only when a fused operator runs its kernel (a CUDA tensor, or the interpreter in the tests).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["l2_normalize_fwd", "l2_normalize_bwd", "layer_norm_fwd", "layer_norm_bwd", "elliptical_m"]
+
+
+@triton.jit
+def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h, ys_n, eps,
+                     SCALE_KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """y = x * s / max(||x||, eps) per row, s the scale (SCALE_KIND 0: none, 1: one scalar, 2: one per head);
+    INV[row] = 1 / max(||x||, eps) in float32, for the backward."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols[None, :] < D)
+    x_off = (rows // (N * H)) * xs_b + ((rows // N) % H) * xs_h + (rows % N) * xs_n
+    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+    factor = inv
+    if SCALE_KIND == 1:
+        factor = inv * tl.load(SCALE).to(tl.float32)
+    elif SCALE_KIND == 2:
+        factor = inv * tl.load(SCALE + (rows // N) % H, mask=row_ok, other=0.0).to(tl.float32)
+    y_off = (rows // (N * H)) * ys_b + ((rows // N) % H) * ys_h + (rows % N) * ys_n
+    tl.store(Y + y_off[:, None] + cols[None, :], (x * factor[:, None]).to(Y.dtype.element_ty), mask=mask)
+    tl.store(INV + rows, inv, mask=row_ok)
+
+
+@triton.jit
+def l2_normalize_bwd(G, X, INV, SCALE, GX, DOT, R, H, N, D, gs_b, gs_h, gs_n, xs_b, xs_h, xs_n, os_b, os_h, os_n,
+                     eps, SCALE_KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """With u = x * inv and y = s u: dx = s inv (g - u (g . u)) where ||x|| >= eps, s inv g below (there the norm
+    is the constant eps); DOT[row] = g . u, which the caller sums into the scale's gradient."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols[None, :] < D)
+    g_off = (rows // (N * H)) * gs_b + ((rows // N) % H) * gs_h + (rows % N) * gs_n
+    x_off = (rows // (N * H)) * xs_b + ((rows // N) % H) * xs_h + (rows % N) * xs_n
+    g = tl.load(G + g_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    inv = tl.load(INV + rows, mask=row_ok, other=0.0)
+    u = x * inv[:, None]
+    dot = tl.sum(g * u, axis=1)
+    above = tl.sqrt(tl.sum(x * x, axis=1)) >= eps
+    factor = inv
+    if SCALE_KIND == 1:
+        factor = inv * tl.load(SCALE).to(tl.float32)
+    elif SCALE_KIND == 2:
+        factor = inv * tl.load(SCALE + (rows // N) % H, mask=row_ok, other=0.0).to(tl.float32)
+    gx = (g - u * tl.where(above, dot, 0.0)[:, None]) * factor[:, None]
+    o_off = (rows // (N * H)) * os_b + ((rows // N) % H) * os_h + (rows % N) * os_n
+    tl.store(GX + o_off[:, None] + cols[None, :], gx.to(GX.dtype.element_ty), mask=mask)
+    tl.store(DOT + rows, dot, mask=row_ok)
+
+
+@triton.jit
+def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h, ys_n, eps,
+                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """y = (x - mean) * rstd * w + b per row (LayerNorm over d, biased variance as torch's); mean and rstd kept in
+    float32 for the backward."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < R
+    col_ok = cols < D
+    mask = row_ok[:, None] & col_ok[None, :]
+    x_off = (rows // (N * H)) * xs_b + ((rows // N) % H) * xs_h + (rows % N) * xs_n
+    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / D
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / D + eps)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = centred * rstd[:, None] * w[None, :] + b[None, :]
+    y_off = (rows // (N * H)) * ys_b + ((rows // N) % H) * ys_h + (rows % N) * ys_n
+    tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=row_ok)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def layer_norm_bwd(G, X, W, MEAN, RSTD, GX, GW, GB, R, H, N, D, gs_b, gs_h, gs_n, xs_b, xs_h, xs_n, os_b, os_h,
+                   os_n, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) per row; this block's sums of g xhat and g into row
+    ``program_id`` of GW and GB (float32), which the caller sums over blocks."""
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < R
+    col_ok = cols < D
+    mask = row_ok[:, None] & col_ok[None, :]
+    g_off = (rows // (N * H)) * gs_b + ((rows // N) % H) * gs_h + (rows % N) * gs_n
+    x_off = (rows // (N * H)) * xs_b + ((rows // N) % H) * xs_h + (rows % N) * xs_n
+    g = tl.load(G + g_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    gw = g * w[None, :]
+    c1 = tl.sum(gw * xhat, axis=1) / D
+    c2 = tl.sum(gw, axis=1) / D
+    gx = (gw - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+    o_off = (rows // (N * H)) * os_b + ((rows // N) % H) * os_h + (rows % N) * os_n
+    tl.store(GX + o_off[:, None] + cols[None, :], gx.to(GX.dtype.element_ty), mask=mask)
+    tl.store(GW + pid * D + cols, tl.sum(g * xhat, axis=0), mask=col_ok)
+    tl.store(GB + pid * D + cols, tl.sum(g, axis=0), mask=col_ok)
+
+
+@triton.jit
+def elliptical_m(V, P, M, H, N, D, vs_b, vs_h, vs_n, ps_b, ps_h, ps_n, eps, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """Elliptical attention's m for one (batch, head), program ``program_id``: mean over tokens of |v - v_prev| per
+    dimension (float32), divided by its largest entry (floored at eps), written in M's dtype."""
+    bh = tl.program_id(0)
+    v_base = (bh // H) * vs_b + (bh % H) * vs_h
+    p_base = (bh // H) * ps_b + (bh % H) * ps_h
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    total = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        tokens = start + tl.arange(0, BLOCK_N)
+        mask = (tokens < N)[:, None] & col_ok[None, :]
+        v = tl.load(V + v_base + tokens[:, None] * vs_n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        p = tl.load(P + p_base + tokens[:, None] * ps_n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        total += tl.sum(tl.abs(v - p), axis=0)
+    m = total / N
+    m = m / tl.maximum(tl.max(tl.where(col_ok, m, 0.0), axis=0), eps)
+    tl.store(M + bh * D + cols, m.to(M.dtype.element_ty), mask=col_ok)
