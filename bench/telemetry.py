@@ -1,9 +1,10 @@
 """The telemetry's own cost (docs/training.md, "Where the time goes"): a ViT-Ti training step over a loader with and
 without what quest adds to measure it, interleaved in one process.
 
-What the telemetry adds to the training path: a host clock read around each loader ``next()`` (Run._timed), a step
-counter, and per log interval (20 steps) one ``Telemetry.interval`` call (a /proc read and write on the CPU, the
-allocator's peak on CUDA). Both variants run the same model, data and optimizer; rounds alternate which goes first.
+What the telemetry adds to the training path: a host clock read around each loader ``next()`` (Run._timed); per step
+what StepLog.record does (a clock read, torch's compile counter, the step's time into ``IntervalTimes``); and per
+log interval (20 steps) one ``Telemetry.interval`` call (a /proc read and write on the CPU, the allocator's peak on
+CUDA). Both variants run the same model, data and optimizer; rounds alternate which goes first.
 
 Usage: ``python bench/telemetry.py [--rounds 7] [--steps 20] [--batch 8] [--cpu-smoke]``
 """
@@ -20,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quest.engine.telemetry import Telemetry  # noqa: E402
+from quest.engine.telemetry import IntervalTimes, Telemetry, compilations  # noqa: E402
 from quest.models.factory import create_model  # noqa: E402
 
 
@@ -35,15 +36,19 @@ def timed(loader, wait: list[float]):
 
 def run_steps(model, optimizer, batches, telemetry: Telemetry | None, log_every: int) -> float:
     start = time.perf_counter()
-    wait, steps, tic = [0.0], 0, time.perf_counter()
+    wait, interval, last, compiles = [0.0], IntervalTimes(), time.perf_counter(), compilations()
     for images, targets in (timed(batches, wait) if telemetry else batches):
         optimizer.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(images), targets).backward()
         optimizer.step()
-        steps += 1
-        if telemetry and steps % log_every == 0:
-            telemetry.interval(time.perf_counter() - tic, wait[0], len(targets) * steps, steps)
-            wait, steps, tic = [0.0], 0, time.perf_counter()
+        if telemetry:  # StepLog.record's work for every step, then the interval's at its end
+            now, count = time.perf_counter(), compilations()
+            interval.add_step(now - last, wait[0], len(targets), count != compiles, loader_start=False)
+            wait[0], last, compiles = 0.0, now, count
+            if interval.steps + interval.apart.compile_steps == log_every:
+                telemetry.interval(interval.seconds, interval.data_wait, interval.images, interval.steps,
+                                   interval.apart)
+                interval, last = IntervalTimes(), time.perf_counter()
     return time.perf_counter() - start
 
 

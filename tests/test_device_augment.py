@@ -200,7 +200,7 @@ def test_seeded_batches_repeat_and_keep_dtype_and_device():
     assert augment(images[:0]).shape == (0, 3, 40, 48)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda  # tests/conftest.py: only under QUEST_TEST_GPU=1, on a machine with CUDA
 def test_cuda_equals_cpu():
     augment = DeviceRandAugment("rand-m9-mstd0.5-inc1", 64, MEAN)
     images = torch.stack([torch.from_numpy(photo(64, 48, s)).permute(2, 0, 1) for s in range(32)])

@@ -83,6 +83,34 @@ def test_d(): pass
     slow.assert_outcomes(passed=3, deselected=1)
 
 
+def test_the_cpu_tests_never_see_a_gpu_and_quest_test_gpu_runs_only_the_cuda_ones(pytester, monkeypatch):
+    """On a machine with a GPU the suite must pass or skip with a reason: its tests leave trainer.device=auto and
+    assert the CPU's numbers, so the conftest hides the GPU (CUDA_VISIBLE_DEVICES, inherited by every process a test
+    starts); QUEST_TEST_GPU=1 shows it and runs only the tests marked cuda. Here on any machine: the outer session
+    already hid its GPU, so the cuda test is skipped in both runs, each time with its reason."""
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(test_inner="""
+import os, pytest, torch
+
+def test_on_the_cpu():
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
+
+@pytest.mark.cuda
+def test_on_the_gpu():
+    assert torch.cuda.is_available()
+""")
+    monkeypatch.delenv("QUEST_TEST_GPU", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the conftest sets it
+    cpu = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rs")
+    cpu.assert_outcomes(passed=1, skipped=1)
+    cpu.stdout.fnmatch_lines(["*needs a GPU, which the suite hides*QUEST_TEST_GPU=1 python -m pytest -m cuda*"])
+    monkeypatch.setenv("QUEST_TEST_GPU", "1")
+    gpu = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rs")
+    gpu.assert_outcomes(skipped=2)
+    gpu.stdout.fnmatch_lines(["*a CPU test: under QUEST_TEST_GPU=1 only the cuda tests run*",
+                              "*QUEST_TEST_GPU=1, but torch sees no CUDA device*"])
+
+
 def _readme_block(section: str) -> list[str]:
     """The commands of the first bash block under a README heading."""
     text = (ROOT / "README.md").read_text()

@@ -292,7 +292,7 @@ def test_device_placement_on_cpu():
             _check(cfg)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda  # tests/conftest.py: only under QUEST_TEST_GPU=1, on a machine with CUDA
 def test_engine_on_cuda_matches_cpu():
     data = make_toy_data(ToyDataConfig(train_size=64, test_size=32), seed=5)
     cpu = train_chunk("quest", RUNS, data.train, data.test, 5, 2, 32, KW, dtype=torch.float64)

@@ -122,3 +122,34 @@ def test_quick_grid_is_standard_against_quest_at_4096_samples():
     grid = cfg.grid
     assert list(cfg.attentions) == ["standard", "quest"] and cfg.data.train_size == 4096
     assert len(grid.lrs) * len(grid.weight_decays) * len(grid.data_seeds) * len(grid.init_seeds) == 16
+
+
+def test_the_default_device_is_the_cpu_with_a_process_per_core_also_beside_a_gpu(tmp_path, monkeypatch):
+    """device=auto, the default, trains on the CPU, a worker per core, also where torch sees a GPU (the toy models
+    are too small for a GPU to pay: docs/experiments.md, "Which device"); a device given is used as given, on a GPU
+    by one process. What the study would train is caught before anything trains."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    import quest.toy.study as study
+
+    register_toy_config()
+    with initialize_config_dir(config_dir=str(CONFIGS / "toy"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="toy", overrides=["grid=quick"]), resolve=True)
+    assert cfg["device"] == "auto"
+    trained: list[dict] = []
+
+    class Caught(Exception):
+        pass
+
+    def execute(cfg, tasks):
+        trained.append(cfg)
+        raise Caught
+
+    monkeypatch.setattr(study, "_execute", execute)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with a GPU
+    for device, expected, workers in (("auto", "cpu", len(os.sched_getaffinity(0))), ("cuda", "cuda", 1)):
+        with pytest.raises(Caught):
+            study.run_study({**cfg, "device": device}, tmp_path)
+        assert trained[-1]["device"] == expected and study._default_workers(trained[-1]) == workers

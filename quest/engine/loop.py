@@ -15,7 +15,7 @@ import torch
 from .checkpoint import Checkpointer
 from .logger import RunLogger
 from .signals import INTERRUPTED, StopRequested, StopSignals
-from .telemetry import Telemetry
+from .telemetry import IntervalTimes, Levers, Telemetry, compilations, perf_text
 from .trainer import BadData, Diverged, Run, check_skipped, hms
 
 log = logging.getLogger("quest.train")
@@ -87,20 +87,24 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
 
 class StepLog:
     """The training log's cadence: a metrics row and a log line every trainer.log_every_n_steps optimizer steps and
-    at the last one; images seen, throughput and training time in the run's state."""
+    at the last one; images seen, throughput and training time in the run's state. Each step's host time goes to
+    the telemetry split three ways (quest.engine.telemetry.IntervalTimes): steps that compiled and the wait for an
+    epoch's first batches apart, the steady steps in the figures and the advice."""
 
     def __init__(self, logger: RunLogger, run: Run, telemetry: Telemetry):
         tr = run.cfg.trainer
         self.logger, self.run, self.every, self.telemetry = logger, run, tr.log_every_n_steps, telemetry
         self.total = min(tr.epochs * run.parts.steps_per_epoch, tr.max_steps or math.inf)
-        self.tic, self.images, self.steps = time.perf_counter(), 0, 0
+        telemetry.levers = Levers.of(run.cfg, run.ctx.device, run.precision)  # advice names no setting that is on
+        self.start_epoch()
 
     def due(self, step: int) -> bool:
         """Whether optimizer step ``step`` (counted from 1) is logged."""
         return step % self.every == 0 or step == self.total
 
     def start_epoch(self) -> None:
-        self.tic, self.images, self.steps = time.perf_counter(), 0, 0
+        self.tic, self.images, self.times = time.perf_counter(), 0, IntervalTimes()
+        self.last, self.first, self.compiles = self.tic, True, compilations()  # a compile in validation is not a step's
         self.run.take_data_wait()  # waiting between epochs (validation, the save) is not the loader's
 
     def end_epoch(self, row: dict[str, Any] | None) -> None:
@@ -110,7 +114,8 @@ class StepLog:
         self.run.state.trained_for(elapsed)
         if row:
             self.logger.log(row, self.run.state.step)
-        for advice in self.telemetry.end_epoch(self.run.state.epoch, elapsed, self.run.take_data_wait()):
+        rest = self.times  # the steady steps since the last log line, and the time apart among them
+        for advice in self.telemetry.end_epoch(self.run.state.epoch, rest.seconds, rest.data_wait, rest.apart):
             log.warning(advice)
 
     def record(self, metrics: dict[str, Any], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -118,13 +123,16 @@ class StepLog:
         n_images = sum(len(t) for _, t in batches) * run.ctx.world_size
         st.saw_images(n_images)
         self.images += n_images
-        self.steps += 1
+        now, compiles = time.perf_counter(), compilations()  # host counters: no device synchronisation
+        self.times.add_step(now - self.last, run.take_data_wait(), n_images, compiles != self.compiles, self.first)
+        self.last, self.compiles, self.first = now, compiles, False
         if not self.due(st.step):
             return
-        elapsed = time.perf_counter() - self.tic
+        elapsed = now - self.tic
         st.trained_for(elapsed)
-        rate = self.images / max(elapsed, 1e-9)
-        perf = self.telemetry.interval(elapsed, run.take_data_wait(), self.images, self.steps)
+        t = self.times
+        rate = t.images / max(t.seconds, 1e-9) if t.steps else self.images / max(elapsed, 1e-9)  # the steady rate
+        perf = self.telemetry.interval(t.seconds, t.data_wait, t.images, t.steps, t.apart)
         row = dict(metrics)
         row.update({"train/lr": run.parts.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
                     "epoch": st.epoch + st.micro_in_epoch / run.batches_per_epoch, **perf})
@@ -135,19 +143,8 @@ class StepLog:
         log.info("epoch %d/%d step %d/%d loss %.4f lr %.3g grad %.3g %.0f img/s ETA %s | %s", st.epoch + 1,
                  run.cfg.trainer.epochs, st.step, self.total, row["train/loss"], row["train/lr"],
                  row["train/grad_norm"], rate, hms(eta), perf_text(perf))
-        self.tic, self.images, self.steps = time.perf_counter(), 0, 0
-
-
-def perf_text(perf: dict[str, float]) -> str:
-    """The telemetry part of a log line: data wait, per-device rate, step time, peak memory, FLOP/s and MFU."""
-    parts = [f"data {100 * perf['perf/data_wait']:.0f}%", f"{perf['perf/img_per_s_per_device']:.0f} img/s/device",
-             f"step {perf['perf/step_s']:.3g}s"]
-    if "perf/peak_mem_gib" in perf:
-        parts.append(f"peak {perf['perf/peak_mem_gib']:.2f} GiB")
-    if "perf/tflops_per_device" in perf:
-        parts.append(f"{perf['perf/tflops_per_device']:.3g} TFLOP/s/device"
-                     + (f" MFU {100 * perf['perf/mfu']:.0f}%" if "perf/mfu" in perf else " (no MFU: peak unknown)"))
-    return " ".join(parts)
+        self.tic = self.last = time.perf_counter()  # the logging's own time is in no interval
+        self.images, self.times = 0, IntervalTimes()
 
 
 class Evaluator:

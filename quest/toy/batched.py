@@ -357,17 +357,20 @@ def train_chunk(
     trajectory = key_norm_groups()
     b1, b2 = betas
     step = 0
+    # AdamW's bias corrections as tensors, so the step count does not trigger a recompilation; written in place by a
+    # kernel whose argument is the value (fill_), where a new tensor from a Python number would be a copy to the
+    # device that waits for it to finish its queue: on a GPU, no host synchronisation inside an epoch
+    bc1, bc2_sqrt = (torch.empty((), device=device, dtype=dtype) for _ in range(2))
     for epoch in range(epochs):
         sync()
         t1 = time.perf_counter()
         clock["probe"] += t1 - t0
-        for idx in batch_order(data_seed, epoch, len(train.y), batch_size):
-            idx = idx.to(device)
+        # the epoch's batches sent to the device in one copy (the same batches batch_order gives), not one a step
+        for idx in torch.cat(batch_order(data_seed, epoch, len(train.y), batch_size)).to(device).split(batch_size):
             x, y = train_d.x[idx], train_d.y[idx]
             step += 1
-            # bias corrections as tensors, so the step count does not trigger a recompilation
-            bc1 = torch.tensor(1 - b1**step, device=device, dtype=dtype)
-            bc2_sqrt = torch.tensor(math.sqrt(1 - b2**step), device=device, dtype=dtype)
+            bc1.fill_(1 - b1**step)
+            bc2_sqrt.fill_(math.sqrt(1 - b2**step))
             for p, m, v, lr, wd in tiles:
                 prog.step(p, m, v, lr, wd, x, y, bc1, bc2_sqrt)
         sync()

@@ -50,7 +50,7 @@ def check_toy_config(cfg: Mapping[str, Any]) -> None:
     c.check("study.train_sizes", lambda v: all(is_int(n) and n > 0 for n in v), "a list of positive integers")
     c.check("study.test_biased_fractions", lambda v: all(is_number(f) and 0 <= f <= 1 for f in v),
             "a list of fractions in [0, 1]")
-    c.check("device", lambda v: isinstance(v, str) and DEVICE_PATTERN.match(v) and v != "auto", "cpu, cuda or cuda:N")
+    c.check("device", lambda v: isinstance(v, str) and bool(DEVICE_PATTERN.match(v)), "auto, cpu, cuda or cuda:N")
     c.process_count("workers", "threads", optional=True)  # each worker a process; threads multiply on top
     c.positive_int("runs_per_call", optional=True)
     c.check("probe_size", lambda v: is_int(v) and v >= 0, "an integer >= 0 (0: no key norms recorded)")

@@ -1,5 +1,5 @@
-"""How the toy study's compiled step is built and called: inductor's options on a CPU and the runs per call
-(measured in docs/benchmarks.md, "Toy study")."""
+"""How the toy study's compiled step is built and called: the device ``auto`` picks, inductor's options on a CPU and
+the runs per call (measured in docs/benchmarks.md, "Toy study")."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +10,19 @@ import subprocess
 
 import torch
 
-__all__ = ["compile_options", "default_runs_per_call", "call_tiles"]
+__all__ = ["resolve_toy_device", "compile_options", "default_runs_per_call", "call_tiles"]
+
+
+def resolve_toy_device(device: str | None) -> str:
+    """The device ``device=auto`` (the default) trains on: the CPU, also on a machine with a GPU.
+
+    The study's models are tiny (21 tokens of width 20, one block): a compiled step of a chunk's runs is a few dozen
+    kernels of microseconds each, so on a GPU the time goes to launching them from one Python process, to compiling
+    each formulation's step into GPU kernels, and to training the chunks one after another (one process, which owns
+    the GPU), where a CPU trains one chunk per core side by side. Measured once (docs/experiments.md, "The toy
+    study"): ``grid=quick`` took 76 s with ``device=cuda`` on an H200 against 25-47 s on 2 CPU cores. ``cpu``,
+    ``cuda`` and ``cuda:N`` are used as given."""
+    return "cpu" if device in (None, "auto") else device
 
 
 def compile_options(device_type: str) -> dict[str, bool]:

@@ -117,7 +117,9 @@ class ToyConfig:
     variants: Dict[str, VariantConfig] = field(default_factory=dict)
     attentions: List[str] = field(default_factory=list)
     compile: bool = True  # torch.compile the training step (forward, backward, AdamW) of each tile of runs
-    device: str = "cpu"  # where the runs train: cpu, cuda, cuda:1, ...
+    # where the runs train: auto (the CPU, with a process per core, also on a GPU machine: these models are too small
+    # for a GPU to pay; quest.toy.compiled.resolve_toy_device), cpu, cuda, cuda:1, ...
+    device: str = "auto"
     # Worker processes training chunks side by side, each with `threads` threads; None: one per CPU core on a CPU
     # (processes scale better than threads for these small kernels, and do not stall when the cores are shared),
     # 1 on a GPU.

@@ -31,6 +31,7 @@ from quest.workers import die_with_parent
 
 from .batched import RunSpec, train_chunk
 from .checks import check_toy_config
+from .compiled import resolve_toy_device
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
 from .outcomes import (
@@ -225,6 +226,10 @@ def _load_rows(cfg: Mapping[str, Any], tasks: list[_Task]) -> tuple[list[dict], 
 def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
     check_toy_config(cfg)  # every value, then the names and the device
+    if cfg.get("device") in (None, "auto"):
+        cfg = {**cfg, "device": resolve_toy_device(cfg.get("device"))}
+        log.info("device=auto: training on the %s (the toy models are too small for a GPU to pay; device=cuda to "
+                 "use one)", cfg["device"])
     _check(cfg)
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
