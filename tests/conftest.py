@@ -84,6 +84,8 @@ def _permissions_bind() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device; runs only under QUEST_TEST_GPU=1 (tests/conftest.py)")
+    config.addinivalue_line("markers", "kernels: a Triton kernel against its reference: on the GPU under "
+                                       "QUEST_TEST_GPU=1, in Triton's interpreter otherwise")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -94,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
                                                     "QUEST_TEST_GPU=1 python -m pytest -m cuda runs it"))
         elif item.get_closest_marker("cuda") and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="QUEST_TEST_GPU=1, but torch sees no CUDA device"))
-        elif GPU_TIER and not item.get_closest_marker("cuda"):
+        elif GPU_TIER and not (item.get_closest_marker("cuda") or item.get_closest_marker("kernels")):
             item.add_marker(pytest.mark.skip(reason="a CPU test: under QUEST_TEST_GPU=1 only the cuda tests run; "
                                                     "the suite without it runs this one with the GPU hidden"))
         if item.get_closest_marker("unprivileged") and not _permissions_bind():

@@ -24,8 +24,13 @@ pytestmark = pytest.mark.numerics
 #: where the kernels run: the GPU, or the CPU in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
 #: before Triton is imported, on a machine without an NVIDIA GPU)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-kernels = pytest.mark.skipif(not fused.kernels_run(torch.empty(0, device=DEVICE)),
-                             reason="no GPU and TRITON_INTERPRET is not 1 (set it before Triton is imported)")
+_runnable = pytest.mark.skipif(not fused.kernels_run(torch.empty(0, device=DEVICE)),
+                               reason="no GPU and TRITON_INTERPRET is not 1 (set it before Triton is imported)")
+
+
+def kernels(test):
+    """A kernel test: in both tiers of the suite (tests/conftest.py), on the GPU where there is one."""
+    return pytest.mark.kernels(_runnable(test))
 
 
 def _projection_view(b: int, h: int, n: int, d: int, dtype: torch.dtype, which: int = 1,
