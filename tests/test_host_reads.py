@@ -183,3 +183,28 @@ def test_the_checkpoint_after_a_bad_step_holds_the_weights_from_before_it(tmp_pa
     for part in ("model", "ema"):
         for key, value in reference[part].items():
             torch.testing.assert_close(saved[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
+
+
+def test_under_ddp_the_stop_request_is_read_a_step_later_or_with_the_log(monkeypatch):
+    """The guard's stop path with a real collective (gloo, one process): between log intervals the request reduced in
+    step k is read at the end of step k + 1, without a device read; a logged step reads its own with the log."""
+    import torch.distributed as dist
+
+    from quest.engine.guard import StepGuard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        guard = StepGuard(torch.device("cpu"), max_loss=10.0, scaler=False, distributed=True)
+        fine, norm = torch.tensor(1.0), torch.tensor(2.0)
+        seen = []
+        for request in (0.0, 1.0, 0.0, 2.0):  # 1 requeue in step 1, 2 interrupt in step 3
+            guard.step(fine, norm, request)
+            seen.append(guard.previous_stop())
+        assert seen == [0.0, 0.0, 1.0, 0.0]  # step 3's interrupt not yet: it is read after step 4
+        guard.step(fine, norm, 0.0)
+        # a logged step: its own reduced request with the one before, not read yet
+        assert guard.read(5, norm, stop=True) == [2.0, 2.0]
+        guard.step(fine, norm, 0.0)
+        assert guard.previous_stop() == 0.0  # and neither is read again
+    finally:
+        dist.destroy_process_group()

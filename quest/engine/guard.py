@@ -76,9 +76,10 @@ class StepGuard:
 
     def read(self, steps: int, *values: torch.Tensor, stop: bool = False) -> list[float]:
         """One device-to-host read of the record, ``values`` (0-d tensors: the log's) and, with ``stop`` under DDP,
-        the last reduced stop request (appended). ``steps``: optimizer steps taken, the last guarded one included.
-        Raises :class:`Diverged` naming the first bad step (counted from 0, as ``TrainState.step`` before it)."""
-        stops = [self._stops[-1][0].reshape(1)] if stop and self._stops else []
+        the largest reduced stop request not read yet (appended). ``steps``: optimizer steps taken, the last guarded
+        one included. Raises :class:`Diverged` naming the first bad step (counted from 0, as ``TrainState.step``
+        before it)."""
+        stops = [torch.stack([value for value, _, _ in self._stops]).amax().reshape(1)] if stop and self._stops else []
         out = torch.cat([self.record, *(v.detach().float().reshape(1) for v in values), *stops]).tolist()
         if stops:
             self._stops = []
