@@ -100,3 +100,27 @@ def test_the_config_check_names_a_bad_source_before_any_work(tmp_path):
                             ("resnet_nonexistent.tag", "neither a timm model")]:
         with pytest.raises(ConfigError, match=expected):
             check_train_config(compose_cfg(*fast, f"model.pretrained={value}"))
+
+
+@pytest.mark.parametrize("fault", ["int64", "bool", "nan", "inf"])
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_weights_of_the_wrong_kind_are_refused_naming_the_tensor(tmp_path, suffix, fault):
+    """Integer or bool values for a floating-point weight (load_state_dict would cast them without a word, and the
+    model would score at chance) and non-finite values: refused naming the tensor, by model.pretrained= and by
+    eval.py's weights= alike (one check, quest.models.pretrained.state_fit_problems)."""
+    from quest.evaluation.foreign import check_fit
+
+    state = {k: v.contiguous() for k, v in timm.create_model(PICO, num_classes=10).state_dict().items()}
+    key = "blocks.0.attn.qkv.weight"
+    if fault in ("int64", "bool"):
+        state[key] = (state[key] * 100).to(getattr(torch, fault))
+    else:
+        state[key] = state[key].clone()
+        state[key][0, 0] = float(fault)
+    path = tmp_path / f"weights{suffix}"
+    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
+    model = create_model(PICO, attention="quest", num_classes=10)
+    with pytest.raises(ValueError, match=rf"does not fit this model: {key} holds"):
+        load_pretrained_weights(model, str(path))
+    with pytest.raises(ValueError, match=rf"weights=w do not fit {PICO}: {key} holds"):
+        check_fit(model, state, "w", PICO, "quest")

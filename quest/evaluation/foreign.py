@@ -31,13 +31,14 @@ def export_record(weights: str) -> dict[str, Any] | None:
 
 
 def check_fit(model: nn.Module, state: dict[str, torch.Tensor], weights: str, name: str, attention: str) -> None:
-    """Refuse, naming the tensors, weights whose shapes or names do not fit the model built for them."""
-    own = model.state_dict()
-    shapes = [f"{k} {tuple(v.shape)} (the model has {tuple(own[k].shape)})" for k, v in state.items()
-              if k in own and v.shape != own[k].shape]
-    if shapes:
-        raise ValueError(f"weights={weights} do not fit {name}: {'; '.join(shapes[:4])}. Is it another model "
-                         "(width, depth, patch size; model.img_size for another input size)?")
+    """Refuse, naming the tensors, weights whose shapes or dtypes do not fit the model built for them, or whose
+    values are not finite (quest.models.pretrained.state_fit_problems)."""
+    from quest.models.pretrained import state_fit_problems
+
+    problems = state_fit_problems(model.state_dict(), state)
+    if problems:
+        raise ValueError(f"weights={weights} do not fit {name}: {'; '.join(problems[:4])}. Is it another model "
+                         "(width, depth, patch size; model.img_size for another input size), or a damaged file?")
 
 
 class ClassOrder(nn.Module):

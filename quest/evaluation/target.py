@@ -139,6 +139,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     else:
         weights, which = ckpt.model, "model"
     model = build_model(stored)
+    check_fit(model, weights, f"{path} ({which})", stored.model.name, stored.attention.name)
     model.load_state_dict(weights)
     data, applied = stored.data, {}
     if data_was_chosen(cfg):
