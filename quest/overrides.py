@@ -120,6 +120,33 @@ def default_options(config_dir: Path, primary: str) -> dict[str, str]:
             if isinstance(v, str) and " " not in str(k)}
 
 
+#: the overrides that name the directory Hydra makes before quest's code runs (so quest checks them first)
+_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+
+
+def output_dir_problem(path: str) -> str | None:
+    """What keeps ``path`` (an output directory, relative to the working directory) from being made, in words, or
+    None: a name longer than the file system allows, or a part that exists and is not a directory. Hydra would fail
+    on either making it, with its own traceback, before quest runs."""
+    import os
+
+    limit = 255
+    try:
+        limit = os.pathconf(".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        pass
+    long = next((part for part in Path(path).parts if len(os.fsencode(part)) > limit), None)
+    if long is not None:
+        return (f"the directory name {long[:40]}... is {len(os.fsencode(long))} bytes long; this file system allows "
+                f"{limit} per name (choose a shorter one)")
+    here = Path(".")
+    for part in Path(path).parts:
+        here = here / part
+        if here.exists() and not here.is_dir():
+            return f"{here} exists and is not a directory (expected a directory to write the run into)"
+    return None
+
+
 def override_problems(args: list[str], schema: type, groups: dict[str, list[str]],
                       defaults: dict[str, str] | None = None) -> list[str]:
     """One line per override of ``args`` that names no config group of ``groups`` and no key of the ``schema``
@@ -139,6 +166,11 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
         except HydraException:
             continue  # a syntax error: Hydra's own message says where
         key = override.key_or_group
+        if key in _OUTPUT_DIRS and isinstance(override.value(), str):
+            problem = output_dir_problem(override.value())
+            if problem:
+                problems.append(f"{arg}: {problem}")
+            continue
         if key.startswith("hydra") or (override.is_delete() and key in groups):
             continue
         value = override.value()

@@ -2,6 +2,7 @@
 loads, resumes and evaluates to the outputs recorded when it was written; malformed records are refused by name."""
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ from quest.evaluation.target import load_target
 from quest.torch_files import FORMAT
 
 from .helpers import compose_cfg, eval_cfg
+from .record_faults import faults, planted
 
 register_eval_configs()
 
@@ -107,3 +109,45 @@ def test_save_checkpoint_checks_a_dict_against_the_record(tmp_path):
     assert not (tmp_path / "x.pt").exists()
     save_checkpoint(tmp_path / "y.pt", CheckpointRecord.from_dict(record))
     assert load_checkpoint(tmp_path / "y.pt")["state"] == REFERENCE["state"]
+
+
+@functools.cache
+def _v1_record() -> CheckpointRecord:
+    return load_record(V1)
+
+
+def _good_record() -> dict:
+    return _v1_record().to_dict()  # a new dict each time; planted() copies what it changes
+
+
+@pytest.mark.parametrize(("field", "value"), list(faults(CheckpointRecord)),
+                         ids=lambda v: v if isinstance(v, str) else repr(v))
+def test_every_field_of_a_wrong_type_or_range_is_refused_naming_it(field, value):
+    """Every field of the record and of the records in it (meta, state, derived, data), each value of a type it does
+    not take or out of its range: one CheckpointRecordError naming the field, never a record believed."""
+    stored = planted(_good_record(), field, value)
+    with pytest.raises(CheckpointRecordError) as caught:
+        CheckpointRecord.from_dict(stored, "ck.pt")
+    assert f"ck.pt: {field}" in str(caught.value) or (field == "version" and "record version" in str(caught.value))
+
+
+def test_the_examples_from_the_field_are_refused_by_the_file_reader(tmp_path):
+    """A metrics_bytes of -5 or "669", a step of -4, a config that is a list: each refused when the file is read,
+    before a resume or an evaluation believes it."""
+    for change, field in [(lambda raw: raw.update(metrics_bytes=-5), "metrics_bytes"),
+                          (lambda raw: raw.update(metrics_bytes="669"), "metrics_bytes"),
+                          (lambda raw: raw["state"].update(step=-4), "state.step"),
+                          (lambda raw: raw.update(config=[1, 2]), "config")]:
+        with pytest.raises(CheckpointRecordError, match=rf"changed\.pt: {field} is"):
+            load_record(_rewrite(tmp_path, change))
+
+
+@pytest.mark.parametrize("name", ["../elsewhere.dcp", "/abs/last.dcp", "", ".."])
+def test_a_sharded_name_outside_the_checkpoint_folder_is_refused(name):
+    with pytest.raises(CheckpointRecordError, match="expected the name of a directory beside"):
+        CheckpointRecord.from_dict({**_good_record(), "sharded": name}, "ck.pt")
+
+
+def test_a_good_record_reads_back_unchanged():
+    good = _good_record()
+    assert CheckpointRecord.from_dict(good, "ck.pt").to_dict() == good

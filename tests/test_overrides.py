@@ -6,6 +6,8 @@ import os
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quest.cli import config_root
 from quest.evaluation import register_eval_configs
@@ -98,3 +100,27 @@ def test_options_from_an_added_search_path_are_not_judged(tmp_path, monkeypatch)
     exit_on_bad_overrides("quest-eval", args, eval_config_schema(), config_root(), "eval")  # returns: nothing to say
     with pytest.raises(SystemExit):
         exit_on_bad_overrides("quest-eval", ["eval=my_suite"], eval_config_schema(), config_root(), "eval")
+
+
+@settings(max_examples=40)
+@given(parts=st.lists(st.text(alphabet="abcxyz_-.", min_size=1, max_size=300).filter(lambda p: p not in (".", "..")),
+                      min_size=1, max_size=3),
+       key=st.sampled_from(["hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"]))
+def test_an_output_directory_hydra_could_not_make_is_refused_before_it_runs(parts, key):
+    """Hydra makes the run's directory before quest's code runs, and fails there with its own traceback: a name over
+    the file system's limit is refused by the override check, naming it; any other name passes."""
+    path = "/".join(parts)
+    problems = override_problems([f"{key}={path}"], TrainConfig, app_groups(config_root(), "train"))
+    too_long = any(len(p.encode()) > os.pathconf(".", "PC_NAME_MAX") for p in parts)
+    assert bool(problems) == too_long, problems
+    if too_long:
+        assert problems[0].startswith(f"{key}=") and "bytes long" in problems[0]
+
+
+def test_an_output_directory_under_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("")
+    problems = override_problems(["hydra.run.dir=taken/run"], TrainConfig, app_groups(config_root(), "train"))
+    assert problems == ["hydra.run.dir=taken/run: taken exists and is not a directory (expected a directory to write "
+                        "the run into)"]
+    assert override_problems(["hydra.run.dir=free/run"], TrainConfig, app_groups(config_root(), "train")) == []

@@ -19,6 +19,8 @@ interpreter), which is how the tests check the kernels and how quest.attention.p
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -62,7 +64,14 @@ def fused_applies(x: Tensor) -> bool:
         return False
     if _forced is not None:
         return _forced
-    return x.is_cuda and not _disabled()
+    return x.is_cuda and not _disabled() and _triton_available()
+
+
+@functools.cache
+def _triton_available() -> bool:
+    # torch's CUDA wheels bring Triton; a build without it (or a ROCm / other GPU torch without the kernels'
+    # support) keeps the PyTorch path
+    return importlib.util.find_spec("triton") is not None and torch.version.cuda is not None
 
 
 def _kernel_for(x: Tensor) -> bool:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from quest.records import RecordError, bounded, check_fields, record
 from quest.torch_files import FORMAT
+
+from .progress import TrainState
 
 __all__ = ["CheckpointRecord", "CheckpointRecordError", "VERSION", "SUPPORTED_VERSIONS", "STATEFUL_PARTS"]
 
@@ -30,13 +33,46 @@ class CheckpointRecordError(ValueError):
 
 
 @dataclass
+class CheckpointMeta:
+    """What the weights fit (``meta``): a checkpoint is loaded only into a model of these."""
+
+    model: str
+    attention: str
+    num_classes: int = field(metadata=bounded(1))
+    img_size: int | list[int] = 0
+    attention_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Derived:
+    """Values computed from the config and the process count that a resume must reproduce (``derived``)."""
+
+    global_batch: int = field(default=1, metadata=bounded(1))
+    lr: float = field(default=0.0, metadata=bounded(0.0))
+    steps_per_epoch: int = field(default=0, metadata=bounded(0))
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+
+@dataclass
+class DataFingerprint:
+    """The data a resume must match (``data``)."""
+
+    train_size: int = field(default=0, metadata=bounded(0))
+    val_size: int = field(default=0, metadata=bounded(0))
+    classes: list[str] | None = None  # None: a data set without class names
+
+
+@dataclass
 class CheckpointRecord:
-    """Everything a quest training checkpoint holds."""
+    """Everything a quest training checkpoint holds. Each field's type (and, in its metadata, its range or the
+    record its mapping is) is checked when a file is read (:meth:`from_dict`, quest.records)."""
 
     model: dict[str, Any]  # the model's full state_dict (gathered from the shards under FSDP)
     config: dict[str, Any]  # the resolved training config (quest.schema), plain containers
-    meta: dict[str, Any]  # model, attention, num_classes, img_size, attention_options: what the weights fit
-    state: dict[str, Any]  # quest.engine.progress.TrainState as a dict: step, epoch, best, counts
+    #: model, attention, num_classes, img_size, attention_options: what the weights fit
+    meta: dict[str, Any] = field(metadata=record(CheckpointMeta))
+    #: quest.engine.progress.TrainState as a dict: step, epoch, best, counts
+    state: dict[str, Any] = field(metadata=record(TrainState))
     ema: dict[str, Any] | None = None  # the EMA model's state_dict; None when trained without EMA
     optimizer: dict[str, Any] | None = None  # None under FSDP: the optimizer state is in the sharded directory
     scheduler: dict[str, Any] | None = None
@@ -44,9 +80,12 @@ class CheckpointRecord:
     rng: list[Any] | None = None  # every rank's RNG streams, in rank order (quest.engine.checkpoint.rng_state)
     sharded: str | None = None  # FSDP: the name of the sharded ``<name>.dcp/`` directory beside this file
     choices: dict[str, str] = field(default_factory=dict)  # the config group choices (model, attention, ...)
-    derived: dict[str, Any] = field(default_factory=dict)  # global batch, lr, steps per epoch, precision
-    data: dict[str, Any] | None = None  # the data fingerprint (split sizes, classes) a resume must match
-    metrics_bytes: int | None = None  # the size of metrics.jsonl when this state was written
+    #: global batch, lr, steps per epoch, precision
+    derived: dict[str, Any] = field(default_factory=dict, metadata=record(Derived))
+    #: the data fingerprint (split sizes, classes) a resume must match
+    data: dict[str, Any] | None = field(default=None, metadata=record(DataFingerprint))
+    #: the size of metrics.jsonl when this state was written
+    metrics_bytes: int | None = field(default=None, metadata=bounded(0))
     metrics_text: str | None = None  # metrics.jsonl up to this state (rebuilds a missing or damaged file)
     version: int = VERSION
 
@@ -80,6 +119,15 @@ class CheckpointRecord:
                 f"{path} (record version {version}) does not match the checkpoint record of this quest: "
                 + "; ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
                 + f" (a record holds {sorted(names)}, of which {list(cls.required())} are required)")
+        try:
+            check_fields(cls, stored, path)
+        except RecordError as exc:
+            raise CheckpointRecordError(f"{exc} (a damaged or hand-edited checkpoint: use another, e.g. "
+                                        "checkpoints/best.pt, or start the run again)") from None
+        sharded = stored.get("sharded")
+        if sharded is not None and (Path(sharded).name != sharded or sharded in ("", ".", "..")):
+            raise CheckpointRecordError(f"{path}: sharded is {sharded!r}, expected the name of a directory beside "
+                                        "the checkpoint (no path)")
         return cls(**{k: v for k, v in stored.items() if k != "format"})
 
     def stateful(self) -> dict[str, Any]:

@@ -6,24 +6,28 @@ checkpoint record's ``state`` field and restores it with ``load_state_dict()``. 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from quest.records import bounded, check_fields
 
 __all__ = ["TrainState"]
 
 
 @dataclass
 class TrainState:
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epochs completed
-    micro_in_epoch: int = 0  # batches of the current epoch already consumed
-    best_top1: float = -1.0
-    best_epoch: int = -1
-    images_seen: int = 0
-    train_seconds: float = 0.0
+    # each counter's range is checked when a checkpoint's state is read back (quest.records)
+    step: int = field(default=0, metadata=bounded(0))  # optimizer steps taken
+    epoch: int = field(default=0, metadata=bounded(0))  # epochs completed
+    micro_in_epoch: int = field(default=0, metadata=bounded(0))  # batches of the current epoch already consumed
+    best_top1: float = field(default=-1.0, metadata=bounded(-1.0, 100.0))  # -1: not validated yet
+    best_epoch: int = field(default=-1, metadata=bounded(-1))
+    images_seen: int = field(default=0, metadata=bounded(0))
+    train_seconds: float = field(default=0.0, metadata=bounded(0.0))
     wandb_id: str | None = None
-    train_skipped: int = 0  # unreadable training images skipped (data.bad_images=skip), all ranks, whole run
-    train_drawn: int = 0  # training images drawn, readable or not, all ranks, whole run
+    #: unreadable training images skipped (data.bad_images=skip), all ranks, whole run
+    train_skipped: int = field(default=0, metadata=bounded(0))
+    train_drawn: int = field(default=0, metadata=bounded(0))  # training images drawn, readable or not, all ranks
 
     # --- what changes it, in the order a run meets them -----------------------------------------------------------
     def drew_batch(self) -> None:
@@ -72,5 +76,6 @@ class TrainState:
         if unknown:
             raise ValueError(f"a checkpoint's training state holds {unknown}, which this quest does not know "
                              f"(it knows {sorted(names)})")
+        check_fields(TrainState, saved, "a checkpoint's training state")
         for name, value in {**asdict(TrainState()), **saved}.items():
             setattr(self, name, value)
