@@ -39,6 +39,7 @@ from quest.workers import die_with_parent
 from .entries import class_folders
 from .ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded
 from .shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
+from .tool_records import check_capped
 
 __all__ = ["cap_image", "cap_folder", "cap_shards", "read_capped", "CAPPED_INFO"]
 
@@ -294,10 +295,10 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
         return None
     try:
         manifest = json.loads(path.read_text())
-        int(manifest["short_side"]), int(manifest["quality"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
+    check_capped(manifest, path.parent, path)  # every field's type and range (quest.data.tool_records)
     if complete_only and manifest.get("complete") is False:
         raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
                          "complete: false); run the same quest-data cap command again to finish it")

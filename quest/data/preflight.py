@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -17,12 +18,15 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.records import RecordError
 from quest.workers import die_with_parent
 
 from .entries import class_listing, not_read_reason
+from .tool_records import check_preflight_cache
 
 __all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "folder_files", "RGB_MODES"]
 
+log = logging.getLogger(__name__)
 CACHE_NAME = ".quest-preflight.json"
 #: Pillow modes whose conversion to RGB keeps the image's values (grey levels, palette colours, alpha dropped, CMYK
 #: and YCbCr converted by Pillow's own formulas); 16/32-bit and float modes ("I;16", "I", "F") would be clipped to
@@ -109,11 +113,14 @@ def _cache_paths(root: Path) -> list[Path]:
 def _read_cache(root: Path, fingerprint: str) -> Report | None:
     for path in _cache_paths(root):
         try:
-            data = json.loads(path.read_text())
+            cached = check_preflight_cache(json.loads(path.read_text()), root, path)
+        except RecordError as exc:  # a cache is only a shortcut: not believed, the folder is checked again
+            log.warning("the pre-flight's cache is not used: %s", exc)
+            continue
         except (OSError, ValueError):
             continue
-        if data.get("fingerprint") == fingerprint:
-            return Report(str(root), data["images"], [Problem(**p) for p in data["problems"]], cached=True)
+        if cached.fingerprint == fingerprint:
+            return Report(str(root), cached.images, [Problem(p.path, p.reason) for p in cached.problems], cached=True)
     return None
 
 

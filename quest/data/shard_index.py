@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from quest.records import RecordError
+
+from .tool_records import check_info
+
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
            "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups", "IrregularMember",
            "first_irregular", "open_tar",
@@ -53,9 +57,13 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
         path = root / name
         if path.is_file():
             try:
-                return json.loads(path.read_text()), path
+                info = json.loads(path.read_text())
             except json.JSONDecodeError as exc:
                 raise ShardError(f"{path} is not valid JSON: {exc}") from exc
+            try:  # every field's type and range, every filename inside root, before anything reads a shard
+                return check_info(info, root, path), path
+            except RecordError as exc:
+                raise ShardError(str(exc)) from None
     return {}, None
 
 
