@@ -79,9 +79,9 @@ def require_distinct(root: str | Path, folders: list[Path]) -> None:
 
 
 def class_files(class_dir: str | Path) -> list[Path]:
-    """Every visible file under ``class_dir`` in sorted order: sub-folders and links followed (as ImageFolder),
+    """Every visible file under ``class_dir`` in ImageFolder's order: sub-folders and links followed (as ImageFolder),
     hidden entries at any depth left out, each real folder walked once (a link loop ends)."""
-    out: list[Path] = []
+    found: list[tuple[str, list[str]]] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -89,9 +89,11 @@ def class_files(class_dir: str | Path) -> list[Path]:
             dirnames.clear()
             continue
         seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if not is_hidden(f))
-    return out
+        dirnames[:] = [d for d in dirnames if not is_hidden(d)]
+        found.append((dirpath, sorted(f for f in filenames if not is_hidden(f))))
+    # torchvision's order (make_dataset: sorted(os.walk(...)), then sorted names): the same samples in the same
+    # order as ImageFolder gives a folder without hidden entries
+    return [Path(dirpath) / f for dirpath, names in sorted(found) for f in names]
 
 
 def require_images_at_top(root: str | Path, folders: list[Path]) -> None:

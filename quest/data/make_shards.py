@@ -113,7 +113,7 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
     for folder, split in splits:
         root = check_image_folder(src / folder, f"convert {src / folder}")
         listing = class_listing(root)  # the training data set's classes and files (quest.data.entries)
-        found = [folder.name for folder, _ in listing]
+        found = [class_dir.name for class_dir, _ in listing]
         if classes is not None and found != classes:
             raise ValueError(f"{root} has other class folders than the first split: {sorted(set(found) ^ set(classes))}")
         classes = found
