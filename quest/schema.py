@@ -123,7 +123,9 @@ class TrainerConfig:
     seed: int = 0  # seed of the weights, data order and augmentation
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (on CUDA the recipe's precision, else bf16; fp32 on CPU) | fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model and the loss (docs/training.md, "Compile")
+    compile_mode: str = "default"  # default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead
+    compile_backend: str = "inductor"  # inductor | aot_eager | eager (trace only: debugging)
     strategy: str = "ddp"  # ddp (also for one process) | fsdp (FSDP2 fully_shard, sharded checkpoints)
     accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
     log_every_n_steps: int = 20  # a progress line and a metrics.jsonl row every N steps
@@ -187,7 +189,8 @@ class TrainConfig:
 #: and may differ when a run resumes (docs/training.md, "Runs, resume and provenance"). Patterns end in ".*".
 OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
-    "trainer.device", "trainer.compile", "trainer.torch_threads", "trainer.log_every_n_steps",
+    "trainer.device", "trainer.compile", "trainer.compile_mode", "trainer.compile_backend",
+    "trainer.torch_threads", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps",
     "trainer.max_loss_factor", "trainer.data_wait_warning", "trainer.low_mfu_warning", "data.max_skipped_fraction",
     "data.preflight", "logger.*", "model.pretrained_download",

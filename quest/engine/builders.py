@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from timm.data import Mixup
 from timm.layers import trunc_normal_
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, get_optimizer_class
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader
@@ -38,7 +38,7 @@ from .distributed import DistContext, agree_on_sample_counts
 log = logging.getLogger("quest.train")
 
 __all__ = ["Components", "build_components", "build_model", "resolve_img_size", "img_size_source", "model_meta",
-           "resolve_lr", "scheduler_epoch"]
+           "resolve_lr", "scheduler_epoch", "train_module", "ModelLoss", "FUSED_OPTIMIZERS"]
 
 
 @dataclass
@@ -140,11 +140,45 @@ def _optimizer(model: nn.Module, recipe: Any, lr: float) -> torch.optim.Optimize
         kwargs["eps"] = recipe.opt_eps
     if recipe.opt_betas is not None:
         kwargs["betas"] = tuple(recipe.opt_betas)
+    # torch's fused kernels (Adam, AdamW, SGD; CUDA and, since torch 2.4, the CPU): one multi-tensor kernel per
+    # group, and a found_inf tensor that skips the update on the device (Run._optimizer_step)
+    if get_optimizer_class(recipe.opt, bind_defaults=False) in FUSED_OPTIMIZERS:
+        kwargs["fused"] = True
     # timm: no weight decay on 1-d params (biases, norms, LayerScale, QKNorm scales) nor model.no_weight_decay()
     # (pos_embed, cls_token, register tokens).
     return create_optimizer_v2(
         model, opt=recipe.opt, lr=lr, weight_decay=recipe.weight_decay, momentum=recipe.momentum, **kwargs
     )
+
+
+#: The optimizer classes built fused: those whose step takes found_inf (GradScaler's _step_supports_amp_scaling).
+FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+class ModelLoss(nn.Module):
+    """The training forward, (images, targets) -> loss: the model and the loss in one module, so that torch.compile
+    takes both into one graph (the loss's softmax and reduction fused with the head)."""
+
+    def __init__(self, model: nn.Module, loss: nn.Module):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.model(images), targets)
+
+
+def train_module(model: nn.Module, loss: nn.Module, trainer: Any, ctx: DistContext) -> nn.Module:
+    """The module a training step calls: :class:`ModelLoss`, compiled with trainer.compile_mode and
+    trainer.compile_backend when trainer.compile is on (docs/training.md, "Compile"), then under several processes
+    wrapped in DDP (FSDP shards the model itself, quest.engine.fsdp)."""
+    module: nn.Module = ModelLoss(model, loss)
+    if trainer.compile:
+        backend, mode = trainer.get("compile_backend", "inductor"), trainer.get("compile_mode", "default")
+        module = torch.compile(module, backend=backend, mode=None if mode == "default" else mode)
+    if ctx.distributed and trainer.strategy != "fsdp":
+        module = nn.parallel.DistributedDataParallel(
+            module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    return module
 
 
 def _train_loss(recipe: Any, mixup_active: bool) -> nn.Module:

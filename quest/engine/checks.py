@@ -27,13 +27,45 @@ from quest.data import DataConfig, check_split_classes, get_dataset, known_num_c
 from quest.extras import require_all
 from quest.schema import TrainConfig
 
-__all__ = ["check_train_config", "check_patch_size", "ConfigError"]
+__all__ = ["check_train_config", "check_patch_size", "check_compile_mode", "ConfigError", "COMPILE_MODES",
+           "COMPILE_BACKENDS"]
 
 #: attention.name of configs/attention/path.yaml until the command line names the class
 PATH_PLACEHOLDER = "<package.module:Class>"
 _SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
 _TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
 _EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+#: trainer.compile_mode: torch.compile's modes (docs/training.md, "Compile"); those that capture CUDA graphs
+COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+#: trainer.compile_backend: inductor generates code; aot_eager and eager trace only (debugging, cheap tests)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+def _no_cuda_graphs(mode: str, device: str, world_size: int, sharded: bool) -> str | None:
+    """Why ``mode`` cannot capture the step's CUDA graphs here, or None. The CPU has none: reduce-overhead would be
+    a silent no-op there (max-autotune still autotunes the CPU kernels; inductor skips its graphs itself). Several
+    processes reduce gradients in DDP's hooks and FSDP's collectives during the backward, outside the graphs
+    torch.compile captures: quest does not combine the two."""
+    if mode not in CUDA_GRAPH_MODES:
+        return None
+    if device == "cpu" and mode == "reduce-overhead":
+        return "needs a CUDA device for its CUDA graphs (this run is on the CPU); use default or max-autotune"
+    if sharded or world_size > 1:
+        return ("captures CUDA graphs, which quest does not combine with several processes (DDP's gradient hooks "
+                "and FSDP's collectives run outside the graphs); use max-autotune-no-cudagraphs or default")
+    return None
+
+
+def check_compile_mode(trainer: Any, ctx: Any) -> None:
+    """Refuse a CUDA-graph compile mode where the run cannot use it, once the device and process count are known
+    (``ctx``: quest.engine.distributed.DistContext), before the model is built."""
+    if not trainer.compile:
+        return
+    mode = trainer.get("compile_mode", "default")
+    why = _no_cuda_graphs(mode, ctx.device.type, ctx.world_size, trainer.strategy == "fsdp")
+    if why:
+        raise ConfigError(f"trainer.compile_mode={mode} {why}")
 
 
 #: the largest input side accepted: at 4096 px a ViT with 16 px patches has 65,536 tokens, whose attention matrix
@@ -145,6 +177,16 @@ def _trainer(c: Checks) -> None:
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
+    c.one_of("trainer.compile_mode", COMPILE_MODES)
+    c.one_of("trainer.compile_backend", COMPILE_BACKENDS)
+    if c.value("trainer.compile_mode") not in ("default", None) and c.value("trainer.compile_backend") != "inductor":
+        c.fail("trainer.compile_mode", "must be default unless trainer.compile_backend=inductor (the modes are "
+               "inductor's)")
+    if c.value("trainer.compile") and c.value("trainer.compile_mode") in CUDA_GRAPH_MODES:
+        why = _no_cuda_graphs(c.value("trainer.compile_mode"), str(c.value("trainer.device")), 1,
+                              c.value("trainer.strategy") == "fsdp")
+        if why:
+            c.fail("trainer.compile_mode", why)
     if c.value("trainer.strategy") == "fsdp" and c.value("recipe.ema"):
         c.fail("recipe.ema", "must be false with trainer.strategy=fsdp (the EMA copy of a sharded model is not "
                "supported)")

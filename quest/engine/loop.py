@@ -39,6 +39,7 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
     st, tr, out = run.state, run.cfg.trainer, Outcome()
 
     def save(stop: str | None = None, best: bool = False) -> None:  # a stop request always saves first
+        run.check_diverged()  # no checkpoint holds weights from after a bad step (the check stays on the device)
         checkpointer.save(run.stateful, {**run.record(), **steps.logger.position()}, best=best)
         if stop:
             raise StopRequested(stop, signals.signal_name or "?")
@@ -50,6 +51,7 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
                 if run.diagnostics is not None and run.diagnostics.due(st.step):
                     steps.logger.log(run.diagnose(batches), st.step)
                 # this rank's stop request rides in the step's one collective; every rank gets the same answer
+                # (docs/training.md, "The training loop": one process acts at once, DDP one step later)
                 metrics = run.train_step(batches, log=steps.due(st.step + 1), stop=signals.request())
                 stop = signals.decide(metrics.pop("stop"), run.ctx)
                 steps.record(metrics, batches)

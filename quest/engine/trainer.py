@@ -20,9 +20,11 @@ from omegaconf import OmegaConf
 from quest.config_checks import ConfigError
 from quest.data.preflight import preflight_left_out
 
-from .builders import Components, build_components, model_meta, scheduler_epoch
+from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
 from .checkpoint import Checkpointer, CheckpointRecord, load_record
+from .checks import check_compile_mode
 from .distributed import DistContext
+from .guard import Diverged, StepGuard
 from .precision import autocast_for, resolve_precision
 from .progress import TrainState
 from .run_dir import check_data, data_fingerprint
@@ -41,12 +43,6 @@ class BadData(Exception):
         self.reason = reason
 
 
-class Diverged(Exception):
-    def __init__(self, step: int, reason: str):
-        super().__init__(f"diverged at step {step}: {reason}")
-        self.step, self.reason = step, reason
-
-
 class Run:
     """One training run: its components, state and outputs. ``fit`` drives it."""
 
@@ -55,12 +51,11 @@ class Run:
         self.cfg, self.run_dir, self.choices, self.ctx = cfg, run_dir, choices, ctx
         self.sharded = cfg.trainer.strategy == "fsdp"
         self.checkpointer = checkpointer or Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
+        check_compile_mode(cfg.trainer, ctx)  # the device and process count known, before any work
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
-        self.train_model = torch.compile(self.model) if cfg.trainer.compile else self.model
-        if ctx.distributed and not self.sharded:
-            self.train_model = torch.nn.parallel.DistributedDataParallel(
-                self.train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        # (images, targets) -> loss: the model and the loss, compiled together (trainer.compile), under DDP wrapped
+        self.train_model = train_module(self.model, self.parts.train_loss, cfg.trainer, ctx)
         self.precision = resolve_precision(cfg.trainer.precision, cfg.recipe.get("precision"), ctx.device)
         self.autocast = autocast_for(self.precision, ctx.device)
         # fp16 needs dynamic loss scaling (DeiT's NativeScaler is this GradScaler); disabled it is a pass-through
@@ -76,7 +71,8 @@ class Run:
         self._counts = [0, 0]  # this rank's skipped and drawn images not yet in the state
         self.data_wait = 0.0  # seconds this process waited for the loader since StepLog last took it
         self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
-        self.max_loss = divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes)
+        self.guard = StepGuard(ctx.device, divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes),
+                               scaler=self.scaler.is_enabled(), distributed=ctx.distributed)
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -175,62 +171,76 @@ class Run:
     # --- one optimizer step -----------------------------------------------------------------------------------
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]], log: bool = True,
                    stop: float = 0.0) -> dict[str, float]:
-        """Forward/backward over ``batches`` (gradient accumulation), then one check that every micro-batch's loss and
-        the gradient norm are finite (and the loss at most trainer.max_loss), agreed across ranks, before clipping,
-        the optimizer, EMA and schedule updates.
-
-        The check is kept on the device until then: one collective and one device-to-host read per optimizer step,
-        whatever the accumulation (the loss scaler's own overflow check aside), instead of one per micro-batch.
-        ``stop``: this rank's stop request (StopSignals.request), reduced in the same collective; the result's
-        ``"stop"`` is the maximum over ranks. ``log``: also read the loss scale (fp16) for the log line."""
-        p, cfg, st, device = self.parts, self.cfg, self.state, self.ctx.device
-        max_loss = self.max_loss
-        loss_sum = worst = torch.zeros((), device=device)
+        """Forward/backward over ``batches`` (gradient accumulation), clipping, the optimizer, EMA and schedule
+        updates, with no host read unless ``log``: the divergence check (every micro-batch's loss and the gradient
+        norm finite, the loss at most trainer.max_loss) stays on the device (quest.engine.guard), where from the
+        first bad step on the optimizer skips its update. ``log``: read the check and the values to log (Diverged
+        when a step since the last read went bad). ``stop``: this rank's stop request; under DDP it rides in the
+        step's one collective and the result's ``"stop"`` is a reduced request that every rank reads at the same
+        step (this step's when logged, else the previous step's)."""
+        p, st, device = self.parts, self.state, self.ctx.device
+        loss_sum = worst = None
         for i, (images, targets) in enumerate(batches):
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if p.mixup is not None:
                 images, targets = p.mixup(images, targets)
             sync = i == len(batches) - 1 or not self.ctx.distributed
             with (nullcontext() if sync else self.train_model.no_sync()), self.autocast():
-                loss = p.train_loss(self.train_model(images), targets)
+                loss = self.train_model(images, targets)  # the model and the loss (compiled: trainer.compile)
             value = loss.detach().float()
-            loss_sum = loss_sum + value
             # the largest loss; NaN wins, so a non-finite micro-batch cannot hide behind a finite one
-            worst = torch.where(value.isnan() | (value > worst), value, worst)
+            worst = value if worst is None else torch.where(value.isnan() | (value > worst), value, worst)
+            if log:  # the mean loss is only computed to be logged
+                loss_sum = value if loss_sum is None else loss_sum + value
             self.scaler.scale(loss / len(batches)).backward()
-        self.scaler.unscale_(p.optimizer)
-        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        if cfg.recipe.clip_grad is not None:  # without clipping, no pass over the gradients beyond the norm's
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), cfg.recipe.clip_grad, grad_norm)
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
-        # fp16: an overflow is the scaler's business (it skips the step and lowers the scale, as DeiT's NativeScaler);
-        # otherwise a non-finite norm is divergence. A non-finite loss is divergence either way (DeiT stops on it).
-        loss_bad = ~worst.isfinite() | (worst > max_loss)
-        grad_bad = ~grad_norm.isfinite() & (not self.scaler.is_enabled())
-        flags = torch.cat([torch.stack([loss_bad, grad_bad]).to(torch.float32),
-                           torch.full((1,), float(stop), device=device)])
-        if self.ctx.distributed:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # the step's one collective
-        loss_bad_v, grad_bad_v, stop_v, loss_v, worst_v, norm_v = torch.cat([flags, torch.stack(
-            [loss_sum / len(batches), worst, grad_norm])]).tolist()  # the step's one device-to-host read
-        if loss_bad_v:
-            raise Diverged(st.step, f"loss {worst_v:.4g}" + (f" above {max_loss:.4g}" if math.isfinite(worst_v) else
-                                                             " is not finite"))
-        if grad_bad_v:
-            raise Diverged(st.step, f"gradient norm {norm_v}")
-        metrics = {"train/loss": loss_v, "train/grad_norm": norm_v, "stop": stop_v}
-        if log and self.scaler.is_enabled():
-            metrics["train/loss_scale"] = self.scaler.get_scale()  # before update(): the scale this step used
-        self.scaler.step(p.optimizer)
-        self.scaler.update()
+        grad_norm = self._unscale_and_clip()
+        skip = self.guard.step(worst, grad_norm, stop)  # on the device; under DDP the step's one collective
+        metrics = {"train/loss_scale": self.scaler.get_scale()} if log and self.scaler.is_enabled() else {}
+        self._optimizer_step(skip, grad_norm)
         p.optimizer.zero_grad(set_to_none=True)
         st.took_step()
-        if p.ema is not None:
+        if p.ema is not None:  # after a bad step, skipped fused updates hold the model: the EMA stays finite
             p.ema.update(self.model, step=st.step)
         p.scheduler.step_update(num_updates=st.step)
         self._add_skip_counts()
-        return metrics
+        if not log:
+            return {"stop": self.guard.previous_stop() if self.ctx.distributed else stop}
+        loss_v, norm_v, *agreed = self.guard.read(st.step, loss_sum / len(batches), grad_norm, stop=True)
+        return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": agreed[0] if agreed else stop}
+
+    def _unscale_and_clip(self) -> torch.Tensor:
+        """The gradients' total norm (fp32, 0-d, before clipping) after unscaling them (fp16), clipping them to
+        recipe.clip_grad when set (without clipping, no pass over the gradients beyond the norm's): foreach ops."""
+        self.scaler.unscale_(self.parts.optimizer)
+        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.cfg.recipe.clip_grad is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.recipe.clip_grad, grad_norm)
+        return (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
+
+    def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The optimizer's update, skipped on the device when ``skip`` is 1.0 (a bad step, or any after one) where
+        the optimizer takes a ``found_inf`` tensor (torch's fused Adam, AdamW, SGD: quest.engine.builders builds
+        them fused). Under fp16 a gradient overflow also skips it, as GradScaler.step would, and the scaler lowers
+        its scale. Other optimizers (timm's Lamb, ...) step anyway: their weights after a bad step never reach a
+        checkpoint, a validation or the diagnostics, which read the check first (docs/training.md)."""
+        optimizer = self.parts.optimizer
+        if all(group.get("fused") for group in optimizer.param_groups):
+            if self.scaler.is_enabled():
+                skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
+            optimizer.found_inf = skip  # read by the fused kernel on the device
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
+        else:
+            self.scaler.step(optimizer)  # fp16: the scaler's own overflow check (a host read), then the step
+        self.scaler.update()
+
+    def check_diverged(self) -> None:
+        """Raise Diverged when a step since the last read went bad (one device-to-host read): before a checkpoint,
+        an epoch's end and diagnostics, so that none of them sees weights from after a bad step."""
+        self.guard.read(self.state.step)
 
     # --- epochs -----------------------------------------------------------------------------------------------
     @property
@@ -275,13 +285,17 @@ class Run:
         return wait
 
     def diagnose(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-        """Attention statistics (diagnostics.every_n_steps) on the first images of a step."""
+        """Attention statistics (diagnostics.every_n_steps) on the first images of a step, once the divergence check
+        is read (they read the device anyway)."""
+        self.check_diverged()
         sample = batches[0][0][: self.cfg.diagnostics.num_samples].to(self.ctx.device)
         return self.diagnostics.collect(sample, step=self.state.step)
 
     def end_epoch(self) -> dict[str, Any] | None:
         """The epoch's loader is exhausted: count its images, move the state to the next epoch, and step a per-epoch
-        schedule. Returns the data counts to log when images were skipped; raises BadData when no step was taken."""
+        schedule. Returns the data counts to log when images were skipped; raises Diverged when a step since the last
+        read went bad (before validation or the save see its weights), BadData when no step was taken."""
+        self.check_diverged()
         st = self.state
         self._add_skip_counts()
         steps_before, micro_before = self._epoch_start

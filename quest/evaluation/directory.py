@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
-from quest.compat import upgrade_eval_results
 from quest.errors import UserError
 from quest.io import REPLACED, LockHeld, json_text, write_text_atomic
 from quest.owned_dir import OwnedDirectory, differences
+from quest.records import RecordError
+
+from .results_file import checked_results
 
 log = logging.getLogger("quest.eval")
 
@@ -100,10 +102,11 @@ def read_results(path: Path) -> dict[str, Any]:
                                  "aside, or pass eval.overwrite=true to archive it to .replaced/ and evaluate again")
     except PermissionError:
         raise EvalDirectoryError(f"{path}: permission denied (reading it needs read permission on the file)") from None
-    if not isinstance(data, dict) or not isinstance(data.get("results", {}), dict):
-        raise EvalDirectoryError(f"{path} holds a JSON {type(data).__name__} without a 'results' object, not "
-                                 "eval.py's results; move it aside or pass eval.overwrite=true to archive it")
-    return upgrade_eval_results(data)  # an older quest's results (no status): today's form, quest.compat
+    try:
+        return checked_results(data, path)  # every field checked; an older quest's results upgraded (quest.compat)
+    except RecordError as exc:
+        raise EvalDirectoryError(f"{exc} (damaged or edited?); move it aside or pass eval.overwrite=true to archive "
+                                 "it to .replaced/ and evaluate again") from None
 
 
 class EvalDirectory(OwnedDirectory):

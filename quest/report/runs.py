@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quest.compat import upgrade_eval_results
+from quest.evaluation.results_file import checked_results
+from quest.records import RecordError
 
 log = logging.getLogger("quest.report")
 
@@ -128,7 +129,10 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
                    key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
     for path in files:
-        report = upgrade_eval_results(_read_json(path, "evaluation results"))  # an older quest's: quest.compat
+        try:  # every field checked; an older quest's upgraded (quest.compat)
+            report = checked_results(_read_json(path, "evaluation results"), path)
+        except RecordError as exc:
+            raise ReportInputError(str(exc)) from None
         if report["status"] == "running":  # in progress, or killed: not results yet (see docs/evaluation.md)
             log.warning("%s: an evaluation in progress or interrupted (status running); left out", path.parent)
             continue

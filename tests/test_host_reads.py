@@ -1,0 +1,210 @@
+"""A training step without a host read between log intervals (docs/training.md, "The training loop"): the counter of
+device-to-host reads, shown to catch each kind of read; the loop's reads per step; a bad step caught on the device
+(its update and every later one skipped, the divergence reported with its step) and never saved."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from quest.engine import fit, load_checkpoint
+from quest.engine.distributed import DistContext
+from quest.engine.trainer import Diverged, Run
+
+from .helpers import FAST, compose_cfg
+
+#: the Python methods that hand a tensor's values to the host; on the CPU, tolist / numpy / cpu / __float__ never
+#: reach the dispatcher, so they are counted where they are called
+_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu")
+
+
+class HostReads(TorchDispatchMode):
+    """Counts device-to-host reads from any code (quest's, timm's, torch's): calls of the methods above, and
+    ``aten._local_scalar_dense`` reached any other way (a tensor that C++ turns into a number). A read through one
+    of the methods counts once. ``on``: count only while true (the loader's batches are not the step's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.on, self._inside, self._saved = 0, True, 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and self.on and not self._inside:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+    def _wrap(self, original):
+        def read(tensor, *args, **kwargs):
+            if self.on and not self._inside:
+                self.count += 1
+            self._inside += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._inside -= 1
+        return read
+
+    def __enter__(self):
+        self._saved = {name: getattr(torch.Tensor, name) for name in _READS}
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, self._wrap(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+
+def _reading(action) -> int:
+    with HostReads() as reads:
+        action()
+    return reads.count
+
+
+@pytest.mark.parametrize("name, action", [
+    ("tolist", lambda t: t.tolist()), ("item", lambda t: t.sum().item()), ("bool", lambda t: bool(t.sum() > 0)),
+    ("float", lambda t: float(t.sum())), ("int", lambda t: int(t.sum())), ("numpy", lambda t: t.numpy()),
+    ("cpu", lambda t: t.cpu()), ("format", lambda t: f"{t.sum():.2f}"),
+    ("scalar argument in C++", lambda t: torch._foreach_lerp_([t.clone()], [t], t.sum())),
+])
+def test_the_counter_catches_every_kind_of_read(name, action):
+    assert _reading(lambda: action(torch.ones(3))) == 1, name
+    assert _reading(lambda: torch.ones(3).mul_(2).sum().add_(1)) == 0  # device work alone reads nothing
+
+
+def _run(tmp_path, *overrides: str) -> Run:
+    return Run(compose_cfg(*FAST, "recipe.mixup=0.8", "recipe.drop_path=0.1", *overrides), tmp_path, {},
+               DistContext())
+
+
+def _batch(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))]
+
+
+def test_a_step_reads_the_device_only_when_it_is_logged(tmp_path):
+    """EMA, mixup, drop path, clipping and gradient accumulation on: no read at all between log intervals; the
+    logged step reads once (the counter catches it: the same step that read once per step before)."""
+    run = _run(tmp_path, "recipe.clip_grad=1.0", "trainer.accum_steps=2")
+    batches = _batch(0) + _batch(1)
+    run.train_step(batches, log=False)  # the first step builds the optimizer's state
+    assert _reading(lambda: run.train_step(batches, log=False)) == 0
+    assert _reading(lambda: run.train_step(batches, log=True)) == 1
+
+
+def test_the_loop_reads_once_per_log_interval(tmp_path, monkeypatch):
+    """Counted over each optimizer step of a real run, from one step's batches to the next (diagnostics, the step,
+    the log row, the checkpoint's due check), the loader's own work left out: a read only at logged steps."""
+    counter, windows = HostReads(), []
+    batches_of = Run.step_batches
+
+    def counted(self):
+        it = batches_of(self)
+        while True:
+            counter.on = False  # drawing the next batch is the loader's
+            try:
+                batches = next(it)
+            except StopIteration:
+                return
+            windows.append(counter.count)
+            counter.on = True
+            yield batches
+
+    monkeypatch.setattr(Run, "step_batches", counted)
+    with counter:
+        summary = fit(compose_cfg(*FAST, "trainer.log_every_n_steps=3"), tmp_path)
+    assert summary["status"] == "completed" and summary["step"] == 8
+    per_step = [b - a for a, b in zip(windows, windows[1:])]  # steps 1..7; step 8 runs on into the epoch's end
+    assert per_step == [0, 0, 1, 0, 0, 1, 0]
+
+
+def test_a_bad_step_is_skipped_on_the_device_and_reported_with_its_step(tmp_path):
+    run = _run(tmp_path, "recipe.ema=false")
+    run.train_step(_batch(0), log=False)
+    good = copy.deepcopy(run.model.state_dict())
+    moments = copy.deepcopy(run.parts.optimizer.state_dict()["state"])
+    images, targets = _batch(1)[0]
+    run.train_step([(images * float("nan"), targets)], log=False)  # step 1 (counted from 0) goes bad
+    for seed in (2, 3):
+        run.train_step(_batch(seed), log=False)  # healthy batches, but after a bad step: skipped too
+    for key, value in run.model.state_dict().items():
+        torch.testing.assert_close(value, good[key], atol=0, rtol=0, msg=key)
+    for index, state in run.parts.optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            torch.testing.assert_close(value, moments[index][name], atol=0, rtol=0, msg=f"{index}.{name}")
+    with pytest.raises(Diverged, match=r"^diverged at step 1: loss nan is not finite$"):
+        run.check_diverged()
+    with pytest.raises(Diverged, match=r"^diverged at step 1: loss nan is not finite$"):
+        run.train_step(_batch(4), log=True)  # every later read says the same
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, loss: torch.nn.Module):
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return 100 * self.loss(logits, targets)
+
+
+def test_a_loss_above_the_bound_is_reported_at_its_step(tmp_path):
+    run = _run(tmp_path, "recipe.ema=false", "trainer.max_loss=50")
+    run.train_step(_batch(0), log=False)
+    loss = run.train_model.loss
+    run.train_model.loss = Scaled(loss)  # step 1's loss x 100: finite, far above the bound
+    run.train_step(_batch(1), log=False)
+    run.train_model.loss = loss
+    run.train_step(_batch(2), log=False)
+    with pytest.raises(Diverged, match=r"^diverged at step 1: loss \S+ above 50$"):
+        run.check_diverged()
+
+
+def test_the_checkpoint_after_a_bad_step_holds_the_weights_from_before_it(tmp_path, monkeypatch):
+    """Saved every 2 steps, logged every 10: step 2 (counted from 0) goes bad between reads. The save after it reads
+    the check first: the run ends diverged at step 2, and last.pt holds the weights of step 2's start, those of a
+    run stopped there."""
+    common = [*FAST, "trainer.log_every_n_steps=10", "trainer.epochs=1"]
+    fit(compose_cfg(*common, "trainer.max_steps=2"), tmp_path / "reference")
+    step = Run.train_step
+
+    def poisoned(self, batches, **kw):
+        if self.state.step == 2:
+            batches = [(images * float("nan"), targets) for images, targets in batches]
+        return step(self, batches, **kw)
+
+    monkeypatch.setattr(Run, "train_step", poisoned)
+    summary = fit(compose_cfg(*common, "trainer.checkpoint_every_n_steps=2"), tmp_path / "diverged")
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 2
+    assert summary["divergence_reason"] == "loss nan is not finite"
+    saved, reference = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("diverged", "reference"))
+    assert saved["state"]["step"] == 2
+    for part in ("model", "ema"):
+        for key, value in reference[part].items():
+            torch.testing.assert_close(saved[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
+
+
+def test_under_ddp_the_stop_request_is_read_a_step_later_or_with_the_log(monkeypatch):
+    """The guard's stop path with a real collective (gloo, one process): between log intervals the request reduced in
+    step k is read at the end of step k + 1, without a device read; a logged step reads its own with the log."""
+    import torch.distributed as dist
+
+    from quest.engine.guard import StepGuard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        guard = StepGuard(torch.device("cpu"), max_loss=10.0, scaler=False, distributed=True)
+        fine, norm = torch.tensor(1.0), torch.tensor(2.0)
+        seen = []
+        for request in (0.0, 1.0, 0.0, 2.0):  # 1 requeue in step 1, 2 interrupt in step 3
+            guard.step(fine, norm, request)
+            seen.append(guard.previous_stop())
+        assert seen == [0.0, 0.0, 1.0, 0.0]  # step 3's interrupt not yet: it is read after step 4
+        guard.step(fine, norm, 0.0)
+        # a logged step: its own reduced request with the one before, not read yet
+        assert guard.read(5, norm, stop=True) == [2.0, 2.0]
+        guard.step(fine, norm, 0.0)
+        assert guard.previous_stop() == 0.0  # and neither is read again
+    finally:
+        dist.destroy_process_group()
