@@ -17,9 +17,8 @@ from quest.records import RecordError
 from .tool_records import check_info
 
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
-           "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups", "IrregularMember",
-           "first_irregular", "open_tar",
-           "count_samples"]
+           "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups",
+           "IrregularMember", "first_irregular", "open_tar", "count_samples"]
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # the first one a sample has is its image
