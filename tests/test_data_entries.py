@@ -240,3 +240,25 @@ def test_quest_data_check_of_a_folder_that_is_not_a_data_set_says_so_before_walk
         assert check_root(root, workers=1, progress=False, out=out, err=err) == 2
         assert "is neither an image folder" in err.getvalue() and "none is an image" in err.getvalue()
         assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize("kind", ["a linked duplicate class", "a class of files and no image"])
+def test_a_training_start_refuses_the_layout_in_its_checks_before_any_work(tmp_path, kind):
+    """The start's checks (quest.engine.checks, which list directories only) name the bad class folder."""
+    from quest.engine.checks import check_train_config
+
+    from .helpers import compose_cfg
+
+    for split in ("train", "val"):
+        _split(tmp_path / "data" / split, ["cat", "dog"])
+    if kind == "a linked duplicate class":
+        (tmp_path / "data" / "val" / "eel").symlink_to("cat")
+        _png(tmp_path / "data" / "train" / "eel" / "x.png")
+        match = r"class folders .*val/cat and .*val/eel are the same images"
+    else:
+        (tmp_path / "data" / "train" / "eel").mkdir()
+        (tmp_path / "data" / "train" / "eel" / "notes.txt").write_text("no pixels")
+        match = r"train/eel holds 1 file\(s\) and none is an image"
+    cfg = compose_cfg("data=imagefolder", f"data.root={tmp_path / 'data'}", "data.num_classes=3")
+    with pytest.raises(LayoutError, match=match):
+        check_train_config(cfg)
