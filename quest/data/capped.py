@@ -36,8 +36,10 @@ from PIL import Image
 from quest.io import atomic_write, write_text_atomic
 from quest.workers import die_with_parent
 
+from .entries import class_folders
 from .ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded
-from .shard_index import IMAGE_EXTS, load_info, require_complete
+from .shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
+from .tool_records import check_capped
 
 __all__ = ["cap_image", "cap_folder", "cap_shards", "read_capped", "CAPPED_INFO"]
 
@@ -100,7 +102,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     """An image folder ``src/<split>/<class>/<image>``: the ``splits`` capped into ``dst``, every other split folder
     linked. Run again, it follows the source (module docstring). Returns the manifest written to
     ``dst/_capped.json`` and, under ``this_run``, how many outputs this run kept, wrote and removed."""
-    from .preflight import _files
+    from .preflight import folder_files
 
     src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
     _check(src, dst, short_side, quality)
@@ -109,7 +111,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     if missing:
         raise FileNotFoundError(f"{src} has no split folder {missing[0]!r} (its folders: {folders})")
     splits = sorted(set(splits))
-    files = {split: [f for f in _files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS] for split in splits}
+    files = {split: [f for f in folder_files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS] for split in splits}
     for split, found in files.items():
         if len({(f.parent, Path(_jpeg_name(f)).stem.lower()) for f in found}) != len(found):
             raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
@@ -144,7 +146,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
 def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
     """``dst_split`` holds a folder for every class folder of the source, also one whose images are all unreadable
     (ImageFolder numbers classes by their folders), and nothing the ledger does not list."""
-    classes = sorted(p.name for p in src_split.iterdir() if p.is_dir())
+    classes = [p.name for p in class_folders(src_split)]  # the data set's classes (quest.data.entries)
     dst_split.mkdir(parents=True, exist_ok=True)
     for path in dst_split.iterdir():
         if path.is_dir() and not path.is_symlink() and path.name not in classes:
@@ -214,6 +216,9 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     gone = [n for n in names if not (src / n).is_file()]
     if gone:
         raise FileNotFoundError(f"{info_path} lists shards that do not exist: {', '.join(gone[:5])}")
+    for name in names:  # every shard reader refuses such a member: the copy would check clean without it
+        if (irregular := first_irregular(src / name)) is not None:
+            raise irregular
     stamps = {n: file_stamp(src / n) for n in names}
     links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
     _refuse_foreign(dst)
@@ -290,10 +295,10 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
         return None
     try:
         manifest = json.loads(path.read_text())
-        int(manifest["short_side"]), int(manifest["quality"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
+    check_capped(manifest, path.parent, path)  # every field's type and range (quest.data.tool_records)
     if complete_only and manifest.get("complete") is False:
         raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
                          "complete: false); run the same quest-data cap command again to finish it")

@@ -17,7 +17,8 @@ from quest.config_checks import process_count_problem
 from quest.errors import input_error, program_name
 
 from .capped import read_capped
-from .preflight import Problem, Report, check_image_folder_files
+from .entries import LayoutError
+from .preflight import Problem, Report, check_image_folder_files, folder_files
 from .shard_index import info_lengths, load_info, require_complete
 from .shard_preflight import check_shard_split
 
@@ -27,7 +28,7 @@ FOLDER_SPLITS = ("train", "val")
 
 
 _KINDS = (("holds ", "sample count differs from _info.json"), ("label ", "bad label"), ("cut short", "cut short"),
-          ("split ", "_info.json inconsistent"))
+          ("split ", "_info.json inconsistent"), ("member ", "a member that is not a regular file"))
 
 
 def reason_kind(reason: str) -> str:
@@ -98,11 +99,14 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
     else:
         splits = [s for s in FOLDER_SPLITS if (root / s).is_dir()]
         folders = [(s, root / s) for s in splits] or [(root.name, root)]
-        if not any(p.is_dir() for _, folder in folders for p in folder.iterdir()):
-            print(f"quest-data check: error: {root} is neither an image folder (<split>/<class>/<image> or <class>/<image>) "
-                  "nor a shard directory (_info.json or *.tar)", file=err)
+        try:  # every split's layout (the top level first: bounded work) and listing before the first decode
+            listed = [(s, folder, folder_files(folder)) for s, folder in folders]
+        except LayoutError as exc:
+            print(f"quest-data check: error: {root} is neither an image folder (<split>/<class>/<image> or "
+                  f"<class>/<image>) nor a shard directory (_info.json or *.tar): {exc}", file=err)
             return 2
-        reports = [(s, check_image_folder_files(folder, workers, use_cache, bar(s))) for s, folder in folders]
+        reports = [(s, check_image_folder_files(folder, workers, use_cache, bar(s), files=files))
+                   for s, folder, files in listed]
         unit = "usable images,"
     problems = 0
     for name, report in reports:

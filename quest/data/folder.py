@@ -11,6 +11,8 @@ from torchvision.datasets import ImageFolder
 
 from quest.errors import UserError
 
+from .entries import image_samples, is_hidden
+
 log = logging.getLogger(__name__)
 
 
@@ -19,20 +21,31 @@ class CorruptImageError(UserError, RuntimeError):
 
 
 def check_image_folder(root: str | Path, what: str) -> Path:
-    """``root`` must be a directory of class sub-directories; otherwise a message naming the path and layout."""
+    """``root`` must be a directory of class sub-directories (visible ones: quest.data.entries); otherwise a message
+    naming the path and layout."""
     root = Path(root).expanduser()
-    expected = f"{root}/<class>/<image> (one sub-directory per class)"
+    expected = f"{root}/<class>/<image> (one visible sub-directory per class)"
     if not root.is_dir():
         raise FileNotFoundError(f"{what}: {root} does not exist or is not a directory; expected the layout {expected}")
-    if not any(p.is_dir() for p in root.iterdir()):
+    if not any(p.is_dir() and not is_hidden(p.name) for p in root.iterdir()):
         raise FileNotFoundError(f"{what}: {root} has no class sub-directories; expected the layout {expected}")
     return root
 
 
 class SafeImageFolder(ImageFolder):
-    """``ImageFolder`` whose unreadable images either raise :class:`CorruptImageError` naming the file
-    (``bad_images='error'``) or are dropped from the batch and counted (``bad_images='skip'``, use
-    :func:`collate_skipping_bad`)."""
+    """``ImageFolder`` whose classes and images are quest.data.entries' (hidden entries never count; class folders
+    that are the same place are refused; the pre-flight lists the same files), and whose unreadable images either
+    raise :class:`CorruptImageError` naming the file (``bad_images='error'``) or are dropped from the batch and
+    counted (``bad_images='skip'``, use :func:`collate_skipping_bad`)."""
+
+    def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
+        # listed once here, handed to make_dataset: torchvision's own would count .ipynb_checkpoints as a class
+        classes, self._listed = image_samples(directory)
+        return classes, {c: i for i, c in enumerate(classes)}
+
+    def make_dataset(self, directory: str | Path, class_to_idx: dict[str, int], extensions: Any = None,
+                     is_valid_file: Any = None, allow_empty: bool = False) -> list[tuple[str, int]]:
+        return self._listed
 
     def __init__(self, root: str | Path, transform: Callable | None = None, bad_images: str = "error",
                  loader: Callable[[str], Any] | None = None):

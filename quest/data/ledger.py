@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from quest.io import open_records, write_text_atomic
+from quest.records import RecordError
+
+from .tool_records import check_ledger_header, check_ledger_line
 
 __all__ = ["LEDGER_NAME", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
 
@@ -59,6 +62,8 @@ class Ledger:
             self._append = open_records(self.path)  # closed by close()
 
     def _read(self) -> None:
+        """The header and every line checked (quest.data.tool_records) before any is believed: a line's ``out`` is a
+        file a rerun may delete. Only the last line may be cut (a kill while appending): it is skipped."""
         lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
         try:
             header = json.loads(lines[0]) if lines else None
@@ -67,20 +72,23 @@ class Ledger:
         if not isinstance(header, dict) or "tool" not in header:
             raise ValueError(f"{self.path} is not a ledger quest's data tools wrote (its first line is not their "
                              f"header); {self.folder} holds files {self.tool} did not write: choose another folder")
-        if (header["tool"], header.get("params")) != (self.tool, self.params):
-            raise ValueError(f"{self.folder} was written by {header['tool']} with {header.get('params')}; this "
+        check_ledger_header(header, f"{self.path} line 1")
+        if (header["tool"], header["params"]) != (self.tool, self.params):
+            raise ValueError(f"{self.folder} was written by {header['tool']} with {header['params']}; this "
                              f"command is {self.tool} with {self.params}: use another folder for it")
-        for line in lines[1:]:
+        for number, line in enumerate(lines[1:], 2):
             try:
                 row = json.loads(line)
-                key, out = str(row["key"]), row["out"]
-                stamp = row.get("stamp")
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a line cut by a kill: its output, if any, is not on the record and will be redone
-            if out is None:
-                self.entries.pop(key, None)
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    continue  # a line cut by a kill: its output, if any, is not on the record and will be redone
+                raise RecordError(f"{self.path} line {number} is not JSON; expected a line {{\"key\": ..., "
+                                  "\"out\": ...}") from None
+            entry = check_ledger_line(row, self.folder, f"{self.path} line {number}")
+            if entry.out is None:
+                self.entries.pop(entry.key, None)
             else:
-                self.entries[key] = (str(out), str(stamp))
+                self.entries[entry.key] = (entry.out, str(entry.stamp))
 
     def _rewrite(self) -> None:
         header = json.dumps({"tool": self.tool, "params": self.params}, sort_keys=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from quest.io import atomic_write, write_text_atomic
 
+from .entries import class_listing
 from .folder import check_image_folder
 from .ledger import Ledger, file_stamp, is_partial_write
 from .shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
@@ -111,11 +112,12 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
     lengths: dict[str, list[tuple[str, int]]] = {}
     for folder, split in splits:
         root = check_image_folder(src / folder, f"convert {src / folder}")
-        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        listing = class_listing(root)  # the training data set's classes and files (quest.data.entries)
+        found = [class_dir.name for class_dir, _ in listing]
         if classes is not None and found != classes:
             raise ValueError(f"{root} has other class folders than the first split: {sorted(set(found) ^ set(classes))}")
         classes = found
-        items = [(p, i) for i, c in enumerate(classes) for p in sorted((root / c).rglob("*"))
+        items = [(p, i) for i, (_, files) in enumerate(listing) for p in files
                  if p.is_file() and p.suffix[1:].lower() in IMAGE_EXTS]
         if not items:
             raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_EXTS)})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -17,10 +18,15 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.records import RecordError
 from quest.workers import die_with_parent
 
-__all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "RGB_MODES"]
+from .entries import class_listing, not_read_reason
+from .tool_records import check_preflight_cache
 
+__all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "folder_files", "RGB_MODES"]
+
+log = logging.getLogger(__name__)
 CACHE_NAME = ".quest-preflight.json"
 #: Pillow modes whose conversion to RGB keeps the image's values (grey levels, palette colours, alpha dropped, CMYK
 #: and YCbCr converted by Pillow's own formulas); 16/32-bit and float modes ("I;16", "I", "F") would be clipped to
@@ -51,7 +57,11 @@ class Report:
 
 
 def check_file(path: str) -> str | None:
-    """None if ``path`` is an image Pillow decodes completely and converts to RGB at its real values, else why not."""
+    """None if ``path`` is a file the data set reads (quest.data.entries: its name) and an image Pillow decodes
+    completely and converts to RGB at its real values, else why not: the pre-flight counts as usable only what the
+    data set will read (an animated GIF decodes, and ImageFolder never lists it)."""
+    if (why := not_read_reason(os.path.basename(path))) is not None:
+        return why
     try:
         if os.path.getsize(path) == 0:
             return "empty file (0 bytes)"
@@ -73,18 +83,18 @@ def check_file(path: str) -> str | None:
     return None
 
 
-def _files(root: Path) -> list[Path]:
-    """Every file under the class folders of ``root`` (hidden files and the cache aside), in sorted order."""
-    out = []
-    for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
-            dirnames.sort()
-            out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
-    return out
+def folder_files(root: Path) -> list[Path]:
+    """Every visible file under the class folders of ``root`` in sorted order, the layout checked first
+    (quest.data.entries: the data set's own listing)."""
+    return [f for _, files in class_listing(root) for f in files]
+
+
+#: changes whenever what a file's verdict depends on changes, so that an older cache is not believed
+RULES = "entries-1"
 
 
 def _fingerprint(files: list[Path]) -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"{RULES}\n".encode())
     for f in files:
         try:
             st = f.stat()
@@ -103,11 +113,14 @@ def _cache_paths(root: Path) -> list[Path]:
 def _read_cache(root: Path, fingerprint: str) -> Report | None:
     for path in _cache_paths(root):
         try:
-            data = json.loads(path.read_text())
+            cached = check_preflight_cache(json.loads(path.read_text()), root, path)
+        except RecordError as exc:  # a cache is only a shortcut: not believed, the folder is checked again
+            log.warning("the pre-flight's cache is not used: %s", exc)
+            continue
         except (OSError, ValueError):
             continue
-        if data.get("fingerprint") == fingerprint:
-            return Report(str(root), data["images"], [Problem(**p) for p in data["problems"]], cached=True)
+        if cached.fingerprint == fingerprint:
+            return Report(str(root), cached.images, [Problem(p.path, p.reason) for p in cached.problems], cached=True)
     return None
 
 
@@ -126,12 +139,14 @@ def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
 
 
 def check_image_folder_files(root: str | Path, workers: int | None = None, use_cache: bool = True,
-                             progress: Callable[[Iterable, int], Iterable] | None = None) -> Report:
+                             progress: Callable[[Iterable, int], Iterable] | None = None,
+                             files: list[Path] | None = None) -> Report:
     """Decode every file under ``root``'s class folders in ``workers`` processes (default: the CPU count, at most
     8) and report each that is not a usable image, with its reason; cached by the folder's fingerprint.
-    ``progress(iterable, total)`` wraps the per-file results (a progress bar)."""
+    ``progress(iterable, total)`` wraps the per-file results (a progress bar); ``files``: ``folder_files(root)`` when the
+    caller listed them already."""
     root = Path(root).expanduser()
-    files = _files(root)
+    files = folder_files(root) if files is None else files
     fingerprint = _fingerprint(files)
     if use_cache and (cached := _read_cache(root, fingerprint)) is not None:
         return cached
@@ -157,7 +172,8 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
 def apply_preflight(ds, root: Path, bad_images: str, max_skipped_fraction: float, split: str) -> None:
     """Before training: check every file of an image-folder split; with bad_images=error refuse the split naming
     every problem, with skip drop the bad files from ``ds.samples`` (recorded in ``ds.preflight_skipped``), failing
-    when they exceed ``max_skipped_fraction``. Files ImageFolder would ignore (other extensions) count as problems."""
+    when they exceed ``max_skipped_fraction``. Files the data set never reads (other extensions) count as problems,
+    so every visible file is accounted for."""
     from .folder import CorruptImageError
 
     report = check_image_folder_files(root)

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from quest.records import RecordError
+
+from .tool_records import check_info
+
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
-           "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups", "open_tar",
-           "count_samples"]
+           "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups",
+           "IrregularMember", "first_irregular", "open_tar", "count_samples"]
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # the first one a sample has is its image
@@ -52,9 +56,13 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
         path = root / name
         if path.is_file():
             try:
-                return json.loads(path.read_text()), path
+                info = json.loads(path.read_text())
             except json.JSONDecodeError as exc:
                 raise ShardError(f"{path} is not valid JSON: {exc}") from exc
+            try:  # every field's type and range, every filename inside root, before anything reads a shard
+                return check_info(info, root, path), path
+            except RecordError as exc:
+                raise ShardError(str(exc)) from None
     return {}, None
 
 
@@ -136,19 +144,49 @@ def shard_num_classes(root: str | Path) -> int | None:
 
 # --- reading tar files ---------------------------------------------------------------------------------------------
 def key_ext(name: str) -> tuple[str, str] | None:
-    """webdataset's convention: the key runs up to the first dot of the file name, the extension is the rest."""
-    head, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem:
-        return None  # not part of a sample (no extension, or a hidden file)
-    return (f"{head}/{stem}" if head else stem), ext.lower()
+    """webdataset's convention: the key runs up to the first dot of the file name, the extension is the rest. A
+    member under a hidden folder or itself hidden (``.ipynb_checkpoints/k.jpg``, ``._k.jpg``) is no part of a sample
+    (quest.data.entries: names starting with '.' are never data); a leading ``./`` is only the tar's root."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or any(p.startswith(".") for p in parts):
+        return None
+    stem, dot, ext = parts[-1].partition(".")
+    if not dot:
+        return None  # not part of a sample (no extension)
+    return "/".join([*parts[:-1], stem]), ext.lower()
+
+
+_KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.DIRTYPE: "a directory",
+          tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a FIFO"}
+
+
+class IrregularMember(ShardError):
+    """A shard member that is not a regular file: a link would read another member's (or the host's) bytes as this
+    sample's, a directory or a device holds no sample; every shard reader refuses it with this message."""
+
+    def __init__(self, shard: str, member: tarfile.TarInfo):
+        kind = _KINDS.get(member.type, f"of tar type {member.type!r}")
+        target = f" to {member.linkname}" if member.issym() or member.islnk() else ""
+        self.shard, self.reason = shard, (f"member {member.name} is {kind}{target}, not a regular file; a shard "
+                                          "holds only regular files <key>.<ext> (python -m quest.data.make_shards "
+                                          "writes them so)")
+        super().__init__(f"shard {shard}: {self.reason}")
+
+
+def first_irregular(path: Path) -> IrregularMember | None:
+    """The first member of the tar file at ``path`` that is not a regular file (headers only), else None."""
+    with open_tar(path) as tar:
+        return next((IrregularMember(str(path), m) for m in tar if not m.isfile()), None)
 
 
 def sample_groups(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """(key, {extension: member}) per sample, in file order; reading headers only (data is skipped by seeking)."""
+    """(key, {extension: member}) per sample, in file order; reading headers only (data is skipped by seeking). A
+    member that is not a regular file is refused (:class:`IrregularMember`)."""
     key, members = None, {}
     while (m := tar.next()) is not None:
-        split = key_ext(m.name) if m.isfile() else None
+        if not m.isfile():
+            raise IrregularMember(str(tar.name), m)
+        split = key_ext(m.name)
         if split is None:
             continue
         if split[0] != key:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 from quest.workers import die_with_parent
 
 from .preflight import Problem, Report
-from .shard_index import IMAGE_EXTS, info_lengths, load_info, sample_groups, split_files
+from .shard_index import IMAGE_EXTS, IrregularMember, info_lengths, load_info, sample_groups, split_files
 
 __all__ = ["check_shard", "check_shard_split", "apply_shard_preflight", "END_OF_ARCHIVE"]
 
@@ -89,6 +89,9 @@ def check_shard(path: str, stated: int | None = None, num_classes: int | None = 
                 if (why := _label_problem(raw, num_classes)) is not None:
                     problems.append(Problem(f"{path}:{key}.cls", why))
             whole = _tail_is_end_marker(path, tar.offset, size)
+        except IrregularMember as exc:  # the reader would refuse the shard at this member
+            problems.append(Problem(path, exc.reason))
+            return samples, problems
         except (tarfile.TarError, OSError, EOFError) as exc:
             problems.append(Problem(path, f"cut short or damaged after {samples} samples, after {last} ({exc})"))
             return samples, problems

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from quest.data.entries import LayoutError, is_hidden, is_image_name, require_distinct
 
 __all__ = [
     "ImageList", "LAYOUTS", "imagenet_wnids", "subset_classes", "require_dir", "wnid_samples", "v2_samples",
@@ -67,25 +68,31 @@ def require_dir(path: str | Path | None, key: str, what: str) -> Path:
 
 
 def _entries(folder: Path, what: str) -> list[Path]:
-    """The entries of ``folder``; an unreadable folder is an error naming it and the permission it lacks."""
+    """The visible entries of ``folder`` (names starting with '.' are never data: quest.data.entries); an
+    unreadable folder is an error naming it and the permission it lacks."""
     from .inputs import permission_message
 
     try:
         if not os.access(folder, os.R_OK | os.X_OK):  # r without x lists names whose type cannot be read
             raise PermissionError(folder)
-        return list(folder.iterdir())
+        return [p for p in folder.iterdir() if not is_hidden(p.name)]
     except PermissionError:
         raise PermissionError(permission_message(folder, what)) from None
 
 
 def _images(folder: Path, what: str = "evaluation") -> list[Path]:
-    return sorted(p for p in _entries(folder, what) if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+    # the training data set's rule for an image (quest.data.entries): the same files count in both
+    return sorted(p for p in _entries(folder, what) if is_image_name(p.name) and p.is_file())
 
 
 def _class_dirs(root: Path, key: str, what: str) -> list[Path]:
     dirs = sorted(p for p in _entries(root, what) if p.is_dir())
     if not dirs:
         raise FileNotFoundError(f"{what}: {root} has no class folders; expected layout {LAYOUTS[key]}")
+    try:
+        require_distinct(root, dirs)  # two labels for the same images otherwise
+    except LayoutError as exc:
+        raise LayoutError(f"{what}: {exc}") from None
     return dirs
 
 
@@ -108,8 +115,10 @@ def v2_samples(folder: Path, what: str) -> list[tuple[str, int]]:
     """ImageNet-v2: the folder name *is* the class index. A string-sorted ImageFolder would put '10' before '2'."""
     samples: list[tuple[str, int]] = []
     for sub in _class_dirs(folder, "v2", what):
-        if not sub.name.isdigit() or not 0 <= int(sub.name) < 1000:
-            raise ValueError(f"{what}: folder {sub} is not a class index 0..999; expected layout {LAYOUTS['v2']}")
+        if not sub.name.isdigit() or not 0 <= int(sub.name) < 1000 or sub.name != str(int(sub.name)):
+            # '07' beside '7' would be a second folder of class 7
+            raise ValueError(f"{what}: folder {sub} is not a class index 0..999 (written without leading zeros); "
+                             f"expected layout {LAYOUTS['v2']}")
         samples += [(str(p), int(sub.name)) for p in _images(sub, what)]
     if not samples:
         raise FileNotFoundError(f"{what}: no images under {folder}; expected layout {LAYOUTS['v2']}")
@@ -119,10 +128,15 @@ def v2_samples(folder: Path, what: str) -> list[tuple[str, int]]:
 def real_files(root: Path, what: str) -> list[str]:
     """Every image under ``root`` (flat, or one level of wnid folders), sorted by file name, which for
     ILSVRC2012_val_%08d.JPEG is the order of real.json."""
-    files = _images(root, what) + [p for d in sorted(_entries(root, what)) if d.is_dir() for p in _images(d, what)]
+    files = _images(root, what) + [p for d in _class_dirs_if_any(root, what) for p in _images(d, what)]
     if not files:
         raise FileNotFoundError(f"{what}: no images under {root}; expected layout {LAYOUTS['real']}")
     return [str(p) for p in sorted(files, key=lambda p: p.name)]
+
+
+def _class_dirs_if_any(root: Path, what: str) -> list[Path]:
+    dirs = sorted(p for p in _entries(root, what) if p.is_dir())
+    return _class_dirs(root, "real", what) if dirs else []
 
 
 class ImageList(Dataset):

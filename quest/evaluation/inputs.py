@@ -60,7 +60,7 @@ def readable_dir(path: str | Path, what: str) -> Path:
 
 def _subdirs(path: Path, what: str) -> list[Path]:
     try:
-        return sorted(p for p in path.iterdir() if p.is_dir())
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))  # never data
     except PermissionError:
         raise PermissionError(permission_message(path, what)) from None
 

@@ -12,12 +12,16 @@ __all__ = ["folder_classes", "check_split_classes"]
 
 
 def folder_classes(data: Any, split: str) -> tuple[Path, list[str]]:
-    """The split's folder and its class folders in torchvision's ImageFolder order."""
+    """The split's folder and its class folders in ImageFolder's order (visible ones, each its own place:
+    quest.data.entries)."""
+    from ..entries import class_folders, require_images_at_top
     from ..folder import check_image_folder
 
     folder = data.train_split if split == "train" else data.val_split
     root = check_image_folder(need_root(data) / folder, f"data={data.name} {split} split")
-    return root, sorted(p.name for p in root.iterdir() if p.is_dir())  # torchvision's ImageFolder class order
+    folders = class_folders(root)
+    require_images_at_top(root, folders)  # bounded (one listing per class): at the start's checks, before any work
+    return root, [p.name for p in folders]
 
 
 def _num_classes(data: Any) -> int:

@@ -1,0 +1,137 @@
+"""The files quest's data tools write and read back, as typed records (quest.records): ``_ledger.jsonl`` (its header
+and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
+field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
+before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
+a shard read and linked); a file that fails is one :class:`~quest.records.RecordError` naming the file and the field
+(docs/data.md, "What the data tools read back").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Mapping
+
+from quest.records import RecordError, bounded, check_fields
+
+__all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
+           "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
+           "check_preflight_cache", "inside"]
+
+
+@dataclass
+class LedgerHeader:
+    tool: str
+    params: dict[str, Any]
+
+
+@dataclass
+class LedgerLine:
+    key: str  # what the output was made from (a path under the source, or a shard's name)
+    out: str | None  # the output's path under the ledger's folder; null: removed
+    stamp: str | None = None  # the source's state it was made from
+
+
+@dataclass
+class InfoSplit:
+    name: str = ""
+    num_samples: int = field(default=0, metadata=bounded(0))
+    filenames: list[str] = field(default_factory=list)  # shard paths under the folder of _info.json
+    shard_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ShardInfo:
+    splits: dict[str, InfoSplit] = field(default_factory=dict)
+    num_classes: int | None = field(default=None, metadata=bounded(1))
+    classes: list[str] | None = None
+    complete: bool = True
+
+
+@dataclass
+class CappedManifest:
+    short_side: int = field(metadata=bounded(16))
+    quality: int = field(metadata=bounded(1, 100))
+    complete: bool = True
+    resample: str = ""
+    source: str = ""  # where the copy was made from: a path outside the copy, by design
+    layout: Literal["image folder", "shards"] = "image folder"
+    splits: dict[str, Any] = field(default_factory=dict)
+    linked: list[str] = field(default_factory=list)  # split folders linked in the copy: plain names
+
+
+@dataclass
+class CachedProblem:
+    path: str
+    reason: str
+
+
+@dataclass
+class PreflightCache:
+    fingerprint: str
+    images: int = field(metadata=bounded(0))
+    problems: list[CachedProblem] = field(default_factory=list)
+
+
+def inside(folder: Path, name: Any, source: Any, where: str) -> str:
+    """``name`` (a path a file names) as it is, when it is a relative path that stays inside ``folder``; else a
+    RecordError naming ``source`` and the field ``where``."""
+    if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
+            and ".." not in PurePosixPath(name).parts:
+        return name
+    raise RecordError(f"{source}: {where} is {name!r}, a path outside {folder}; expected a path relative to "
+                      f"{folder} and inside it")
+
+
+def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where: str = "") -> None:
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise RecordError(f"{source}: {f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}")
+
+
+def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
+    check_fields(LedgerHeader, header, source)
+    _require(header, ("tool", "params"), source, "the header line quest's data tools write")
+    return LedgerHeader(header["tool"], header["params"])
+
+
+def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
+    check_fields(LedgerLine, row, source)
+    _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
+    out = None if row["out"] is None else inside(folder, row["out"], source, "out")
+    return LedgerLine(row["key"], out, row.get("stamp"))
+
+
+def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
+    """A shard folder's _info.json, checked (timm's layout; keys it does not declare are left alone)."""
+    check_fields(ShardInfo, info, source)
+    for split, entry in (info.get("splits") or {}).items():
+        _require(entry, ("filenames",), source, "the list of the split's shard files", f"splits.{split}")
+        for i, name in enumerate(entry.get("filenames", [])):
+            inside(folder, name, source, f"splits.{split}.filenames[{i}]")
+        for i, length in enumerate(entry.get("shard_lengths", [])):
+            if length < 0:
+                raise RecordError(f"{source}: splits.{split}.shard_lengths[{i}] is {length}, expected a sample "
+                                  "count >= 0")
+    return info
+
+
+def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
+    check_fields(CappedManifest, manifest, source)
+    _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
+    for i, name in enumerate(manifest.get("linked", [])):
+        if "/" in inside(folder, name, source, f"linked[{i}]"):
+            raise RecordError(f"{source}: linked[{i}] is {name!r}; expected a split folder's name")
+    return manifest
+
+
+def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
+    check_fields(PreflightCache, data, source)
+    _require(data, ("fingerprint", "images", "problems"), source, "the pre-flight's cache record")
+    for i, p in enumerate(data["problems"]):
+        _require(p, ("path", "reason"), source, "a path and a reason", f"problems[{i}]")
+    problems = [CachedProblem(p["path"], p["reason"]) for p in data["problems"]]
+    for i, p in enumerate(problems):
+        if not p.path.startswith(f"{root}/"):
+            raise RecordError(f"{source}: problems[{i}].path is {p.path!r}, a path outside {root}; expected a file "
+                              "under it")
+    return PreflightCache(data["fingerprint"], data["images"], problems)
