@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -207,3 +208,14 @@ def test_a_sharded_data_set_is_refused_with_the_way_out():
     run = EvalRun(None, DistContext(), eval_cfg("eval=clean").eval, None)
     with pytest.raises(ValueError, match="sharded \\(WebDataset\\).*data=imagenet"):
         make_loader(run, Stream())
+
+
+@pytest.mark.parametrize("override", ["model.img_size=32", "model.layer_scale_init=0.1", "+model.kwargs.depth=2",
+                                      "model.pretrained=deit_tiny_patch16_224.fb_in1k",
+                                      "model.pretrained_download=true", "+attention.options.eps=0.1"])
+def test_a_model_key_that_cannot_apply_to_a_checkpoint_is_refused_naming_it(override, tmp_path):
+    """checkpoint= rebuilds the model from its own config: every model.* / attention.* value set beside it would be
+    dropped without a word, so each is refused by name (before the checkpoint is even opened)."""
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(ValueError, match=rf"do not also pass {re.escape(key)}"):
+        run_evaluation(eval_cfg("checkpoint=/x.pt", override, "eval=clean"), tmp_path)

@@ -82,15 +82,36 @@ def _eval_transform_overrides(settings: DictConfig, crop_pct: float, interpolati
             str(settings.interpolation) if settings.interpolation is not None else str(interpolation))
 
 
+def _set_model_keys(cfg: DictConfig) -> list[str]:
+    """``model.<key>=<value>`` / ``attention.<key>=<value>`` for every key set away from eval.py's defaults other
+    than the names (which the caller judges): with checkpoint= none of them would reach the model."""
+    from .config import EvalAttentionConfig, EvalModelConfig
+
+    def leaves(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict) and node:
+            return {k: v for key, value in node.items() for k, v in leaves(value, f"{prefix}.{key}").items()}
+        return {prefix: node}
+
+    out = []
+    for group, schema in (("model", EvalModelConfig), ("attention", EvalAttentionConfig)):
+        default = leaves(OmegaConf.to_container(OmegaConf.structured(schema), resolve=False), group)
+        given = leaves(OmegaConf.to_container(cfg[group], resolve=True), group)
+        out += [f"{key}={value}" for key, value in given.items()
+                if key != f"{group}.name" and value != default.get(key, {})]
+    return out
+
+
 def load_target(cfg: DictConfig, device: torch.device) -> EvalTarget:
     """The model and its evaluation settings, from ``checkpoint=`` or ``model=`` / ``attention=`` / ``weights=``."""
     if cfg.checkpoint:
         given = [k for k in ("weights",) if cfg[k]] + [f"{k}=" for k in ("model", "attention") if cfg[k].name]
         if cfg.attention.name and ":" in str(cfg.attention.name) and given == ["attention="]:
             given = []  # attention=<import path>: the user names the code the checkpoint's config asks for
+        given += _set_model_keys(cfg)
         if given:
             raise ValueError(f"checkpoint= rebuilds the model from the checkpoint's config; do not also pass "
-                             f"{', '.join(given)} (use model=/attention=/weights= without checkpoint= instead)")
+                             f"{', '.join(given)}: it would not apply (use model=/attention=/weights= without "
+                             "checkpoint= to build a model of your own)")
         target = _from_checkpoint(cfg)
     else:
         if not cfg.model.name:
