@@ -19,6 +19,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from .batch_input import BatchErasing, crop_boxes, decode_batch, resized_crop_batch
 from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
@@ -88,7 +89,7 @@ class CropFlip:
         from timm.data.transforms import RandomResizedCropAndInterpolation
 
         self.size, self.scale, self.ratio, self.hflip = size, tuple(scale), tuple(ratio), float(hflip)
-        self.mode = RESAMPLING[interpolation]
+        self.interpolation, self.mode = interpolation, RESAMPLING[interpolation]
         self.get_params = RandomResizedCropAndInterpolation.get_params
 
     def __call__(self, img: Any) -> torch.Tensor:
@@ -100,6 +101,15 @@ class CropFlip:
         if self.hflip > 0 and torch.rand(1) < self.hflip:
             out = out.flip(-1)
         return out
+
+    def batch(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The same draws for a list of decoded images (3, H_i, W_i) on one device, and the same pixels up to the
+        resampling (docs/data.md): every crop box from timm's ``get_params`` in turn, the flips as one
+        ``torch.rand(n)`` (the values n calls of ``torch.rand(1)`` give), then one batched resized crop
+        (quest.data.batch_input.resized_crop_batch). (N, 3, size, size) uint8."""
+        boxes = crop_boxes(images, self.scale, self.ratio)
+        flips = torch.rand(len(images)) < self.hflip if self.hflip > 0 else torch.zeros(len(images), dtype=torch.bool)
+        return resized_crop_batch(images, boxes, flips, self.size, self.interpolation)
 
 
 class DeviceFinish:
@@ -115,17 +125,9 @@ class DeviceFinish:
                                                   interpolation=recipe.train_interpolation)
         self.mean, self.std = tuple(data.mean), tuple(data.std)
         self.reprob, self.remode, self.recount = float(recipe.reprob), recipe.remode, int(recipe.recount)
-        self.crop = crop  # data.pipeline=device: the crop and flip happen here too, per image
-        self._erasing: dict[str, Any] = {}
+        self.crop = crop  # data.pipeline=device: the crop and flip happen here too, on the batch
+        self._erasing = BatchErasing(self.reprob, self.remode, self.recount) if self.reprob > 0 else None
         self._moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (mean, std) per device, made once
-
-    def _erase(self, images: torch.Tensor) -> None:
-        from timm.data.random_erasing import RandomErasing
-
-        key = str(images.device)
-        if key not in self._erasing:
-            self._erasing[key] = RandomErasing(self.reprob, mode=self.remode, max_count=self.recount, device=key)
-        self._erasing[key](images)
 
     def describe(self) -> str:
         steps = ["decode (nvJPEG on CUDA, libjpeg-turbo otherwise)", "crop + flip"] if self.crop is not None else []
@@ -133,13 +135,13 @@ class DeviceFinish:
             steps.append(f"RandAugment {self.policy} (quest DeviceRandAugment)")
         steps.append("normalise")
         if self.reprob > 0:
-            steps.append(f"timm RandomErasing p={self.reprob:g} mode={self.remode}")
+            steps.append(f"RandomErasing p={self.reprob:g} mode={self.remode} (timm's draws, batched)")
         return ", ".join(steps)
 
     def __call__(self, images: Any, device: torch.device) -> torch.Tensor:
         if self.crop is not None:  # a list of encoded images
             try:
-                images = torch.stack([self.crop(decode_rgb(encoded, device)) for encoded in images])
+                images = self.crop.batch(decode_batch(images, device))
             except CorruptImageError as exc:
                 raise CorruptImageError(f"data.pipeline=device: {exc}; data.preflight=true (the default) finds such "
                                         "files before training, and data.bad_images=skip leaves them out") from exc
@@ -154,8 +156,8 @@ class DeviceFinish:
                                        for v in (self.mean, self.std))
         mean, std = self._moments[key]
         out = (images.float() / 255).sub_(mean).div_(std)  # timm: ToTensor (x / 255), then Normalize
-        if self.reprob > 0:
-            self._erase(out)
+        if self._erasing is not None:
+            self._erasing(out)
         return out
 
 
