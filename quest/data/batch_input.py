@@ -151,13 +151,15 @@ class BatchErasing:
     """timm's ``RandomErasing(probability, mode, max_count)`` on a normalised batch (N, C, H, W), in place: the boxes
     drawn with python's ``random`` exactly as timm's ``_erase`` draws them image by image, the fill (zeros for
     ``const``, a normal colour per box for ``rand``, normal noise per pixel for ``pixel``) drawn in one call for the
-    whole batch and written with one masked pass per box slot (``max_count`` of them)."""
+    whole batch, from a generator seeded by torch's CPU generator, and written with one masked pass per box slot
+    (``max_count`` of them)."""
 
     def __init__(self, probability: float, mode: str = "const", max_count: int = 1):
         from timm.data.random_erasing import RandomErasing
 
         self.timm = RandomErasing(probability, mode=mode, max_count=max_count, device="cpu")  # its parameters
         self.max_count = int(self.timm.max_count)
+        self._generators: dict[str, torch.Generator] = {}
 
     def draw(self, n: int, height: int, width: int) -> list[list[tuple[int, int, int, int]]]:
         """Each image's boxes (top, left, h, w), in timm's order of python ``random`` calls."""
@@ -195,8 +197,16 @@ class BatchErasing:
         n, chan, height, width = images.shape
         device = images.device
         top, left, h, w, used, offset = table.to(device, non_blocking=True).unbind(-1)  # (N, K) each
-        noise = torch.empty(max(total, 1), dtype=images.dtype, device=device).normal_() \
-            if (self.timm.per_pixel or self.timm.rand_color) else None
+        noise = None
+        if self.timm.per_pixel or self.timm.rand_color:
+            # from a generator of the images' device seeded from torch's CPU generator: the fill follows the CPU's
+            # draws (which checkpoints hold and quest.data.prefetch keeps in order), never the device's own stream
+            key = str(device)
+            if key not in self._generators:
+                self._generators[key] = torch.Generator(device)
+            generator = self._generators[key]
+            generator.manual_seed(int(torch.randint(0, 2**62, (1,))))
+            noise = torch.empty(max(total, 1), dtype=images.dtype, device=device).normal_(generator=generator)
         ys = torch.arange(height, device=device).view(1, 1, -1, 1)
         xs = torch.arange(width, device=device).view(1, 1, 1, -1)
         cs = torch.arange(chan, device=device).view(1, -1, 1, 1)
