@@ -16,9 +16,9 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from quest.attention.proxy import DispatchCost
-from quest.data import batch_input
-from quest.data.batch_input import crop_boxes, decode_batch, resized_crop_batch
-from quest.data.tensor_input import CropFlip, DeviceFinish
+from quest.data import tensor_input
+from quest.data.batch_input import crop_boxes, resized_crop_batch
+from quest.data.tensor_input import CropFlip, DeviceFinish, decode_batch
 
 DEIT = OmegaConf.create(dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, remode="pixel", recount=1,
                              train_interpolation="bicubic", scale=[0.08, 1.0], ratio=[0.75, 1.3333333333], hflip=0.5,
@@ -73,7 +73,7 @@ def test_jpegs_decode_in_one_call_on_cuda_and_the_rest_one_by_one(monkeypatch):
         calls.append((len(images), device.type))
         return [torch.full((3, 2, 2), int(i.numel() % 251), dtype=torch.uint8) for i in images]
 
-    monkeypatch.setattr(batch_input, "decode_jpeg", fake_decode_jpeg)
+    monkeypatch.setattr(tensor_input, "decode_jpeg", fake_decode_jpeg)
     files = [_jpeg(8 + i, 8, i) for i in range(5)]
     out = decode_batch(files, torch.device("cuda"))  # nothing is allocated on the GPU: the decoder is the fake's
     assert calls == [(5, "cuda")] and [int(o[0, 0, 0]) for o in out] == [f.numel() % 251 for f in files]

@@ -1,5 +1,6 @@
-"""The device's share of data.pipeline=device and split as whole-batch operations: decoding a list of JPEGs in one
-call, RandomResizedCrop + flip of differently sized images in one resampling, and timm's random erasing on a batch.
+"""The device's share of data.pipeline=device and split as whole-batch operations: RandomResizedCrop + flip of
+differently sized images in one resampling, and timm's random erasing on a batch (decoding a list of JPEGs in one
+call is quest.data.tensor_input.decode_batch).
 
 Each step dispatches a fixed number of operators whatever the batch size (tests/test_batch_input.py counts them at
 the dispatcher). What stays per image is host-side Python that dispatches nothing: the crop and erasing boxes, drawn
@@ -19,36 +20,8 @@ import random
 from collections.abc import Sequence
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
 
-__all__ = ["decode_batch", "crop_boxes", "resized_crop_batch", "BatchErasing"]
-
-_JPEG_MAGIC = b"\xff\xd8"
-
-
-def decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Encoded images (1-d uint8 CPU tensors) -> uint8 RGB tensors (3, H, W) on ``device``: every JPEG in one
-    ``decode_jpeg`` call (one batched nvJPEG call on CUDA; torchvision decodes a list one by one on the CPU), what it
-    refuses and other formats through :func:`quest.data.tensor_input.decode_rgb` one at a time (rare: nvJPEG refuses
-    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files)."""
-    from .tensor_input import _without_decoder_notice, decode_rgb
-
-    device = torch.device(device)
-    out: list[torch.Tensor | None] = [None] * len(encoded)
-    jpegs = [i for i, e in enumerate(encoded) if e.numpy()[:2].tobytes() == _JPEG_MAGIC]
-    if jpegs and device.type == "cuda":
-        try:
-            with _without_decoder_notice():
-                decoded = decode_jpeg([encoded[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
-            for i, image in zip(jpegs, decoded):
-                out[i] = image
-        except RuntimeError:
-            pass  # one file nvJPEG refuses fails the call: each then goes its own way below
-    for i, e in enumerate(encoded):
-        if out[i] is None:
-            out[i] = decode_rgb(e, device)
-    return out  # type: ignore[return-value]
-
+__all__ = ["crop_boxes", "resized_crop_batch", "BatchErasing"]
 
 def crop_boxes(images: Sequence[torch.Tensor], scale: Sequence[float], ratio: Sequence[float]) -> torch.Tensor:
     """timm's RandomResizedCrop draw (``get_params``, python's ``random``) for each image in turn: (N, 4) int64

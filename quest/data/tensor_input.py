@@ -19,12 +19,12 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from .batch_input import BatchErasing, crop_boxes, decode_batch, resized_crop_batch
+from .batch_input import BatchErasing, crop_boxes, resized_crop_batch
 from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
-__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "collate_bytes", "RESAMPLING"]
+__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
 
 #: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
@@ -73,6 +73,28 @@ def _decode_rgb(encoded: torch.Tensor, device: torch.device) -> torch.Tensor:
         except Exception as exc:
             raise CorruptImageError(f"cannot decode an image of {encoded.numel()} bytes: {exc}") from exc
     return image.to(device, non_blocking=True)
+
+
+def decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Encoded images (1-d uint8 CPU tensors) -> uint8 RGB tensors (3, H, W) on ``device``: every JPEG in one
+    ``decode_jpeg`` call (one batched nvJPEG call on CUDA; torchvision decodes a list one by one on the CPU), what it
+    refuses and other formats through :func:`decode_rgb` one at a time (rare: nvJPEG refuses
+    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files)."""
+    device = torch.device(device)
+    out: list[torch.Tensor | None] = [None] * len(encoded)
+    jpegs = [i for i, e in enumerate(encoded) if e.numpy()[:2].tobytes() == _JPEG_MAGIC]
+    if jpegs and device.type == "cuda":
+        try:
+            with _without_decoder_notice():
+                decoded = decode_jpeg([encoded[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            for i, image in zip(jpegs, decoded):
+                out[i] = image
+        except RuntimeError:
+            pass  # one file nvJPEG refuses fails the call: each then goes its own way below
+    for i, e in enumerate(encoded):
+        if out[i] is None:
+            out[i] = decode_rgb(e, device)
+    return out  # type: ignore[return-value]
 
 
 def _read_rgb(path: str) -> torch.Tensor:
