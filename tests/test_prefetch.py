@@ -67,3 +67,22 @@ def test_a_resumed_run_finishes_the_next_batch_as_the_straight_run_did():
     resumed = list(finish_ahead(_batches(6)[3:], _finish, torch.device("cpu"), ahead=True))
     for (a, _, _), (b, _, _) in zip(resumed, straight[3:]):
         assert torch.equal(a, b)
+
+
+def test_a_run_finishing_ahead_trains_and_resumes_to_the_weights_of_one_that_does_not(tmp_path, monkeypatch):
+    """The training loop with finish_ahead forced on (on the CPU it is off): data.pipeline=device on an image folder,
+    stopped mid-epoch and resumed, ends with the weights of a straight run without it, bit for bit."""
+    from quest.engine import fit, load_checkpoint
+    from quest.engine import trainer
+
+    from .helpers import compose_cfg
+    from .test_train_input import FOLDER, _folder
+
+    args = [*FOLDER, f"data.root={_folder(tmp_path / 'data')}", "data.pipeline=device"]
+    fit(compose_cfg(*args), tmp_path / "plain")
+    monkeypatch.setattr(trainer, "finish_ahead", lambda *a: finish_ahead(*a, ahead=True))
+    fit(compose_cfg(*args, "trainer.max_steps=7"), tmp_path / "ahead")  # stops mid-epoch 2 (5 steps an epoch)
+    fit(compose_cfg(*args), tmp_path / "ahead")
+    a, b = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("plain", "ahead"))
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, atol=0, rtol=0, msg=key)
