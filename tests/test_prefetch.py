@@ -72,8 +72,7 @@ def test_a_resumed_run_finishes_the_next_batch_as_the_straight_run_did():
 def test_a_run_finishing_ahead_trains_and_resumes_to_the_weights_of_one_that_does_not(tmp_path, monkeypatch):
     """The training loop with finish_ahead forced on (on the CPU it is off): data.pipeline=device on an image folder,
     stopped mid-epoch and resumed, ends with the weights of a straight run without it, bit for bit."""
-    from quest.engine import fit, load_checkpoint
-    from quest.engine import trainer
+    from quest.engine import fit, load_checkpoint, trainer
 
     from .helpers import compose_cfg
     from .test_train_input import FOLDER, _folder
