@@ -27,6 +27,10 @@ consumption rate. The line before the last names the fastest candidate that deco
 today's; the last line gives today's (data.pipeline=timm) and quest's two new pipelines side by side with their ratios.
 
     python bench/data.py [--images 64] [--rounds 5] [--quick] [--no-dali] [--gpu-rates vit_ti=2294,vit_s=1053,vit_b=391]
+
+``--device-share`` measures instead what split and device hand to the device, on this CPU (one thread): img/s of a
+batch of 128 at 224 px (``--batch``, ``--size``) and the operators one batch dispatches at 8 and at 128 images
+(counted at the dispatcher: on a GPU, kernel launches).
 """
 from __future__ import annotations
 
@@ -235,7 +239,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-rates", default=GPU_RATES,
                         help="img/s one GPU consumes per model, name=rate,... (default: timm's published RTX 3090 AMP "
                         "training benchmark, an assumption until bench/gpu.py measures the lent GPU)")
+    parser.add_argument("--device-share", action="store_true", help="time the device's share of split and device")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--size", type=int, default=224)
     args = parser.parse_args(argv)
+    if args.device_share:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            device_share(args.batch, args.size, args.rounds)
+        finally:
+            torch.set_num_threads(threads)
+        return
     if args.quick:
         args.images, args.rounds = 16, 3
     if args.images < 1 or args.rounds < 1:
@@ -308,6 +323,47 @@ def bench(images: int, rounds: int, dali: bool, gpu_rates: dict[str, float]) -> 
     print(f"per core, today's (data.pipeline=timm) {today:.0f} images/s; data.pipeline=split {split:.0f}: ratio "
           f"{split / today:.2f}; data.pipeline=device {device:.0f}: ratio {device / today:.2f}; data.pipeline=split "
           f"on a copy capped at 256 {capped:.0f}: ratio {capped / today:.2f}")
+
+
+def device_share(batch: int, size: int, rounds: int) -> dict[str, dict[str, float]]:
+    """data.pipeline=split's device share (RandAugment rand-m9-mstd0.5-inc1, normalise, pixel erasing 0.25 from
+    uint8 crops) and data.pipeline=device's (the same from JPEG bytes: decode, crop, flip first) run on this CPU:
+    img/s (median of ``rounds``) and the operators one batch dispatches at 8 and at ``batch`` images."""
+    import random
+
+    from omegaconf import OmegaConf
+
+    from quest.attention.proxy import DispatchCost
+    from quest.data.tensor_input import CropFlip, DeviceFinish, decode_rgb
+
+    recipe = OmegaConf.create({"auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "remode": "pixel",
+                               "recount": 1, "train_interpolation": "bicubic"})
+    data = OmegaConf.create({"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]})
+    crop = CropFlip(size, (0.08, 1.0), (3 / 4, 4 / 3), "bicubic", 0.5)
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        encoded = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8)
+                   for p in make_jpegs(Path(tmp), batch)]
+    random.seed(0), torch.manual_seed(0)
+    crops = torch.stack([crop(decode_rgb(e)) for e in encoded])
+    stages = {"split": (DeviceFinish(recipe, data, size), crops),
+              "device": (DeviceFinish(recipe, data, size, crop=crop), encoded)}
+    results = {}
+    for name, (finish, images) in stages.items():
+        ops = []
+        for n in (8, batch):
+            with DispatchCost() as cost:
+                finish(images[:n], cpu)
+            ops.append(cost.launches)
+        times = []
+        for _ in range(rounds):
+            tic = time.perf_counter()
+            finish(images, cpu)
+            times.append(time.perf_counter() - tic)
+        results[name] = {"img_per_s": batch / statistics.median(times), "ops_8": ops[0], f"ops_{batch}": ops[1]}
+        print(f"{name}: {results[name]['img_per_s']:.0f} img/s on one CPU thread (batch {batch}, {size} px); "
+              f"operators per batch: {ops[0]} at 8 images, {ops[1]} at {batch}")
+    return results
 
 
 if __name__ == "__main__":

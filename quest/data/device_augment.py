@@ -2,19 +2,21 @@
 
 ``DeviceRandAugment(config_str, img_size, mean)`` builds timm's own ``RandAugment`` from the string (so the parsing,
 the op list, ``prob``, the magnitude noise and the choice weights are timm's) and replaces each op's PIL function by
-a batched one: for each layer and each op, the samples that drew it are gathered, transformed with their own level
-arguments and written back, quantised to uint8 after every op as PIL is. The pixel arithmetic follows Pillow's C code
+a batched one: for each layer the batch is sorted by the op each sample drew (one gather), every op runs once on its
+contiguous slice with the samples' own level arguments (an empty slice too, so the operators dispatched per batch are
+the same whatever its size and draws), and the slices go back in the batch's order (one concatenation, one gather);
+quantised to uint8 after every op as PIL is. The pixel arithmetic follows Pillow's C code
 (the float32 blend of ``Image.blend``, the ITU-R 601 luma of ``convert("L")``, the SMOOTH kernel, the histogram
 look-up tables of autocontrast and equalize, and the affine resampling of ``Image.transform``: the source position of
 each pixel centre, PIL's bilinear and a = -1 bicubic kernels with clamped taps, truncation to uint8, ``fillcolor``
 where the source falls outside the picture).
 
 The random draws come from torch's global generator on the CPU (so ``torch.manual_seed`` makes a batch reproducible
-and a checkpoint of the global RNG state resumes exactly), then move to the images' device.
+and a checkpoint of the global RNG state resumes exactly); the sorting, the levels and the affine matrices are
+worked out there too and move to the images' device in one copy per batch.
 """
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,10 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
+
+from .augment_geometry import MATRICES as _MATRICES
+from .augment_geometry import STILL_AXES
+from .augment_geometry import affine as _affine
 
 __all__ = ["DeviceRandAugment", "Draws", "SUPPORTED_OPS"]
 
@@ -196,7 +202,7 @@ def _desaturate(x: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
 
 def _contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     luma = _luma(x)
-    mean = luma.sum(dim=(1, 2, 3), dtype=torch.int64).double() / luma[0].numel()  # ImageStat's mean
+    mean = luma.sum(dim=(1, 2, 3), dtype=torch.int64).double() / (luma.shape[-2] * luma.shape[-1])  # ImageStat's mean
     grey = torch.trunc(mean + 0.5).to(torch.uint8)
     return _blend(_per_sample(grey).expand_as(x), x, factor)
 
@@ -208,73 +214,6 @@ def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return _blend(_smooth(x), x, factor)
 
-
-def _cubic(v1, v2, v3, v4, d):
-    """Geometry.c's BICUBIC macro (a = -1) with its operations in its order, so float64 gives PIL's bits; in place
-    on temporaries (the values are (channels, pixels), d (1, pixels): contiguous, vectorised broadcasting)."""
-    p3 = torch.sub(v1, v2).mul_(2).add_(v3).sub_(v4)  # 2 * (v1 - v2) + v3 - v4
-    out = torch.sub(v2, v1).sub_(v3).add_(v4)  # -v1 + v2 - v3 + v4
-    out.mul_(d).add_(p3).mul_(d).add_(torch.sub(v3, v1)).mul_(d)  # d * (p2 + d * (p3 + d * p4)), p2 = -v1 + v3
-    return out.add_(v2)
-
-
-def _affine(x: torch.Tensor, matrices: torch.Tensor, bicubic: bool, fill: torch.Tensor) -> torch.Tensor:
-    """Image.transform(size, AFFINE, matrix, resample, fillcolor=fill) for each sample: output pixel centre
-    (x + .5, y + .5) reads the source at matrix @ (x + .5, y + .5, 1); a source outside [0, W) x [0, H) gives
-    ``fill``; inside, PIL's bilinear or bicubic kernel over taps clamped to the picture, truncated to uint8."""
-    b, c, h, w = x.shape
-    rows_m = matrices.tolist()
-    # where a direction's fraction is 0 for every pixel (translations and shears along the other axis), PIL's kernel
-    # returns its centre tap exactly, so the other taps are skipped: 4 gathers instead of 16
-    still_x = all(m[0] == 1 and m[1] == 0 and float(m[2]).is_integer() for m in rows_m)
-    still_y = all(m[3] == 0 and m[4] == 1 and float(m[5]).is_integer() for m in rows_m)
-    m = matrices.to(x.device, torch.float64).view(b, 6, 1, 1)
-    ys = torch.arange(h, device=x.device, dtype=torch.float64).view(1, h, 1) + 0.5
-    xs = torch.arange(w, device=x.device, dtype=torch.float64).view(1, 1, w) + 0.5
-    sx = m[:, 0] * xs + m[:, 1] * ys + m[:, 2]
-    sy = m[:, 3] * xs + m[:, 4] * ys + m[:, 5]
-    inside = (sx >= 0) & (sx < w) & (sy >= 0) & (sy < h)
-    sx, sy = sx - 0.5, sy - 0.5
-    fx, fy = torch.floor(sx), torch.floor(sy)
-    dx, dy = (sx - fx).view(1, -1), (sy - fy).view(1, -1)  # (1, pixels): broadcast over the channels
-    all_taps = (-1, 0, 1, 2) if bicubic else (0, 1)
-    taps_x, taps_y = ((0,) if still_x else all_taps), ((0,) if still_y else all_taps)
-    cols = {t: (fx.long() + t).clamp(0, w - 1) for t in taps_x}
-    base = torch.arange(b, device=x.device).view(b, 1, 1) * (h * w)
-    planes = x.permute(1, 0, 2, 3).reshape(c, b * h * w)  # (channels, pixels): gathers along contiguous rows
-
-    def interpolate(v: list[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
-        if len(v) == 1:
-            return v[0]
-        return _cubic(*v, d) if bicubic else v[0] + (v[1] - v[0]) * d
-
-    def row_value(t: int) -> torch.Tensor:
-        start = base + (fy.long() + t).clamp(0, h - 1) * w
-        return interpolate([planes.index_select(1, (start + cols[s]).view(-1)).double() for s in taps_x], dx)
-
-    value = interpolate([row_value(t) for t in taps_y], dy)
-    out = value.clamp_(0, 255).to(torch.uint8).view(c, b, h, w).permute(1, 0, 2, 3)
-    return torch.where(inside.unsqueeze(1), out, fill.view(1, c, 1, 1)).contiguous()
-
-
-def _rotate_matrix(degrees: float, w: int, h: int) -> list[float]:
-    """Image.rotate's inverse matrix about the centre (w / 2, h / 2), with its rounding to 15 decimals."""
-    angle = -math.radians(degrees % 360.0)
-    a, b, d, e = (round(math.cos(angle), 15), round(math.sin(angle), 15),
-                  round(-math.sin(angle), 15), round(math.cos(angle), 15))
-    cx, cy = w / 2, h / 2
-    return [a, b, a * -cx + b * -cy + 0.0 + cx, d, e, d * -cx + e * -cy + 0.0 + cy]
-
-
-_MATRICES: dict[str, Callable[[float, int, int], list[float]]] = {  # timm's matrices for its geometric ops
-    "Rotate": _rotate_matrix,
-    "ShearX": lambda v, w, h: [1, v, 0, 0, 1, 0],
-    "ShearY": lambda v, w, h: [1, 0, 0, v, 1, 0],
-    "TranslateX": lambda v, w, h: [1, 0, v, 0, 1, 0],
-    "TranslateY": lambda v, w, h: [1, 0, 0, 0, 1, v],
-    "TranslateXRel": lambda v, w, h: [1, 0, v * w, 0, 1, 0],
-    "TranslateYRel": lambda v, w, h: [1, 0, 0, 0, 1, v * h],
-}
 
 _PIXEL_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "AutoContrast": _autocontrast, "Equalize": _equalize, "Invert": _invert,
@@ -319,6 +258,7 @@ class DeviceRandAugment:
             raise ValueError(f"RandAugment config {config_str!r}: n={self.num_layers} ops without replacement "
                              f"from {len(self.ops)}")
         self.fill = torch.tensor(img_mean, dtype=torch.uint8)
+        self._fills: dict[str, torch.Tensor] = {}  # the fill colour per device, copied once
 
     def __repr__(self) -> str:
         return f"DeviceRandAugment({self.config_str!r}, interpolation={self.interpolation!r})"
@@ -364,30 +304,69 @@ class DeviceRandAugment:
         if draws.op_index.shape != (images.shape[0], self.num_layers):
             raise ValueError(f"draws for {tuple(draws.op_index.shape)} (samples, layers), expected "
                              f"{(images.shape[0], self.num_layers)}")
-        out = images.clone()
-        h, w = images.shape[-2:]
-        fill = self.fill.to(images.device)
-        for layer in range(self.num_layers):  # grouping on the CPU draws: no device sync
-            for k, op in enumerate(self.ops):
-                for bicubic in (False, True):
-                    pick = draws.applied[:, layer] & (draws.op_index[:, layer] == k)
-                    if op.name in _MATRICES:
-                        pick &= draws.bicubic[:, layer] == bicubic
-                    elif bicubic:
-                        continue
-                    idx = pick.nonzero().squeeze(1)
-                    if idx.numel() == 0:
-                        continue
-                    level = draws.level[idx, layer]
-                    dev_idx = idx.to(images.device)
-                    if op.name in _MATRICES:
-                        matrices = torch.tensor([_MATRICES[op.name](v, w, h) for v in level.tolist()],
-                                                dtype=torch.float64)
-                        result = _affine(out[dev_idx], matrices, bicubic, fill)
-                    else:
-                        result = _PIXEL_OPS[op.name](out[dev_idx], level.to(images.device))
-                    out[dev_idx] = result
-        return out
+        device = images.device
+        plan, group_counts = self._plan(draws, *images.shape[-2:])
+        plan = plan.to(device, non_blocking=True)  # one host-to-device copy
+        if str(device) not in self._fills:
+            self._fills[str(device)] = self.fill.to(device)
+        fill, out = self._fills[str(device)], images
+        for layer, counts in enumerate(group_counts):
+            order, inverse = plan[layer, :, 0].long(), plan[layer, :, 1].long()
+            level, matrices = plan[layer, :, 2], plan[layer, :, 3:]
+            grouped, pieces, at = out[order], [], 0  # the batch sorted by the op each image drew
+            for (op, bicubic), count in zip(self._groups, counts):  # every group, empty or not: a fixed count
+                chunk = grouped[at:at + count]
+                if op.name in _MATRICES:
+                    pieces.append(_affine(chunk, matrices[at:at + count], bicubic, fill, STILL_AXES[op.name]))
+                else:
+                    pieces.append(_PIXEL_OPS[op.name](chunk, level[at:at + count]))
+                at += count
+            pieces.append(grouped[at:])  # the images whose op did not apply (its probability)
+            out = torch.cat(pieces)[inverse]
+        return out.clone() if out is images else out
+
+    def _plan(self, draws: Draws, h: int, w: int) -> tuple[torch.Tensor, list[list[int]]]:
+        """(layers, n, 9) float64 on the CPU: per layer, the order that sorts the batch by group, its inverse, and
+        in that order each image's level and affine matrix (zeros for pixel ops); and per layer the images in each
+        group (python ints: the device is never asked)."""
+        n, groups = draws.op_index.shape[0], len(self._groups)
+        plan, counts = torch.zeros(self.num_layers, n, 9, dtype=torch.float64), []
+        for layer in range(self.num_layers):
+            group = self._group_of(draws, layer, groups)
+            counts.append(torch.bincount(group, minlength=groups + 1)[:groups].tolist())
+            order = torch.argsort(group, stable=True)
+            plan[layer, :, 0] = order.double()
+            plan[layer, :, 1] = torch.argsort(order).double()
+            plan[layer, :, 2] = draws.level[order, layer]
+            # the matrices: python floats as timm computes them (Rotate's rounding to 15 decimals included); host
+            # arithmetic over the drawn levels, no tensor operation per image
+            ops, levels = draws.op_index[order, layer].tolist(), plan[layer, :, 2].tolist()
+            rows = [_MATRICES[self.ops[k].name](v, w, h) if self.ops[k].name in _MATRICES else [0.0] * 6
+                    for k, v in zip(ops, levels)]
+            plan[layer, :, 3:] = torch.tensor(rows, dtype=torch.float64).view(n, 6)
+        return plan, counts
+
+    @property
+    def _groups(self) -> list[tuple[object, bool]]:
+        """(op, bicubic) for each batched group: a pixel op once, a geometric op once per kernel the draws can pick."""
+        kernels = _INTERPOLATIONS[self.interpolation]
+        return [(op, b) for op in self.ops for b in (kernels if op.name in _MATRICES else (True,))]
+
+    def _group_of(self, draws: Draws, layer: int, identity: int) -> torch.Tensor:
+        """(n,) int64 on the CPU: each image's group index in :attr:`_groups` at this layer; ``identity`` (the number
+        of groups) where its op did not apply."""
+        kernels = _INTERPOLATIONS[self.interpolation]
+        lookup, g = torch.full((len(self.ops), 2), identity, dtype=torch.int64), 0
+        for k, op in enumerate(self.ops):
+            if op.name in _MATRICES:  # one group per kernel, in the order of _groups
+                for j, b in enumerate(kernels):
+                    lookup[k, int(b)] = g + j
+                g += len(kernels)
+            else:  # the kernel flag means nothing to a pixel op
+                lookup[k] = g
+                g += 1
+        group = lookup[draws.op_index[:, layer], draws.bicubic[:, layer].long()]
+        return torch.where(draws.applied[:, layer], group, identity)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """Draw for this batch and apply."""

@@ -19,11 +19,12 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from .batch_input import BatchErasing, crop_boxes, resized_crop_batch
 from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
-__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "collate_bytes", "RESAMPLING"]
+__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
 
 #: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
@@ -74,6 +75,28 @@ def _decode_rgb(encoded: torch.Tensor, device: torch.device) -> torch.Tensor:
     return image.to(device, non_blocking=True)
 
 
+def decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Encoded images (1-d uint8 CPU tensors) -> uint8 RGB tensors (3, H, W) on ``device``: every JPEG in one
+    ``decode_jpeg`` call (one batched nvJPEG call on CUDA; torchvision decodes a list one by one on the CPU), what it
+    refuses and other formats through :func:`decode_rgb` one at a time (rare: nvJPEG refuses
+    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files)."""
+    device = torch.device(device)
+    out: list[torch.Tensor | None] = [None] * len(encoded)
+    jpegs = [i for i, e in enumerate(encoded) if e.numpy()[:2].tobytes() == _JPEG_MAGIC]
+    if jpegs and device.type == "cuda":
+        try:
+            with _without_decoder_notice():
+                decoded = decode_jpeg([encoded[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            for i, image in zip(jpegs, decoded):
+                out[i] = image
+        except RuntimeError:
+            pass  # one file nvJPEG refuses fails the call: each then goes its own way below
+    for i, e in enumerate(encoded):
+        if out[i] is None:
+            out[i] = decode_rgb(e, device)
+    return out  # type: ignore[return-value]
+
+
 def _read_rgb(path: str) -> torch.Tensor:
     return decode_rgb(_read_bytes(path))
 
@@ -88,7 +111,7 @@ class CropFlip:
         from timm.data.transforms import RandomResizedCropAndInterpolation
 
         self.size, self.scale, self.ratio, self.hflip = size, tuple(scale), tuple(ratio), float(hflip)
-        self.mode = RESAMPLING[interpolation]
+        self.interpolation, self.mode = interpolation, RESAMPLING[interpolation]
         self.get_params = RandomResizedCropAndInterpolation.get_params
 
     def __call__(self, img: Any) -> torch.Tensor:
@@ -100,6 +123,15 @@ class CropFlip:
         if self.hflip > 0 and torch.rand(1) < self.hflip:
             out = out.flip(-1)
         return out
+
+    def batch(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The same draws for a list of decoded images (3, H_i, W_i) on one device, and the same pixels up to the
+        resampling (docs/data.md): every crop box from timm's ``get_params`` in turn, the flips as one
+        ``torch.rand(n)`` (the values n calls of ``torch.rand(1)`` give), then one batched resized crop
+        (quest.data.batch_input.resized_crop_batch). (N, 3, size, size) uint8."""
+        boxes = crop_boxes(images, self.scale, self.ratio)
+        flips = torch.rand(len(images)) < self.hflip if self.hflip > 0 else torch.zeros(len(images), dtype=torch.bool)
+        return resized_crop_batch(images, boxes, flips, self.size, self.interpolation)
 
 
 class DeviceFinish:
@@ -115,17 +147,9 @@ class DeviceFinish:
                                                   interpolation=recipe.train_interpolation)
         self.mean, self.std = tuple(data.mean), tuple(data.std)
         self.reprob, self.remode, self.recount = float(recipe.reprob), recipe.remode, int(recipe.recount)
-        self.crop = crop  # data.pipeline=device: the crop and flip happen here too, per image
-        self._erasing: dict[str, Any] = {}
+        self.crop = crop  # data.pipeline=device: the crop and flip happen here too, on the batch
+        self._erasing = BatchErasing(self.reprob, self.remode, self.recount) if self.reprob > 0 else None
         self._moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (mean, std) per device, made once
-
-    def _erase(self, images: torch.Tensor) -> None:
-        from timm.data.random_erasing import RandomErasing
-
-        key = str(images.device)
-        if key not in self._erasing:
-            self._erasing[key] = RandomErasing(self.reprob, mode=self.remode, max_count=self.recount, device=key)
-        self._erasing[key](images)
 
     def describe(self) -> str:
         steps = ["decode (nvJPEG on CUDA, libjpeg-turbo otherwise)", "crop + flip"] if self.crop is not None else []
@@ -133,13 +157,13 @@ class DeviceFinish:
             steps.append(f"RandAugment {self.policy} (quest DeviceRandAugment)")
         steps.append("normalise")
         if self.reprob > 0:
-            steps.append(f"timm RandomErasing p={self.reprob:g} mode={self.remode}")
+            steps.append(f"RandomErasing p={self.reprob:g} mode={self.remode} (timm's draws, batched)")
         return ", ".join(steps)
 
     def __call__(self, images: Any, device: torch.device) -> torch.Tensor:
         if self.crop is not None:  # a list of encoded images
             try:
-                images = torch.stack([self.crop(decode_rgb(encoded, device)) for encoded in images])
+                images = self.crop.batch(decode_batch(images, device))
             except CorruptImageError as exc:
                 raise CorruptImageError(f"data.pipeline=device: {exc}; data.preflight=true (the default) finds such "
                                         "files before training, and data.bad_images=skip leaves them out") from exc
@@ -154,8 +178,8 @@ class DeviceFinish:
                                        for v in (self.mean, self.std))
         mean, std = self._moments[key]
         out = (images.float() / 255).sub_(mean).div_(std)  # timm: ToTensor (x / 255), then Normalize
-        if self.reprob > 0:
-            self._erase(out)
+        if self._erasing is not None:
+            self._erasing(out)
         return out
 
 

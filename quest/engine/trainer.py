@@ -18,6 +18,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from quest.config_checks import ConfigError
+from quest.data.prefetch import finish_ahead
 from quest.data.preflight import preflight_left_out
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
@@ -258,13 +259,12 @@ class Run:
         self._epoch_start, self._counts = (st.step, st.micro_in_epoch), [0, 0]
         per_epoch = self.batches_per_epoch
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for images, targets, n_bad in self._timed(p.train_loader):
+        # data.pipeline: the rest of the transform on the device, per batch (on CUDA one batch ahead, same draws)
+        for images, targets, n_bad in finish_ahead(self._timed(p.train_loader), p.train_finish, self.ctx.device):
             self._counts[0] += n_bad
             self._counts[1] += n_bad + len(targets)
             st.drew_batch()
             if len(targets):
-                if p.train_finish is not None:  # data.pipeline: the rest of the transform, on the device, per batch
-                    images = p.train_finish(images, self.ctx.device)
                 pending.append((images, targets))
             if pending and not (st.micro_in_epoch % cfg.trainer.accum_steps
                                 and st.micro_in_epoch < per_epoch):
