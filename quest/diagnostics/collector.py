@@ -12,7 +12,7 @@ import torch.nn as nn
 from quest.attention import QKAttention
 from quest.models import attention_layers
 
-from .stats import HEAD_STATS, SCALAR_STATS, LayerStats, layer_statistics
+from .stats import HEAD_STATS, SCALAR_STATS, LayerStats, stacked_statistics
 
 __all__ = ["AttentionDiagnostics", "DEFAULT_ENTROPY_THRESHOLD"]
 
@@ -138,9 +138,8 @@ class AttentionDiagnostics:
     def _forward_with_hooks(
         self, module: nn.Module, layers: list[tuple[str, QKAttention]], images: torch.Tensor
     ) -> list[tuple[str, LayerStats]]:
-        results: list[tuple[str, LayerStats]] = []
         seen: set[int] = set()
-        threshold = self.entropy_threshold
+        inputs: list[tuple[str, tuple[Any, ...]]] = []  # each layer's (q_raw, k_raw, q_eff, k_eff, scale, mask, causal)
 
         def make_hook(name: str):
             def hook(layer: QKAttention, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -151,13 +150,10 @@ class AttentionDiagnostics:
                 x = args[0] if args else kwargs["x"]
                 attn_mask = args[1] if len(args) > 1 else kwargs.get("attn_mask")
                 is_causal = bool(args[2] if len(args) > 2 else kwargs.get("is_causal", False))
-                # project_qkv / effective_qk run in the caller's autocast context, as the layer's own forward does;
-                # only the statistics are computed in float32 (or float64) with autocast off.
+                # project_qkv / effective_qk run in the caller's autocast context, as the layer's own forward does
                 q_raw, k_raw, _ = layer.project_qkv(x)
                 q_eff, k_eff, scale = layer.effective_qk(x)
-                with torch.autocast(device_type=x.device.type, enabled=False):
-                    stats = layer_statistics(q_raw, k_raw, q_eff, k_eff, scale, threshold, attn_mask, is_causal)
-                results.append((name, stats))
+                inputs.append((name, (q_raw, k_raw, q_eff, k_eff, scale, attn_mask, is_causal)))
 
             return hook
 
@@ -174,8 +170,28 @@ class AttentionDiagnostics:
         finally:
             for handle in handles:
                 handle.remove()
-        # Hooks fire in forward order, so results are already in forward order.
-        return results
+        # Hooks fire in forward order, so the layers are in forward order. Only the statistics are computed in
+        # float32 (or float64) with autocast off, every group of alike layers in one batched pass.
+        with torch.no_grad(), torch.autocast(device_type=images.device.type, enabled=False):
+            stats = self._statistics([layer_inputs for _, layer_inputs in inputs])
+        return [(name, layer_stats) for (name, _), layer_stats in zip(inputs, stats)]
+
+    def _statistics(self, inputs: list[tuple[Any, ...]]) -> list[LayerStats]:
+        """Every layer's statistics; the layers whose tensors have one shape and dtype and share their scale (a
+        number), mask and causality (a ViT's: all of them) are stacked and computed together."""
+        out: list[LayerStats | None] = [None] * len(inputs)
+        groups: dict[Any, list[int]] = {}
+        for index, (q_raw, k_raw, q_eff, k_eff, scale, mask, causal) in enumerate(inputs):
+            shared = (scale if not isinstance(scale, torch.Tensor) else ("tensor", index), id(mask), causal)
+            key = tuple((t.shape, t.dtype, t.device) for t in (q_raw, k_raw, q_eff, k_eff)) + shared
+            groups.setdefault(key, []).append(index)
+        for members in groups.values():
+            q_raw, k_raw, q_eff, k_eff = (torch.stack([inputs[m][part] for m in members]) for part in range(4))
+            _, _, _, _, scale, mask, causal = inputs[members[0]]
+            for m, layer_stats in zip(members, stacked_statistics(q_raw, k_raw, q_eff, k_eff, scale,
+                                                                  self.entropy_threshold, mask, causal)):
+                out[m] = layer_stats
+        return out  # type: ignore[return-value]
 
     def _flatten(self, stats: LayerStats) -> torch.Tensor:
         parts = [torch.stack([stats.scalars[s] for s in SCALAR_STATS])]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LayerStats", "layer_statistics", "SCALAR_STATS", "HEAD_STATS"]
+__all__ = ["LayerStats", "layer_statistics", "stacked_statistics", "SCALAR_STATS", "HEAD_STATS"]
 
 #: Per-layer scalar statistics, in the order they are reported.
 SCALAR_STATS = (
@@ -81,33 +81,55 @@ def layer_statistics(
     allowed pairs only, and the softmax (hence the entropy) sees the mask exactly as SDPA does; the reported max
     logit is the formulation's logit, without an additive mask.
     """
+    return stacked_statistics(q_raw[None], k_raw[None], q_eff[None], k_eff[None], scale, entropy_threshold,
+                              attn_mask, is_causal)[0]
+
+
+def stacked_statistics(
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    q_eff: torch.Tensor,
+    k_eff: torch.Tensor,
+    scale: float | torch.Tensor,
+    entropy_threshold: float,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> list[LayerStats]:
+    """:func:`layer_statistics` of L layers at once, their tensors stacked on a leading dimension ((L, B, H, N, d),
+    one scale and mask for all): the same numbers in a fixed number of batched operations whatever the depth, so a
+    diagnostics step launches a few dozen kernels on a GPU rather than a few dozen per layer."""
     scale = _upcast(scale) if isinstance(scale, torch.Tensor) else scale
-    logits = scale * (_upcast(q_eff) @ _upcast(k_eff).transpose(-2, -1))  # (B, H, Nq, Nk)
+    logits = scale * (_upcast(q_eff) @ _upcast(k_eff).transpose(-2, -1))  # (L, B, H, Nq, Nk)
     allowed, bias = _masks(logits.shape, logits.device, attn_mask, is_causal)
     candidates = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
 
-    q_norm = _upcast(q_raw).norm(dim=-1)  # (B, H, Nq)
-    k_norm = _upcast(k_raw).norm(dim=-1)  # (B, H, Nk)
-    b, h, i, j = torch.unravel_index(candidates.argmax(), candidates.shape)
+    q_norm = _upcast(q_raw).norm(dim=-1)  # (L, B, H, Nq)
+    k_norm = _upcast(k_raw).norm(dim=-1)  # (L, B, H, Nk)
+    depth = logits.shape[0]
+    where = torch.unravel_index(candidates.reshape(depth, -1).argmax(dim=1), candidates.shape[1:])  # each (L,)
+    layer = torch.arange(depth, device=logits.device)
+    b, h, i, j = where
 
     z = candidates if bias is None else (logits + bias).masked_fill(~allowed, float("-inf"))
     log_a = torch.log_softmax(z, dim=-1)
     a = log_a.exp()
     # 0 * log 0 = 0: masked keys (and underflowed probabilities) add nothing to the entropy.
-    entropy = -torch.where(a > 0, a * log_a, torch.zeros_like(a)).sum(dim=-1)  # (B, H, Nq), nats
-    head_entropy = entropy.mean(dim=(0, 2))  # (H,)
+    entropy = -torch.where(a > 0, a * log_a, torch.zeros_like(a)).sum(dim=-1)  # (L, B, H, Nq), nats
+    head_entropy = entropy.mean(dim=(1, 3))  # (L, H)
+    per_layer = (1, 2, 3)
 
     scalars = {
-        "max_logit": candidates[b, h, i, j],
-        "q_norm_at_max": q_norm[b, h, i],
-        "k_norm_at_max": k_norm[b, h, j],
-        "q_norm_mean": q_norm.mean(),
-        "q_norm_max": q_norm.max(),
-        "k_norm_mean": k_norm.mean(),
-        "k_norm_max": k_norm.max(),
-        "entropy_mean": entropy.mean(),
-        "entropy_min": entropy.min(),
-        "low_entropy_head_frac": (head_entropy < entropy_threshold).to(entropy.dtype).mean(),
+        "max_logit": candidates[layer, b, h, i, j],
+        "q_norm_at_max": q_norm[layer, b, h, i],
+        "k_norm_at_max": k_norm[layer, b, h, j],
+        "q_norm_mean": q_norm.mean(dim=per_layer),
+        "q_norm_max": q_norm.amax(dim=per_layer),
+        "k_norm_mean": k_norm.mean(dim=per_layer),
+        "k_norm_max": k_norm.amax(dim=per_layer),
+        "entropy_mean": entropy.mean(dim=per_layer),
+        "entropy_min": entropy.amin(dim=per_layer),
+        "low_entropy_head_frac": (head_entropy < entropy_threshold).to(entropy.dtype).mean(dim=1),
     }
-    heads = {"max_logit": candidates.amax(dim=(0, 2, 3)), "entropy_mean": head_entropy}
-    return LayerStats(scalars=scalars, heads=heads)
+    heads = {"max_logit": candidates.amax(dim=(1, 3, 4)), "entropy_mean": head_entropy}
+    return [LayerStats(scalars={k: v[n] for k, v in scalars.items()}, heads={k: v[n] for k, v in heads.items()})
+            for n in range(depth)]
