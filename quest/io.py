@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, TextIO
 from omegaconf import OmegaConf
 
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
-           "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "save_figure",
+           "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "refuse_present", "save_figure",
            "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
            "plain"]
 
@@ -229,19 +229,26 @@ class OutputExists(ValueError):
     """A command would replace files it finds in place (quest.errors counts a ValueError as the user's)."""
 
 
+def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> list[Path]:
+    """A command's check before it writes ``paths``: OutputExists naming those that exist and ``flag``, unless
+    ``overwrite``; those that exist."""
+    present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    if present and not overwrite:
+        names = ", ".join(str(p) for p in present)
+        raise OutputExists(f"{names} already exist{'s' if len(present) == 1 else ''}: pass {flag} to replace "
+                           f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
+                           "them), or choose another output")
+    return present
+
+
 def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite",
                    keep_in: str | Path | None = None) -> Path | None:
     """Before a command writes ``paths``: when some already exist, refuse (OutputExists naming them and ``flag``),
     or with ``overwrite`` move them into a new ``.replaced/<UTC time>/`` (in ``keep_in``, default the first path's
     folder) and return it. Nothing a command did not ask to replace is replaced, and nothing is deleted."""
-    present = [Path(p) for p in paths if Path(p).exists()]
+    present = refuse_present(paths, overwrite, flag)
     if not present:
         return None
-    if not overwrite:
-        names = ", ".join(str(p) for p in present)
-        raise OutputExists(f"{names} already exist{'s' if len(present) == 1 else ''}: pass {flag} to replace "
-                           f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
-                           "them), or choose another output")
     return move_aside(Path(keep_in if keep_in is not None else present[0].parent), present)
 
 
@@ -268,13 +275,16 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
 
 
 def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
-    """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``; it, or None when none
-    existed. The one way quest's runs, evaluations and tools keep what they replace."""
+    """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``, each under its path
+    relative to ``folder`` (its name when outside it: two files of one name in different sub-folders never meet);
+    it, or None when none existed. The one way quest's runs, evaluations and tools keep what they replace."""
     present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
     if not present:
         return None
     dest = replaced_dir(folder, label)
     for path in present:
-        shutil.move(str(path), dest / path.name)  # os.replace within a file system; a copy across them
+        rel = path.relative_to(folder) if path.is_relative_to(folder) else Path(path.name)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), dest / rel)  # os.replace within a file system (a link stays a link); a copy across them
     return dest
 

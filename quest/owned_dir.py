@@ -109,8 +109,16 @@ class OwnedDirectory:
         fd = lock_file(self.lock_path, self.what)
         # a command refused before claim() puts the old content back (unlock)
         self._lock_before = os.pread(fd, 4096, 0)
-        self._write_lock(fd, holder_text())
+        self._write_lock(fd, self.holder())
         self._lock_fd, self._claimed = fd, False
+
+    def holder(self) -> bytes:
+        """What the lock file says while this process holds it (:func:`holder_text`)."""
+        return holder_text()
+
+    @property
+    def claimed(self) -> bool:
+        return self._claimed
 
     @staticmethod
     def _write_lock(fd: int, content: bytes) -> None:

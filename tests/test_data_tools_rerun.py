@@ -3,7 +3,8 @@ image folder or of shards, and ``make_shards convert``, interrupted after every 
 kill leaves (a partial write, an output without its ledger line, a cut ledger line), then the source changed in each
 way (an image modified, added, deleted, made unreadable, grown past the cap, a class removed), then run again: the
 result equals a fresh run on today's source byte for byte, outputs whose source did not change are not rewritten,
-and until the rerun ends the folder says it is incomplete and readers refuse it."""
+what a kill left unrecorded is kept in ``.replaced/`` with its bytes (never deleted), and until the rerun ends the
+folder says it is incomplete and readers refuse it."""
 from __future__ import annotations
 
 import itertools
@@ -73,10 +74,13 @@ def _change(src: Path, change: str) -> set[str]:
 
 
 def _tree(root: Path) -> dict[str, object]:
-    """Every entry under ``root`` but the ledger: file bytes, link targets, and folders."""
+    """Every entry under ``root`` but the ledger and what a rerun kept aside (:func:`_aside`): file bytes, link
+    targets, and folders."""
     out: dict[str, object] = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
+        if rel.split("/")[0] == ".replaced":
+            continue
         if path.is_symlink():
             out[rel] = ("link", os.readlink(path))
         elif path.is_dir():
@@ -84,6 +88,21 @@ def _tree(root: Path) -> dict[str, object]:
         elif path.name != LEDGER_NAME:
             out[rel] = path.read_bytes()
     return out
+
+
+def _aside(root: Path) -> dict[str, bytes]:
+    """What the tools kept in ``root/.replaced/<UTC time>-unrecorded/``: path under it -> bytes."""
+    return {"/".join(p.relative_to(root / ".replaced").parts[1:]): p.read_bytes()
+            for p in (root / ".replaced").rglob("*") if p.is_file()}
+
+
+def _check_aside(root: Path, stop: int | None, fault: str, partial: str) -> None:
+    """A clean stop leaves nothing unrecorded; a cut write's partial file is kept with its bytes, not deleted."""
+    aside = _aside(root)
+    if stop is None or fault == "stop":
+        assert aside == {}, (stop, fault)
+    elif fault == "partial write":
+        assert aside[partial] == b"\xff\xd8 cut", (stop, fault)
 
 
 def _inodes(root: Path) -> dict[str, tuple[int, int, int]]:
@@ -144,6 +163,7 @@ def test_capping_a_folder_again_after_any_interruption_and_any_change_equals_a_f
         cap_folder(src, dst, CAP)
         cap_folder(src, tmp_path / f"fresh{k}", CAP)
         assert _tree(dst) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        _check_aside(dst, stop, fault, "train/c0/.a.JPEG.k2j3h4.tmp")
         assert read_capped(dst)["complete"] is True
         if stop is None:  # a finished copy: exactly the outputs of changed sources are written again
             after = _inodes(dst)
@@ -196,6 +216,7 @@ def test_converting_to_shards_again_after_any_interruption_and_any_change_equals
         _convert(src, out)
         _convert(src, tmp_path / f"fresh{k}")
         assert _tree(out) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        _check_aside(out, stop, fault, ".toy-train-0001.tar.k2j3h4.tmp")
         if stop is None and change in ("none", "modify"):  # the same samples: only the shard holding c0/a is redone
             after = _inodes(out)
             rewritten = {p for p in before if p.endswith(".tar") and before[p] != after[p]}
@@ -216,6 +237,7 @@ def test_capping_shards_again_after_any_interruption_and_any_change_equals_a_fre
         cap_shards(shards, dst, CAP)
         cap_shards(shards, tmp_path / f"fresh{k}", CAP)
         assert _tree(dst) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
+        _check_aside(dst, stop, fault, ".toy-train-0000.tar.k2j3h4.tmp")
         shutil.rmtree(src)
 
 

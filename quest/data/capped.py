@@ -11,8 +11,9 @@ it (quest.data.train_input.build_train_input).
 Resumable, safe to interrupt, and it follows its source: every output file is written whole (quest.io.atomic_write)
 and recorded with its source's size and modification time in ``DST/_ledger.jsonl`` (quest.data.ledger). Running
 the same command again keeps the outputs whose source is unchanged, redoes those whose source changed, removes
-those whose source is gone and anything it did not record, and ends with the copy a fresh run would make of
-today's source. ``_capped.json`` says ``complete: false`` from the first change to the last, and runs and
+those whose source is gone, moves anything it did not record to ``DST/.replaced/`` (never deleted), and ends with
+the copy a fresh run would make of today's source. The folder is held for the whole command: a second one into it
+is refused (quest.output_folder). ``_capped.json`` says ``complete: false`` from the first change to the last, and runs and
 ``quest-data check`` refuse such a copy; it says ``complete: true`` only once the copy is whole. A folder that holds
 files quest-data cap did not write is refused. Only the
 training split is capped by default; the other splits are linked to the source (``DST/val -> SRC/val``), so
@@ -24,7 +25,6 @@ import io
 import json
 import os
 import re
-import shutil
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -34,10 +34,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from PIL import Image
 
 from quest.io import atomic_write, write_text_atomic
+from quest.output_folder import OutputFolder, holding
 from quest.workers import die_with_parent
 
 from .entries import class_folders
-from .ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded
+from .ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded, set_aside
 from .shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
 from .tool_records import check_capped
 
@@ -117,9 +118,9 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
                              "would write both to one JPEG")
     stamps = {str(f.relative_to(src)): file_stamp(f) for found in files.values() for f in found}
-    _refuse_foreign(dst)
     counts: dict[str, Any] = {}
-    with Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": splits}) as ledger:
+    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+        folder.claim()
         ledger.begin()
         _start(dst, src, short_side, quality)
         linked = _link(dst, {s: src / s for s in folders if s not in splits})
@@ -139,7 +140,9 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         for split in splits:
             unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
             counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
-    manifest = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts, "linked": linked})
+        ledger.close()
+        manifest = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
+                                                           "linked": linked})
     return {**manifest, "this_run": ledger.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
 
 
@@ -150,20 +153,27 @@ def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
     dst_split.mkdir(parents=True, exist_ok=True)
     for path in dst_split.iterdir():
         if path.is_dir() and not path.is_symlink() and path.name not in classes:
-            shutil.rmtree(path)  # a class the source no longer has: its outputs left the ledger with their sources
+            # a class the source no longer has: its outputs left the ledger with their sources; anything else in it
+            # is kept in .replaced/, and the emptied folders go
+            remove_unrecorded(path, set(), ledger)
+            _remove_empty_folders(path, keep_top=False)
     for name in classes:
         (dst_split / name).mkdir(exist_ok=True)
         remove_unrecorded(dst_split / name, set(), ledger)
-        for dirpath, dirnames, filenames in os.walk(dst_split / name, topdown=False):
-            if Path(dirpath) != dst_split / name and not dirnames and not filenames:
-                os.rmdir(dirpath)  # a sub-folder the source no longer has
+        _remove_empty_folders(dst_split / name, keep_top=True)  # sub-folders the source no longer has
+
+
+def _remove_empty_folders(top: Path, keep_top: bool) -> None:
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        if (not keep_top or Path(dirpath) != top) and not os.listdir(dirpath):
+            os.rmdir(dirpath)
 
 
 def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
-    """``dst/<name>`` a link to each target, and no other link at the top of ``dst``; the names linked."""
-    for path in dst.iterdir():
-        if path.is_symlink() and (path.name not in targets or path.resolve() != targets[path.name].resolve()):
-            path.unlink()
+    """``dst/<name>`` a link to each target, and no other link at the top of ``dst`` (one that leads elsewhere is
+    kept in .replaced/: a link the ledger does not record); the names linked."""
+    set_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
+        path.name not in targets or path.resolve() != targets[path.name].resolve())])
     for name, target in targets.items():
         link = dst / name
         if not link.is_symlink():
@@ -221,8 +231,8 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             raise irregular
     stamps = {n: file_stamp(src / n) for n in names}
     links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
-    _refuse_foreign(dst)
-    with Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": splits}) as ledger:
+    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+        folder.claim()
         ledger.begin()
         _start(dst, src, short_side, quality)
         _link(dst, links)
@@ -236,12 +246,13 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
                 ledger.record(name, name, stamps[name])
             else:
                 problems.append(reason)
-    if problems:
-        raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
-                         + "; ".join(problems[:5]))
-    write_text_atomic(dst / info_path.name, info_path.read_text())
-    manifest = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(known[s].get(
-        "filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
+        ledger.close()
+        if problems:
+            raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
+                             + "; ".join(problems[:5]))
+        write_text_atomic(dst / info_path.name, info_path.read_text())
+        manifest = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
+            known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
     return {**manifest, "this_run": ledger.report(kept=len(names) - len(todo))}
 
 
@@ -260,12 +271,18 @@ def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
                          "a different cap needs another folder")
 
 
+def _ledger(dst: Path, short_side: int, quality: int, splits: Sequence[str]) -> Ledger:
+    """The copy's ledger, once the folder is held (the caller) and checked: a copy goes into a new or empty folder,
+    or one an earlier run of this tool wrote (the rerun removes what the source no longer makes, which must never be
+    somebody else's files)."""
+    _refuse_foreign(dst)
+    return Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": list(splits)})
+
+
 def _refuse_foreign(dst: Path) -> None:
-    """A copy goes into a new or empty folder, or one an earlier run of this tool wrote: the rerun removes what the
-    source no longer makes, which must never be somebody else's files."""
     if not dst.is_dir() or (dst / CAPPED_INFO).exists() or (dst / LEDGER_NAME).exists():
         return
-    found = sorted(p.name for p in dst.iterdir())
+    found = sorted(p.name for p in dst.iterdir() if p.name != OutputFolder.lock_name)
     if found:
         raise ValueError(f"{dst} already holds files quest-data cap did not write ({', '.join(found[:5])}"
                          f"{' ...' if len(found) > 5 else ''}); give a new or empty folder for the copy")

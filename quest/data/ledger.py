@@ -5,7 +5,9 @@ data tool again").
 
 ``<folder>/_ledger.jsonl`` holds a header line ``{"tool": ..., "params": {...}}``, then a line per output,
 ``{"key": <what it was made from>, "out": <its path under the folder>, "stamp": <the source's state>}``, or
-``{"key": ..., "out": null}`` once it was removed. An output is written whole first (quest.io.atomic_write) and
+``{"key": ..., "out": null}`` once it was removed; ``made`` is the output's own size and modification time as the
+tool wrote it, so that an output somebody changed or replaced since is not taken for the tool's (a rerun moves it to
+``.replaced/`` and writes its own again). An output is written whole first (quest.io.atomic_write) and
 recorded after, so a kill leaves at worst a whole output without a line (not in the ledger: removed and redone) or a
 cut last line (skipped on reading). Every run that writes rewrites the ledger whole with the lines it kept before
 its first append, so appends never continue a cut line. A source's stamp is its size and modification time in
@@ -19,12 +21,15 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.io import open_records, write_text_atomic
+from quest.io import REPLACED, move_aside, open_records, write_text_atomic
 from quest.records import RecordError
 
 from .tool_records import check_ledger_header, check_ledger_line
 
 __all__ = ["LEDGER_NAME", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
+
+#: the label of the ``.replaced/<UTC time>-<label>/`` that holds files a tool found where it writes but did not write
+UNRECORDED = "unrecorded"
 
 LEDGER_NAME = "_ledger.jsonl"
 
@@ -49,6 +54,7 @@ class Ledger:
         self.path = self.folder / LEDGER_NAME
         self.existed = self.path.is_file()
         self.entries: dict[str, tuple[str, str]] = {}  # key -> (output path under folder, stamp)
+        self.made: dict[str, str] = {}  # output path -> its own stamp when the tool wrote it (older ledgers: none)
         if self.existed:
             self._read()
         self._append: TextIO | None = None  # nothing is written before begin(): a refused command changes nothing
@@ -89,10 +95,13 @@ class Ledger:
                 self.entries.pop(entry.key, None)
             else:
                 self.entries[entry.key] = (entry.out, str(entry.stamp))
+                if entry.made is not None:
+                    self.made[entry.out] = entry.made
 
     def _rewrite(self) -> None:
         header = json.dumps({"tool": self.tool, "params": self.params}, sort_keys=True)
-        rows = (json.dumps({"key": k, "out": o, "stamp": s}) for k, (o, s) in sorted(self.entries.items()))
+        rows = (json.dumps({"key": k, "out": o, "stamp": s, **({"made": self.made[o]} if o in self.made else {})})
+                for k, (o, s) in sorted(self.entries.items()))
         write_text_atomic(self.path, "".join(f"{line}\n" for line in (header, *rows)))
 
     def _write(self, row: dict[str, Any]) -> None:
@@ -102,9 +111,16 @@ class Ledger:
         self._append.flush()  # a line on record is a line a later rerun trusts; the output it names is already whole
 
     def current(self, key: str, stamp: str) -> str | None:
-        """The output made from ``key`` when it was made from this very ``stamp`` and still exists, else None."""
+        """The output made from ``key`` when it was made from this very ``stamp`` and is still what the tool wrote,
+        else None."""
         out, old = self.entries.get(key, (None, None))
-        return out if out is not None and old == stamp and (self.folder / out).is_file() else None
+        return out if out is not None and old == stamp and self.unchanged(out) else None
+
+    def unchanged(self, out: str) -> bool:
+        """Whether the output ``out`` is the file the tool wrote: there, and with the size and modification time it
+        had then (an older ledger's line, which did not record them: there)."""
+        path = self.folder / out
+        return path.is_file() and not path.is_symlink() and self.made.get(out, file_stamp(path)) == file_stamp(path)
 
     def report(self, kept: int) -> dict[str, int]:
         """What this run did: outputs kept from an earlier run, written, removed."""
@@ -115,21 +131,27 @@ class Ledger:
 
     def record(self, key: str, out: str, stamp: str) -> None:
         self.entries[key] = (out, stamp)
-        self._write({"key": key, "out": out, "stamp": stamp})
+        self.made[out] = file_stamp(self.folder / out)
+        self._write({"key": key, "out": out, "stamp": stamp, "made": self.made[out]})
         self.written += 1
 
     def drop(self, key: str) -> None:
-        """Remove the output made from ``key`` (its source changed or is gone) and say so in the ledger."""
+        """Remove the output made from ``key`` (its source changed or is gone) and say so in the ledger; a file in its
+        place that is not what the tool wrote is moved to ``.replaced/`` instead."""
         out, _ = self.entries.pop(key)
-        (self.folder / out).unlink(missing_ok=True)
+        if self.unchanged(out):
+            (self.folder / out).unlink()
+        else:
+            set_aside(self.folder, [self.folder / out])
+        self.made.pop(out, None)
         self._write({"key": key, "out": None})
         self.removed += 1
 
     def drop_stale(self, stamps: dict[str, str], keys: set[str] | None = None) -> list[str]:
         """Drop every entry (of ``keys``, default all) whose source is not in ``stamps`` or has another stamp now, or
-        whose output is gone; the keys dropped."""
+        whose output is gone or no longer what the tool wrote; the keys dropped."""
         stale = [k for k, (out, stamp) in self.entries.items() if (keys is None or k in keys)
-                 and (stamps.get(k) != stamp or not (self.folder / out).is_file())]
+                 and (stamps.get(k) != stamp or not self.unchanged(out))]
         for key in stale:
             self.drop(key)
         return stale
@@ -147,18 +169,27 @@ class Ledger:
         self.close()
 
 
+def set_aside(folder: Path, paths: list[Path]) -> None:
+    """Move files a tool found where it writes, and did not write, to ``folder/.replaced/<UTC time>-unrecorded/``
+    under their paths: a tool deletes only what its ledger says it wrote."""
+    move_aside(folder, paths, UNRECORDED)
+
+
 def remove_unrecorded(folder: Path, keep: set[str], ledger: Ledger) -> list[str]:
-    """Remove every file under ``folder`` (a folder only this tool writes) that the ledger does not list and ``keep``
-    (paths relative to the ledger's folder) does not name: outputs a kill left unrecorded, partial writes, outputs
-    of sources now gone. Hidden files other than partial writes stay (a data check's cache). The paths removed."""
+    """Move every file under ``folder`` (a folder this tool writes) that the ledger does not list and ``keep`` (paths
+    relative to the ledger's folder) does not name to ``.replaced/`` (:func:`set_aside`): outputs a kill left
+    unrecorded, partial writes, somebody else's files. Hidden files other than partial writes stay (a data check's
+    cache, the lock file). The paths moved."""
     listed = ledger.outputs() | keep
-    removed = []
-    for dirpath, _, filenames in os.walk(folder):
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        if Path(dirpath) == ledger.folder:
+            dirnames[:] = [d for d in dirnames if d != REPLACED]
         for name in filenames:
             path = Path(dirpath) / name
             rel = str(path.relative_to(ledger.folder))
             if rel not in listed and (not name.startswith(".") or is_partial_write(name)):
-                path.unlink()
-                removed.append(rel)
-    ledger.removed += len(removed)
-    return removed
+                found.append(path)
+    set_aside(ledger.folder, found)
+    ledger.removed += len(found)
+    return [str(p.relative_to(ledger.folder)) for p in found]

@@ -22,10 +22,11 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 from quest.io import atomic_write, write_text_atomic
+from quest.output_folder import holding
 
 from .entries import class_listing
 from .folder import check_image_folder
-from .ledger import Ledger, file_stamp, is_partial_write
+from .ledger import Ledger, file_stamp, is_partial_write, set_aside
 from .shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
 
 log = logging.getLogger(__name__)
@@ -76,31 +77,34 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
     planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
-    with Ledger(out, TOOL, {}) as ledger:
-        taken = [n for n in planned if (out / n).exists() and n not in ledger.entries]
+    out = Path(out)
+    with holding(out, TOOL) as folder, Ledger(out, TOOL, {}) as ledger:  # held: a second conversion is refused
+        taken = [n for n in [*planned, *INFO_NAMES] if (out / n).exists() and n not in ledger.outputs()]
         if taken and not ledger.existed:
             raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
                              "make_shards did not record writing; give another folder or --name")
+        folder.claim()
         ledger.begin()
         _merge_info(out, {}, {"complete": False})  # before the first shard changes
         ledger.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
                           keys={k for k in ledger.entries if ours.fullmatch(k)})
-        for path in out.iterdir():  # shards of these splits the ledger does not list: a kill came before their line
-            partial_of = path.name[1:].rsplit(".", 2)[0] if is_partial_write(path.name) else None
-            if path.is_file() and (ours.fullmatch(path.name) and path.name not in ledger.outputs()
-                                   or partial_of is not None and ours.fullmatch(partial_of)):
-                path.unlink()
+        # shards of these splits the ledger does not list (a kill came before their line, or somebody else's) and
+        # partial writes: kept in .replaced/, never deleted
+        set_aside(out, [path for path in out.iterdir() if path.is_file() and (
+            ours.fullmatch(path.name) and path.name not in ledger.outputs()
+            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))])
         for shard, (write, stamp) in planned.items():
             if ledger.current(shard, stamp) is None:
                 atomic_write(out / shard, write)
                 ledger.record(shard, shard, stamp)
-    written = {split: {"name": split, "num_samples": sum(n for _, n in shards), "shard_lengths": [n for _, n in shards],
-                       "filenames": [f for f, _ in shards]} for split, shards in lengths.items()}
-    for split, entry in written.items():
-        log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
-    log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
-             ledger.written, ledger.removed, len(planned) - ledger.written)
-    return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+        written = {split: {"name": split, "num_samples": sum(n for _, n in shards),
+                           "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards]}
+                   for split, shards in lengths.items()}
+        for split, entry in written.items():
+            log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
+        log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
+                 ledger.written, ledger.removed, len(planned) - ledger.written)
+        return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
 
 
 def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
@@ -137,14 +141,22 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
 
 
 def write_index(root: Path, splits: dict[str, str]) -> Path:
-    """Count the samples of existing shards (``{split: pattern}``) into ``root/_info.json``."""
+    """Count the samples of existing shards (``{split: pattern}``) into ``root/_info.json`` (``root`` held meanwhile:
+    a conversion or another index into it is refused)."""
+    with holding(root, "make_shards index") as folder:
+        written = _count_splits(root, splits)
+        folder.claim()
+        return _merge_info(root, written, {})
+
+
+def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any]]:
     written = {}
     for split, pattern in splits.items():
         shards = resolve_shards(root, pattern, count=True)
         written[split] = {"name": split, "num_samples": sum(s.length for s in shards),
                           "filenames": [str(s.path.relative_to(root)) for s in shards],
                           "shard_lengths": [s.length for s in shards]}
-    return _merge_info(root, written, {})
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -29,6 +29,7 @@ class LedgerLine:
     key: str  # what the output was made from (a path under the source, or a shard's name)
     out: str | None  # the output's path under the ledger's folder; null: removed
     stamp: str | None = None  # the source's state it was made from
+    made: str | None = None  # the output's own size and modification time as the tool wrote it (older ledgers: none)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
     check_fields(LedgerLine, row, source)
     _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
     out = None if row["out"] is None else inside(folder, row["out"], source, "out")
-    return LedgerLine(row["key"], out, row.get("stamp"))
+    return LedgerLine(row["key"], out, row.get("stamp"), row.get("made"))
 
 
 def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:

@@ -31,10 +31,11 @@ from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.errors import input_error, program_name
 from quest.extras import MissingExtra
-from quest.io import atomic_write, file_sha256, json_text, keep_or_refuse, markdown_table, write_text_atomic
+from quest.io import atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
+from quest.output_folder import holding
 
-from .onnx_export import ONNX_FILE, export_onnx, require_onnx
+from .onnx_export import ONNX_FILE, checked_onnx, require_onnx
 
 __all__ = ["export_run", "resolve_checkpoint", "export_config", "main"]
 
@@ -208,6 +209,7 @@ def export_run(source: str | Path, out: str | Path, weights: str = "model", over
     EMA's (refused for a run trained without EMA). A run that has not finished, diverged or failed on its data is
     refused naming its status, unless ``allow_unfinished``. An earlier export in ``out`` is refused (naming its
     files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone.
+    ``out`` is held (quest.output_folder) for the whole export: a second one into it is refused naming this one.
     ``onnx``: also ``model.onnx`` (quest.engine.onnx_export), checked with onnxruntime."""
     return export_checked(source, out, weights, overwrite, allow_unfinished, onnx)[0]
 
@@ -220,36 +222,44 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
     if onnx:
         require_onnx()  # before any work
-    path = resolve_checkpoint(source)
-    ckpt = load_record(path)  # weights_only=True
-    summary = run_summary(path)
-    unfinished = unfinished_reason(summary, ckpt, path)
-    problems = []  # every one in the one message
-    if unfinished and not allow_unfinished:
-        problems.append(f"{unfinished}; export a run that completed or stopped at trainer.max_steps, or pass "
-                        "--allow-unfinished to export this checkpoint anyway")
-    state = getattr(ckpt, weights)
-    if state is None:
-        problems.append(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); use "
-                        "--weights model")
-    if problems:
-        raise ValueError(f"{source}: " + "; and ".join(problems))
-    model = build_model(OmegaConf.create(ckpt.config))
-    model.load_state_dict(state)  # strict: the export holds exactly what the model has
-    from safetensors.torch import save as safetensors_bytes
-
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out = Path(out).expanduser()
-    keep_or_refuse([out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else []),
-                   overwrite, keep_in=out)
-    config = export_config(ckpt, model, weights, path)
-    top1 = exported_top1(summary, weights, path) if not unfinished else None
-    config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
-    if onnx:  # first: a failed check writes nothing
-        config["quest"]["onnx"] = export_onnx(model, config["pretrained_cfg"]["input_size"][-1], out)
-    atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
-    write_text_atomic(out / "config.json", json_text(config))
-    write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
+    files = [out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else [])
+    # held from the first look at the folder to the last file: a second export into it is refused at once, never
+    # interleaved with this one (quest.output_folder)
+    with holding(out, "quest-export") as folder:
+        folder.refuse_present(files, overwrite)
+        path = resolve_checkpoint(source)
+        ckpt = load_record(path)  # weights_only=True
+        summary = run_summary(path)
+        unfinished = unfinished_reason(summary, ckpt, path)
+        problems = []  # every one in the one message
+        if unfinished and not allow_unfinished:
+            problems.append(f"{unfinished}; export a run that completed or stopped at trainer.max_steps, or pass "
+                            "--allow-unfinished to export this checkpoint anyway")
+        state = getattr(ckpt, weights)
+        if state is None:
+            problems.append(f"--weights {weights}: {path} holds no EMA weights (trained with recipe.ema=false); use "
+                            "--weights model")
+        if problems:
+            raise ValueError(f"{source}: " + "; and ".join(problems))
+        model = build_model(OmegaConf.create(ckpt.config))
+        model.load_state_dict(state)  # strict: the export holds exactly what the model has
+        from safetensors.torch import save as safetensors_bytes
+
+        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        config = export_config(ckpt, model, weights, path)
+        top1 = exported_top1(summary, weights, path) if not unfinished else None
+        config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
+        serialized = None
+        if onnx:  # checked before anything in the folder changes: a failed check leaves the earlier export in place
+            serialized, config["quest"]["onnx"] = checked_onnx(model, config["pretrained_cfg"]["input_size"][-1])
+        folder.make_room(files)  # the earlier export (only with overwrite: refused above) to .replaced/
+        if serialized is not None:
+            atomic_write(out / ONNX_FILE, lambda f: f.write(serialized))
+        atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
+        write_text_atomic(out / "config.json", json_text(config))
+        write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
+        folder.note(files)
     return out, unfinished, top1
 
 
@@ -273,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out, unfinished, top1 = export_checked(args.source, args.out, args.weights, args.overwrite,
                                                args.allow_unfinished, args.onnx)
-    except (FileNotFoundError, ValueError, MissingExtra) as exc:
+    except (FileNotFoundError, ValueError, MissingExtra) as exc:  # FolderHeld, OutputExists: ValueErrors
         return input_error(program_name("quest-export"), exc)
     measured = f"validation top-1 {top1:.2f}%" if top1 is not None else "not measured on the validation set"
     print(f"exported {args.source} ({args.weights} weights, {measured}"

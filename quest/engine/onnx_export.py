@@ -15,7 +15,7 @@ import torch
 from quest.extras import Need, require_all
 from quest.io import atomic_write
 
-__all__ = ["ONNX_FILE", "ONNX_NEEDS", "ONNX_TOLERANCE", "require_onnx", "export_onnx"]
+__all__ = ["ONNX_FILE", "ONNX_NEEDS", "ONNX_TOLERANCE", "require_onnx", "export_onnx", "checked_onnx"]
 
 ONNX_FILE = "model.onnx"
 #: what the exporter and the check import (onnxscript translates torch.export's graph; onnxruntime runs the check)
@@ -36,6 +36,14 @@ def export_onnx(model: torch.nn.Module, img_size: int, out: Path, opset: int | N
     """Write ``out/model.onnx`` (batch axis dynamic) for ``model`` at ``img_size``; returns what config.json records
     about it. Written (atomically, quest.io) only once onnxruntime's outputs on a batch of another size than the
     traced one equal PyTorch's within :data:`ONNX_TOLERANCE`; ValueError otherwise, and nothing is written."""
+    serialized, info = checked_onnx(model, img_size, opset)
+    atomic_write(out / ONNX_FILE, lambda f: f.write(serialized))
+    return info
+
+
+def checked_onnx(model: torch.nn.Module, img_size: int, opset: int | None = None) -> tuple[bytes, dict[str, Any]]:
+    """:func:`export_onnx`'s model.onnx as bytes, checked, and what config.json records about it; nothing written
+    (quest-export writes it once the folder's earlier export is kept aside)."""
     import onnxruntime
 
     model = model.eval()
@@ -54,7 +62,6 @@ def export_onnx(model: torch.nn.Module, img_size: int, out: Path, opset: int | N
     if not diff <= ONNX_TOLERANCE:
         raise ValueError(f"the ONNX export's logits differ from PyTorch's by {diff:.3g} (more than {ONNX_TOLERANCE}) "
                          f"on a batch of {len(checked)}: {ONNX_FILE} not written")
-    atomic_write(out / ONNX_FILE, lambda f: f.write(serialized))
     opset_used = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    return {"file": ONNX_FILE, "opset": opset_used, "input": "images (N, 3, H, W)", "dynamic_axes": ["batch"],
+    return serialized, {"file": ONNX_FILE, "opset": opset_used, "input": "images (N, 3, H, W)", "dynamic_axes": ["batch"],
             "max_abs_diff_vs_pytorch": diff, "tolerance": ONNX_TOLERANCE, "onnxruntime": onnxruntime.__version__}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -12,7 +12,9 @@ import torch
 from quest.extras import require
 from quest.io import save_figure
 
-__all__ = ["explanation_grid", "grid_figure"]
+__all__ = ["DPI", "compare_figure", "compare_runs", "explanation_grid", "grid_figure"]
+
+DPI = 110  # of the saved grids
 
 
 def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Tensor]], out: str | Path,
@@ -23,7 +25,7 @@ def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Te
     fig = grid_figure(images, columns, boxes, row_labels, title, row_key)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, out, dpi=110)
+    save_figure(fig, out, dpi=DPI)
     return out
 
 
@@ -77,7 +79,15 @@ def load_maps(run_dir: str | Path, suite: str | None = None) -> tuple[Path, dict
 
 def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = "agcam",
                  suite: str | None = None) -> Path:
-    """Images (rows) x runs (columns): one method's maps of each run on the same images."""
+    """Images (rows) x runs (columns): one method's maps of each run on the same images, written to ``out``."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_figure(compare_figure(run_dirs, method, suite), out, dpi=DPI)
+    return out
+
+
+def compare_figure(run_dirs: Sequence[str | Path], method: str = "agcam", suite: str | None = None) -> Any:
+    """:func:`compare_runs`' figure (a ValueError or FileNotFoundError naming what is missing, before any is drawn)."""
     loaded = [(Path(d), *load_maps(d, suite)) for d in run_dirs]
     first = loaded[0][2]
     for run_dir, path, maps in loaded:
@@ -93,5 +103,4 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = 
     images = first["images"].float() / 255.0
     rows = [f"#{i} {lab}" for i, lab in zip(first["indices"], first["labels"])]
     boxes = [b.numpy() for b in first["boxes"]]
-    return explanation_grid(images, columns, out, boxes, rows, title=f"{method} maps",
-                            row_key="row label: #sample index, true class")
+    return grid_figure(images, columns, boxes, rows, title=f"{method} maps", row_key="row label: #sample index, true class")

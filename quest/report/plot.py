@@ -23,7 +23,8 @@ from typing import Any
 
 from quest.errors import input_error, program_name
 from quest.extras import require
-from quest.io import OutputExists, keep_or_refuse, save_figure
+from quest.io import OutputExists, save_figure
+from quest.output_folder import FolderHeld, holding
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -273,26 +274,37 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message on stderr for unusable input)."""
     args = _parser().parse_args(argv)
+    out = Path(args.out)
     try:
-        keep_or_refuse([args.out], args.overwrite)  # an earlier figure is replaced only when asked
-        if args.command == "explain":
-            from quest.explain.figures import compare_runs
-
-            try:
-                out = compare_runs(args.run_dirs, args.out, args.method, args.suite)
-            except (FileNotFoundError, ValueError) as err:
-                raise PlotInputError(str(err)) from err
-        elif args.command == "perf":
-            from .perf_plot import plot_perf
-
-            out = plot_perf(args.run_dirs, args.out)
-        else:
-            keys = [k for part in args.keys for k in part.split(",") if k]
-            out = plot_diagnostics(args.run_dirs, args.out, _parse_layers(args.layers), keys, args.prefix)
-    except (PlotInputError, OutputExists) as err:
+        # the folder held from the check to the saved figure (quest.output_folder); the figure drawn before anything
+        # in it changes, so that a refused input leaves an earlier figure where it was
+        with holding(out.parent, "quest-plot") as folder:
+            folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
+            fig, dpi = _figure(args)
+            folder.make_room([out])
+            save_figure(fig, out, dpi=dpi)
+            folder.note([out])
+    except (PlotInputError, OutputExists, FolderHeld) as err:
         return input_error(program_name("quest-plot"), err)
     print(out)
     return 0
+
+
+def _figure(args: argparse.Namespace) -> tuple[Any, int]:
+    """The figure ``args`` asks for and the dpi it is saved at."""
+    if args.command == "explain":
+        from quest.explain.figures import DPI, compare_figure
+
+        try:
+            return compare_figure(args.run_dirs, args.method, args.suite), DPI
+        except (FileNotFoundError, ValueError) as err:
+            raise PlotInputError(str(err)) from err
+    if args.command == "perf":
+        from .perf_plot import perf_figure
+
+        return perf_figure(args.run_dirs), 120
+    keys = [k for part in args.keys for k in part.split(",") if k]
+    return diagnostics_figure(args.run_dirs, _parse_layers(args.layers), keys, args.prefix), 120
 
 
 if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-plot console script

@@ -6,7 +6,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from quest.io import keep_or_refuse, markdown_table, write_text_atomic
+from quest.io import markdown_table, write_text_atomic
+from quest.output_folder import holding
 
 from .runs import PERF_METRICS, RunResult
 from .stats import lower_is_better, mean_std
@@ -196,13 +197,17 @@ def lr_csv(report: Report) -> str:
 def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
     """runs.md (the results and, per run, where the time went) / runs.csv, and lr_sensitivity.md / .csv when there
     is an lr sweep, in ``out_dir``. Tables already there are refused (OutputExists), or with ``overwrite`` kept in
-    ``out_dir/.replaced/<UTC time>/``."""
+    ``out_dir/.replaced/<UTC time>/``; ``out_dir`` is held while they are written (quest.output_folder)."""
     out_dir = Path(out_dir)
     perf = perf_markdown(report)
     texts = {"runs.md": runs_markdown(report) + ("\n" + perf if perf else ""), "runs.csv": runs_csv(report)}
     if report.sweeps:
         texts.update({"lr_sensitivity.md": lr_markdown(report), "lr_sensitivity.csv": lr_csv(report)})
-    keep_or_refuse([out_dir / name for name in texts], overwrite, keep_in=out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
-            for name, text in texts.items()]
+    files = [out_dir / name for name in texts]
+    with holding(out_dir, "quest-report") as folder:  # a second report into out_dir is refused, never interleaved
+        folder.refuse_present(files, overwrite)
+        folder.make_room(files)
+        written = [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
+                   for name, text in texts.items()]
+        folder.note(written)
+    return written

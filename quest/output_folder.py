@@ -1,0 +1,121 @@
+"""The folder a command writes its outputs into (``quest-export --out``, ``quest-report --out``, ``quest-plot --out``'s
+folder, ``quest-data cap``'s and ``make_shards``' output, the toy study's, a run's ``tensorboard/``): what a command
+may remove there (docs/training.md, "What a command may remove").
+
+- The command holds the folder (:func:`holding`: the lock file ``.lock`` of :class:`~quest.owned_dir.OwnedDirectory`,
+  naming the command, its pid and host) from before its first check to its end; a second command writing the same
+  folder is refused at once, naming the holder, and changes nothing (:class:`FolderHeld`).
+- Every check comes before the first change: a refused command leaves the folder as it was (the lock file put back,
+  a folder the lock made removed again).
+- It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
+  command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
+  an output (somebody else's, or one edited since) is refused (:meth:`OutputFolder.refuse_present`) or moved to
+  ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
+
+The data tools' record is their ledger (quest.data.ledger), which names each output and its stamp the same way.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from quest.io import REPLACED, LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
+from quest.owned_dir import OwnedDirectory, holder_text
+
+__all__ = ["FolderHeld", "OutputFolder", "RECORD", "holding"]
+
+#: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
+RECORD = ".written.json"
+
+
+class FolderHeld(ValueError):
+    """Another command holds the folder (a ValueError: the user's to resolve, quest.errors)."""
+
+
+class OutputFolder(OwnedDirectory):
+    """A folder ``command`` writes outputs into (module docstring). Paths given to its methods are files in it."""
+
+    what = "this output folder"
+
+    def __init__(self, path: str | Path, command: str, lock: bool = True):
+        super().__init__(path, is_main=lock)
+        self.command = command
+
+    def holder(self) -> bytes:
+        return f"{self.command}, {holder_text().decode()}".encode()
+
+    def record(self) -> dict[str, dict[str, str]]:
+        """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}."""
+        found = read_json(self.path / RECORD) or {}
+        files = found.get("files")
+        return files if isinstance(files, dict) else {}
+
+    def own(self, path: Path) -> bool:
+        """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes)."""
+        entry = self.record().get(self._name(path))
+        return (isinstance(entry, dict) and entry.get("by") == self.command and path.is_file()
+                and not path.is_symlink() and entry.get("sha256") == file_sha256(path))
+
+    def refuse_present(self, paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> None:
+        """A check, before any change: OutputExists naming those of ``paths`` that exist, unless ``overwrite``."""
+        refuse_present(paths, overwrite, flag)
+
+    def make_room(self, paths: Iterable[str | Path], keep_own: bool = False, label: str = "") -> Path | None:
+        """Every check has passed: claim the folder and move those of ``paths`` that exist into a new
+        ``.replaced/<UTC time>[-label]/`` (returned; None when none moved), but with ``keep_own`` a file this
+        command wrote and nobody changed since (:meth:`own`), which the command then replaces in place."""
+        self.claim()
+        present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+        return move_aside(self.path, [p for p in present if not (keep_own and self.own(p))], label)
+
+    def note(self, paths: Iterable[str | Path]) -> None:
+        """Record ``paths`` (just written by this command) with their bytes' SHA-256; entries of files now gone are
+        dropped."""
+        files = {name: entry for name, entry in self.record().items() if (self.path / name).exists()}
+        files.update({self._name(Path(p)): {"by": self.command, "sha256": file_sha256(p)} for p in paths})
+        write_json_atomic(self.path / RECORD, {"files": dict(sorted(files.items()))})
+
+    def _name(self, path: Path) -> str:
+        return str(Path(path).relative_to(self.path))
+
+
+@contextmanager
+def holding(path: str | Path, command: str) -> Iterator[OutputFolder]:
+    """Hold the folder ``path`` for ``command`` while the block runs; :class:`FolderHeld` naming the holder when
+    another command holds it. A block that ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it
+    was: the lock file put back or removed, the folders the lock made removed."""
+    folder = OutputFolder(path, command)
+    made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
+    try:
+        folder.lock()
+    except LockHeld as exc:
+        _remove_empty(made)
+        raise FolderHeld(f"{folder.path} is being written by {exc.holder} (its lock file {exc.path}); wait for that "
+                         f"command to end, or give this {command} another folder") from None
+    try:
+        yield folder
+    finally:
+        claimed = folder.claimed
+        folder.unlock()
+        if not claimed:
+            _remove_empty(made)
+
+
+def _remove_empty(made: list[Path]) -> None:
+    for path in made:  # deepest first
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def walk_outputs(folder: Path) -> Iterator[Path]:
+    """Every file under ``folder`` but the archive of what was replaced (``.replaced/``) and the lock file."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        if Path(dirpath) == folder:
+            dirnames[:] = [d for d in dirnames if d != REPLACED]
+        for name in filenames:
+            if not (Path(dirpath) == folder and name == OutputFolder.lock_name):
+                yield Path(dirpath) / name
