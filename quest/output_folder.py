@@ -53,10 +53,13 @@ class OutputFolder(OwnedDirectory):
         return files if isinstance(files, dict) else {}
 
     def own(self, path: Path) -> bool:
-        """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes)."""
+        """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes; a file
+        recorded without them, which the command appends to: its name)."""
         entry = self.record().get(self._name(path))
-        return (isinstance(entry, dict) and entry.get("by") == self.command and path.is_file()
-                and not path.is_symlink() and entry.get("sha256") == file_sha256(path))
+        if not (isinstance(entry, dict) and entry.get("by") == self.command and path.is_file()
+                and not path.is_symlink()):
+            return False
+        return "sha256" not in entry or entry["sha256"] == file_sha256(path)
 
     def refuse_present(self, paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> None:
         """A check, before any change: OutputExists naming those of ``paths`` that exist, unless ``overwrite``."""
@@ -70,11 +73,12 @@ class OutputFolder(OwnedDirectory):
         present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
         return move_aside(self.path, [p for p in present if not (keep_own and self.own(p))], label)
 
-    def note(self, paths: Iterable[str | Path]) -> None:
-        """Record ``paths`` (just written by this command) with their bytes' SHA-256; entries of files now gone are
-        dropped."""
+    def note(self, paths: Iterable[str | Path], digest: bool = True) -> None:
+        """Record ``paths`` (just written by this command) with their bytes' SHA-256 (``digest``; False for a file
+        the command goes on appending to, known by its name); entries of files now gone are dropped."""
         files = {name: entry for name, entry in self.record().items() if (self.path / name).exists()}
-        files.update({self._name(Path(p)): {"by": self.command, "sha256": file_sha256(p)} for p in paths})
+        files.update({self._name(Path(p)): {"by": self.command, **({"sha256": file_sha256(p)} if digest else {})}
+                      for p in paths})
         write_json_atomic(self.path / RECORD, {"files": dict(sorted(files.items()))})
 
     def _name(self, path: Path) -> str:

@@ -143,7 +143,7 @@ def test_the_default_device_is_the_cpu_with_a_process_per_core_also_beside_a_gpu
     class Caught(Exception):
         pass
 
-    def execute(cfg, tasks):
+    def execute(cfg, tasks, folder):
         trained.append(cfg)
         raise Caught
 

@@ -3,7 +3,9 @@ TensorBoard event files (``tensorboard/`` in the run directory).
 
 metrics.jsonl is the record; TensorBoard's files are a view of it: each start (a resume included) removes the event
 files of the run's earlier attempts and writes every row metrics.jsonl holds again, so that an interrupted attempt's
-rows after its last checkpoint, which a resume cuts from metrics.jsonl, are not shown twice either."""
+rows after its last checkpoint, which a resume cuts from metrics.jsonl, are not shown twice either. Only the event
+files ``tensorboard/.written.json`` names (quest.output_folder) are removed; any other is moved to the run's
+``.replaced/``."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import json_text, open_records, write_json_atomic
+from quest.io import json_text, move_aside, open_records, write_json_atomic
+from quest.output_folder import OutputFolder
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "start_log_file", "stop_log_file", "wandb_group"]
 
@@ -72,9 +75,18 @@ class RunLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         directory = self.run_dir / TENSORBOARD_DIR
-        for stale in directory.glob("events.out.tfevents.*"):  # a view of metrics.jsonl, rewritten below
-            stale.unlink()
+        # the run directory's lock holds this folder; its record names the event files earlier attempts wrote
+        view = OutputFolder(directory, "quest-train tensorboard", lock=False)
+        stale = sorted(directory.glob("events.out.tfevents.*"))
+        for path in stale:  # a view of metrics.jsonl, rewritten below
+            if view.own(path):
+                path.unlink()
+        kept = move_aside(self.run_dir, [p for p in stale if p.exists()], TENSORBOARD_DIR)  # not this run's
+        if kept is not None:
+            log.warning("event files this run did not write were in %s: moved to %s", directory, kept)
+        before = set(directory.glob("events.out.tfevents.*"))
         writer = SummaryWriter(log_dir=str(directory))
+        view.note(sorted(set(directory.glob("events.out.tfevents.*")) - before), digest=False)
         if cfg is not None:
             writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "```", 0)
         self._metrics.flush()

@@ -27,6 +27,7 @@ import torch
 
 from quest.attention import list_attentions
 from quest.io import atomic_write, write_csv_atomic, write_json_atomic
+from quest.output_folder import OutputFolder, holding
 from quest.workers import die_with_parent
 
 from .batched import RunSpec, train_chunk
@@ -144,9 +145,9 @@ def _default_workers(cfg: Mapping[str, Any]) -> int:
         return os.cpu_count() or 1
 
 
-def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
+def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -> None:
     """Train the chunks of ``tasks`` that are not on disk yet in ``workers`` processes: this one and a pool of
-    ``workers - 1`` (quest.toy.workers)."""
+    ``workers - 1`` (quest.toy.workers); each chunk is recorded in ``folder``'s record once written."""
     todo = []
     for t in tasks:
         path = Path(t.path)
@@ -167,6 +168,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task]) -> None:
     start = time.perf_counter()
 
     def done(i: int, task: _Task, seconds: float) -> None:
+        folder.note([task.path])  # a rerun reuses only the chunks on this record
         elapsed = time.perf_counter() - start
         log.info("%s, n=%d, data %d: trained in %.1f s [%d/%d chunks, %.0f s elapsed, about %.0f s to go]",
                  task.name, task.data["train_size"], task.data_seed, seconds, i, len(todo), elapsed,
@@ -234,9 +236,28 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
                     "'quest[report]')")
-    if (cfg.get("study") or {}).get("name", "grid") == "sensitivity":
-        return _run_sensitivity(cfg, Path(out_dir))
-    return _run_grid(cfg, Path(out_dir))
+    # held for the whole study (quest.output_folder): a second study into out_dir is refused naming this one
+    with holding(out_dir, "quest-toy") as folder:
+        if (cfg.get("study") or {}).get("name", "grid") == "sensitivity":
+            return _run_sensitivity(cfg, folder)
+        return _run_grid(cfg, folder)
+
+
+#: what each study writes beside its chunks
+GRID_FILES = ("runs.csv", "success_rates.csv", "key_norms.pt", "study.json", "success_heatmaps.png", "key_norms.png")
+SENSITIVITY_FILES = ("runs.csv", "sensitivity.csv", "sensitivity.json", "sensitivity.png")
+
+
+def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str]) -> None:
+    """Every check has passed: the study's chunks and files that its record says it wrote stay (reused, or replaced
+    in place); anything else in their places is moved to .replaced/, never deleted or taken for a chunk."""
+    kept = folder.make_room([Path(t.path) for t in tasks] + [folder.path / name for name in files], keep_own=True)
+    if kept is not None:
+        log.warning("files this study did not write were in the places of its outputs: moved to %s", kept)
+
+
+def _note(folder: OutputFolder, files: Sequence[str]) -> None:
+    folder.note([folder.path / name for name in files if (folder.path / name).exists()])
 
 
 def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: Sequence[int],
@@ -255,10 +276,12 @@ def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: 
     return tasks
 
 
-def _run_grid(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
+def _run_grid(cfg: Mapping[str, Any], folder: OutputFolder) -> dict[str, Any]:
+    out = folder.path
     tasks = _grid_tasks(cfg, out, cfg["attentions"], [cfg["data"]["train_size"]], (), per_size_dir=False)
+    _make_room(folder, tasks, GRID_FILES)
     wall = time.perf_counter()
-    _execute(cfg, tasks)
+    _execute(cfg, tasks, folder)
     rows, key_norms, timings = _load_rows(cfg, tasks)
     for r in rows:
         r.pop("train_size")
@@ -280,19 +303,21 @@ def _run_grid(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
                       subtitle=f"{cfg['data']['train_size']:,} training samples, {cfg['train']['epochs']} epochs")
         if cfg["probe_size"]:
             plot_key_norms(rows, norms, out / "key_norms.png", labels=labels)
+    _note(folder, GRID_FILES)
     return {"rows": rows, "success_rates": rates, "key_norms": norms, "timing": timing}
 
 
 # --- the sensitivity study ---------------------------------------------------------------------------------------
 
 
-def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    st = cfg["study"]
+def _run_sensitivity(cfg: Mapping[str, Any], folder: OutputFolder) -> dict[str, Any]:
+    st, out = cfg["study"], folder.path
     names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
     fractions = [float(f) for f in st["test_biased_fractions"]]
     tasks = _grid_tasks(cfg, out, names, st["train_sizes"], fractions, per_size_dir=True)
+    _make_room(folder, tasks, SENSITIVITY_FILES)
     wall = time.perf_counter()
-    _execute(cfg, tasks)
+    _execute(cfg, tasks, folder)
     rows, _, timings = _load_rows(cfg, tasks)
     table = sensitivity_table(rows, cfg)
     stop = stop_size(table, cfg["attentions"], st["train_sizes"], StopRule(**st["stop"]))
@@ -312,6 +337,7 @@ def _run_sensitivity(cfg: Mapping[str, Any], out: Path) -> dict[str, Any]:
 
         plot_sensitivity(table, cfg, stop["size"], out / "sensitivity.png",
                          labels={n: variant_spec(cfg, n)["label"] for n in names})
+    _note(folder, SENSITIVITY_FILES)
     # for the command line's summary: overall success per formulation and size
     rates = [{"attention": f"{r['attention']} (n={r['train_size']})", "lr": "all", "runs": r["runs"],
               "success_rate": r["success_rate"], "biased": r["biased"], "degenerate": r["degenerate"],
