@@ -83,6 +83,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         if taken and not ledger.existed:
             raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
                              "make_shards did not record writing; give another folder or --name")
+        load_info(out)  # an _info.json that cannot be read is refused before anything changes
         folder.claim()
         ledger.begin()
         _merge_info(out, {}, {"complete": False})  # before the first shard changes
@@ -145,8 +146,15 @@ def write_index(root: Path, splits: dict[str, str]) -> Path:
     a conversion or another index into it is refused)."""
     with holding(root, "make_shards index") as folder:
         written = _count_splits(root, splits)
-        folder.claim()
-        return _merge_info(root, written, {})
+        info, path = load_info(root)
+        # the splits an _info.json already holds are kept in the new one; the file itself, unless this command
+        # wrote it, in .replaced/ too
+        folder.make_room([path] if path is not None else [], keep_own=True)
+        info.setdefault("splits", {}).update(written)
+        path = path or root / INFO_NAMES[0]
+        write_text_atomic(path, json.dumps(info, indent=1) + "\n")
+        folder.note([path])
+        return path
 
 
 def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any]]:
