@@ -234,3 +234,13 @@ def test_an_export_rerun_with_overwrite_keeps_the_previous_export(inputs, tmp_pa
     assert {p: _kept(out)[p] for p in first} == first
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).digest() == \
         hashlib.sha256(first["model.safetensors"]).digest()  # the same run: the same weights, written again
+
+
+def test_training_removes_only_the_temporaries_its_own_writes_name(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir(parents=True)
+    (ckpt / ".last.pt.x1y2.tmp").write_bytes(b"half a checkpoint")  # what a killed save of last.pt leaves
+    (ckpt / ".notes.tmp").write_bytes(FOREIGN)  # hidden and .tmp, but no name quest's writes give
+    fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
+    assert not (ckpt / ".last.pt.x1y2.tmp").exists()
+    assert (ckpt / ".notes.tmp").read_bytes() == FOREIGN

@@ -192,9 +192,11 @@ class Checkpointer:
         return self.dir / "best.pt"
 
     def clean_temporaries(self) -> list[Path]:
-        """Remove what a killed write left behind (the caller holds the run directory's lock)."""
-        stale = [p for p in self.dir.glob(".*.tmp")] if self.dir.is_dir() else []
-        stale += [p for p in self.dir.glob("*.dcp.tmp")] if self.dir.is_dir() else []
+        """Remove what a killed write left behind (the caller holds the run directory's lock): only temporaries named
+        as this class's writes name theirs (``.last.pt.<random>.tmp``, ``last.dcp.tmp``); a command removes only what
+        it wrote (docs/training.md, "What a command may remove")."""
+        ours = [pattern for name in ("last", "best") for pattern in (f".{name}.pt*.tmp", f"{name}.dcp.tmp")]
+        stale = sorted({p for pattern in ours for p in self.dir.glob(pattern)}) if self.dir.is_dir() else []
         for p in stale:
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         if stale:
