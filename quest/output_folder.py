@@ -16,12 +16,11 @@ The data tools' record is their ledger (quest.data.ledger), which names each out
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from quest.io import REPLACED, LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
+from quest.io import LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
 from quest.owned_dir import OwnedDirectory, holder_text
 
 __all__ = ["FolderHeld", "OutputFolder", "RECORD", "holding"]
@@ -114,12 +113,3 @@ def _remove_empty(made: list[Path]) -> None:
         except OSError:
             return
 
-
-def walk_outputs(folder: Path) -> Iterator[Path]:
-    """Every file under ``folder`` but the archive of what was replaced (``.replaced/``) and the lock file."""
-    for dirpath, dirnames, filenames in os.walk(folder):
-        if Path(dirpath) == folder:
-            dirnames[:] = [d for d in dirnames if d != REPLACED]
-        for name in filenames:
-            if not (Path(dirpath) == folder and name == OutputFolder.lock_name):
-                yield Path(dirpath) / name

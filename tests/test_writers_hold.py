@@ -27,11 +27,14 @@ from quest.data.capped import cap_folder
 from quest.data.make_shards import convert_image_folder, write_index
 from quest.engine import fit
 from quest.engine.export import main as export_main
+from quest.evaluation import register_eval_configs, run_evaluation
 from quest.io import REPLACED, lock_file
 from quest.report.__main__ import main as report_main
 from quest.report.plot import main as plot_main
 
-from .helpers import CONFIGS, FAST, compose_cfg
+from .helpers import CONFIGS, FAST, compose_cfg, eval_cfg
+
+register_eval_configs()
 
 FOREIGN = b'{"somebody": "else\'s file"}\n'  # valid JSON: refused or kept for what it is, not for being garbage
 HOLDER = b"pid 4242 on elsewhere\n"
@@ -92,6 +95,7 @@ class Writer:
     run: Callable[[dict[str, Path], Path, bool], object]
     first: bool = False
     prepare: Callable[[dict[str, Path], Path], None] | None = None
+    lock: str = ".lock"  # its folder's lock file (an evaluation's is its own: it may write into a run directory)
 
 
 def _export(i, out, overwrite):
@@ -139,6 +143,11 @@ def _toy(i, out, overwrite):
     return run_study(OmegaConf.to_container(cfg, resolve=True), out)
 
 
+def _eval(i, out, overwrite):
+    return run_evaluation(eval_cfg(f"checkpoint={i['run'] / 'checkpoints' / 'last.pt'}", "eval=clean",
+                                   "eval.clean.max_samples=40"), out)
+
+
 def _tensorboard(i, out, overwrite):
     return fit(compose_cfg(*FAST, "trainer.max_steps=1", "logger=tensorboard"), out)
 
@@ -149,7 +158,7 @@ WRITERS = {w.name: w for w in [
     Writer("make_shards convert", _convert), Writer("make_shards convert (rerun)", _convert, first=True),
     Writer("make_shards index", _index, prepare=_shards),
     Writer("quest-toy", _toy), Writer("quest-toy (rerun)", _toy, first=True),
-    Writer("quest-train tensorboard", _tensorboard),
+    Writer("quest-train tensorboard", _tensorboard), Writer("quest-eval", _eval, lock=".eval.lock"),
 ]}
 
 # (command, the place a foreign file takes, what the command does with it, whether it runs with --overwrite)
@@ -169,6 +178,8 @@ PLACES = [
                                                 "chunks/standard-data0.pt")],
     *[("quest-toy (rerun)", p, "kept", False) for p in ("success_rates.csv", "chunks/standard-data0.pt")],
     ("quest-train tensorboard", "tensorboard/events.out.tfevents.1.elsewhere.1.0", "kept", False),
+    *[("quest-eval", p, "kept", False) for p in ("eval_results.md", "eval_results.csv", "eval.log")],
+    ("quest-eval", "eval_results.json", "refused", False),
 ]
 
 
@@ -189,7 +200,8 @@ def test_a_file_the_command_did_not_write_is_refused_or_kept_never_lost(inputs, 
     ok, said = _call(lambda: writer.run(inputs, folder, overwrite))
     if expected == "refused":
         assert not ok, f"{name} took {place} for its own"
-        assert place.split("/")[0] in said, said  # named (a folder's files by the folder they are in)
+        # named (a folder's files by the folder they are in; an evaluation's record by its folder)
+        assert place.split("/")[0] in said or name == "quest-eval" and str(folder) in said, said
         assert _tree(folder) == before  # nothing changed: not the foreign file, not the lock file, nothing
         return
     assert ok, said
@@ -206,7 +218,7 @@ def test_a_second_instance_is_refused_naming_the_holder_and_changes_nothing(inpu
     if writer.first:
         assert _call(lambda: writer.run(inputs, folder, False))[0]
     folder.mkdir(parents=True, exist_ok=True)
-    fd = lock_file(folder / ".lock", "the test's folder")  # the first instance, still running
+    fd = lock_file(folder / writer.lock, "the test's folder")  # the first instance, still running
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, HOLDER, 0)

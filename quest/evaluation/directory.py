@@ -54,6 +54,8 @@ NOT_NUMBERS = frozenset({"device", "num_workers", "torch_threads", "log_every_n"
 # eval.log only after this decision); the lock and the archive stay
 RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "wandb",
                 ".hydra", "eval.log")
+# what a fresh evaluation writes beside its eval_results.json (not wandb/ or .hydra/: a training run's own)
+FRESH_FILES = ("eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "eval.log")
 
 
 class EvalDirectoryError(UserError, RuntimeError):
@@ -149,6 +151,7 @@ class EvalDirectory(OwnedDirectory):
             status, record = "unreadable", None
         if status is None:
             self.claim()
+            self._keep_unrecorded()
             return "run", {}
         key = fingerprint_key(fp)
         if status == RUNNING:
@@ -172,6 +175,15 @@ class EvalDirectory(OwnedDirectory):
             f"{self.path} holds {status} results of another evaluation; {what}\nResults are never replaced "
             f"silently: give this evaluation its own directory (hydra.run.dir=...), or pass eval.overwrite=true to "
             f"move the old results to {self.path / ARCHIVE}/<time>/ first")
+
+    def _keep_unrecorded(self) -> None:
+        """A fresh evaluation: no results record claims files of the names it writes, so any found are somebody
+        else's (or a killed attempt's before its first record): kept in ``.replaced/<UTC time>-unrecorded/``, never
+        overwritten or appended to. A training run's own ``.hydra/`` and ``wandb/`` are not among them."""
+        dest = super().archive(FRESH_FILES, "unrecorded")
+        if dest is not None:
+            log.warning("%s held files of the names eval.py writes that no %s records: moved to %s", self.path,
+                        RESULTS, dest)
 
     def archive(self, names: Iterable[str] = RESULT_FILES, label: str = "") -> Path | None:
         """Move eval.py's result files (:data:`RESULT_FILES`) to ``.replaced/<UTC time>-<label>/`` (the status of
