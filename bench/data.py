@@ -49,22 +49,24 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
-    """Photographs' statistics, roughly: smooth gradients and blobs plus fine noise, at quality 90 about 110 KB."""
+def make_jpegs(folder: Path, count: int, seed: int = 0, size: tuple[int, int] = (500, 375),
+               noise: float = 28) -> list[Path]:
+    """Photographs' statistics, roughly: smooth gradients and blobs plus fine noise of std ``noise``; ``size``
+    (width, height). At 500 x 375 and quality 90 about 110 KB (4.8 bits per pixel, ImageNet's average)."""
     rng = np.random.default_rng(seed)
     paths = []
-    yy, xx = np.mgrid[0:375, 0:500]
+    yy, xx = np.mgrid[0:size[1], 0:size[0]]
     for i in range(count):
         base = np.stack([np.sin(xx / rng.uniform(20, 80) + rng.uniform(0, 6)) * 90 + 128 for _ in range(3)], -1)
-        base += rng.normal(0, 28, size=base.shape)
+        base += rng.normal(0, noise, size=base.shape)
         img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
-        path = folder / f"img{i:04d}.JPEG"
+        path = folder / f"img{size[0]}x{size[1]}n{noise:g}_{i:04d}.JPEG"
         img.save(path, quality=90)
         paths.append(path)
     return paths
 
 
-def deit_config(pipeline: str = "timm"):
+def deit_config(pipeline: str = "timm", draft: bool = False):
     from hydra import compose, initialize_config_dir
 
     from quest.config_store import register_configs
@@ -72,7 +74,7 @@ def deit_config(pipeline: str = "timm"):
     register_configs()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
         return compose("train", overrides=["recipe=deit", "model=vit_base", "data=imagenet", "data.root=/x",
-                                           f"data.pipeline={pipeline}"])
+                                           f"data.pipeline={pipeline}", f"data.draft_decode={str(draft).lower()}"])
 
 
 def deit_transform():
@@ -83,12 +85,13 @@ def deit_transform():
     return build_transforms(cfg.recipe, cfg.data, 224)[0]
 
 
-def pipeline_worker(pipeline: str, paths: list[Path]):
-    """What a loader worker does per image under ``data.pipeline=<pipeline>`` with the DeiT recipe: the pipeline's
-    own transform, reading the file as an image folder does (the pipeline's ``read_file``)."""
+def pipeline_worker(pipeline: str, paths: list[Path], draft: bool = False):
+    """What a loader worker does per image under ``data.pipeline=<pipeline>`` (and ``data.draft_decode=<draft>``)
+    with the DeiT recipe: the pipeline's own transform, reading the file as an image folder does (the pipeline's
+    ``read_file``)."""
     from quest.data import build_train_input
 
-    cfg = deit_config(pipeline)
+    cfg = deit_config(pipeline, draft)
     train_input = build_train_input(cfg.recipe, cfg.data, 224)
     from torchvision.datasets.folder import default_loader  # what an image folder reads with otherwise (PIL)
 
@@ -181,8 +184,8 @@ def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tup
          "uint8, device: RA/norm/erase", pipeline_worker("split", capped[256])),
         ("a_tv2_uint8", "(a) decode_jpeg + v2 RRC(bicubic, antialias) + flip + v2.RandAugment(2, m9)", to_dev,
          dc.tv2_uint8(paths, rand_augment=True)),
-        ("b_draft_crop", "(b) crop drawn on full size, DCT-scaled decode (crop >= 224 px), today's rest", "float",
-         dc.draft_crop(deit, paths)),
+        ("b_draft_crop", "(b) data.draft_decode=true: crop drawn on full size, DCT-scaled decode (crop >= 224 px), "
+         "today's rest", "float", pipeline_worker("timm", paths, draft=True)),
         ("b'_cap256", "(b') today's transform on storage capped at short side 256", "float",
          lambda i: deit(Image.open(capped[256][i]).convert("RGB"))),
         ("b'_cap320", "(b') today's transform on storage capped at short side 320", "float",
@@ -242,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-share", action="store_true", help="time the device's share of split and device")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--draft-decode", action="store_true", help="data.draft_decode off against on, timm and "
+                        "split, on JPEGs of 500 x 375 to 2048 x 1536 (bench/data_draft.py)")
     args = parser.parse_args(argv)
     if args.device_share:
         threads = torch.get_num_threads()
@@ -259,7 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a worker's view: data-loader workers run single-threaded
     try:
-        bench(args.images, args.rounds, not args.no_dali, gpu_rates)
+        if args.draft_decode:
+            from bench.data_draft import draft_bench
+
+            draft_bench(args.images, args.rounds)
+        else:
+            bench(args.images, args.rounds, not args.no_dali, gpu_rates)
     finally:  # a caller in this process (a test) keeps its own setting
         torch.set_num_threads(threads)
 

@@ -8,7 +8,6 @@ that row with a one-line note.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -31,39 +30,6 @@ def make_capped(paths: list[Path], folder: Path, short_side: int) -> list[Path]:
         target.write_bytes(cap_image(path.read_bytes(), short_side, 90)[0])
         out.append(target)
     return out
-
-
-def after_crop(deit) -> Callable:
-    """Today's transform without its first step (RandomResizedCropAndInterpolation): flip, RandAugment, tensor,
-    normalise, erase, the same objects."""
-    from torchvision.transforms import Compose
-
-    return Compose(deit.transforms[1:])
-
-
-def draft_crop(deit, paths: list[Path]) -> Sample:
-    """(b) decode at reduced size: RandomResizedCrop's (top, left, h, w) drawn on the full size from the JPEG header
-    (timm's own get_params, so the same distribution), then the largest 1/2^k DCT scale (k <= 3) that keeps the crop's
-    short side >= 224 decoded pixels, then crop + bicubic resize to 224 and today's remaining steps."""
-    from timm.data.transforms import RandomResizedCropAndInterpolation
-
-    rest = after_crop(deit)
-
-    def sample(i: int):
-        img = Image.open(paths[i])
-        top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, SCALE, RATIO)
-        k = 0
-        while k < 3 and min(h, w) >> (k + 1) >= SIZE:
-            k += 1
-        full_w, full_h = img.size
-        if k:
-            img.draft("RGB", (math.ceil(full_w / 2 ** k), math.ceil(full_h / 2 ** k)))
-        img = img.convert("RGB")
-        sx, sy = img.width / full_w, img.height / full_h
-        box = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
-        return rest(img.resize((SIZE, SIZE), Image.Resampling.BICUBIC, box=box))
-
-    return sample
 
 
 def tv2_uint8(paths: list[Path], rand_augment: bool) -> Sample:

@@ -82,3 +82,22 @@ def test_the_training_comparison_runs_every_pipeline_on_both_data_sets(tmp_path,
         values = [float(v) for v in seeds.split(", ")]
         assert len(values) == 2 and float(mean) == pytest.approx(sum(values) / 2, abs=0.006)
         assert float(std) >= 0 and (p == "" if pipeline == "timm" else 0 <= float(p) <= 1 or p == "nan")
+
+
+@pytest.mark.slow
+def test_the_draft_decode_bench_prints_a_row_per_image_kind_and_pipeline(capsys):
+    """bench/data.py --draft-decode (bench/data_draft.py), one image and one round: a row per image kind and pipeline
+    whose ratio follows from its rates, and the shares of reduced crops (no crop of a 500 x 375 image reduces)."""
+    from bench.data_draft import IMAGES, PIPELINES
+
+    threads = torch.get_num_threads()
+    data_bench.main(["--draft-decode", "--images", "1", "--rounds", "1"])
+    assert torch.get_num_threads() == threads
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if re.match(r"\| \d+ x \d+ \|", line)]
+    assert [(r[0], r[2]) for r in rows] == [(f"{w} x {h}", p) for w, h, _ in IMAGES for p in PIPELINES]
+    for cells in rows:
+        off, on = float(cells[3]), float(cells[4])
+        assert float(cells[5]) == pytest.approx(on / off, abs=0.006 + 0.5 / off + 0.5 * on / off ** 2)
+        assert float(cells[5]) == pytest.approx(float(cells[6]), abs=0.011)  # one round: the same ratio
+    assert rows[0][7] == "0%, 0%, 0%" and rows[-1][7] != "0%, 0%, 0%"

@@ -311,5 +311,6 @@ def test_the_training_only_keys_are_those_evaluation_fingerprints_always_left_ou
     before = {"batch_size", "eval_batch_size", "num_workers", "pin_memory", "download", "subset_fraction",
               "subset_seed", "fake_train_size", "train_split", "shuffle_window", "num_samples"}
     # added since, each a key no config written before holds (so no stored fingerprint changes): data.pipeline, where
-    # the training transform runs (the val split an evaluation scores is read the same way whatever it is)
-    assert training_only_data_keys() == before | {"pipeline"}
+    # the training transform runs, and data.draft_decode, how its crops are decoded (the val split an evaluation
+    # scores is read the same way whatever they are)
+    assert training_only_data_keys() == before | {"pipeline", "draft_decode"}

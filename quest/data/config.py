@@ -46,6 +46,10 @@ class DataConfig:
     # where the training transform runs: timm (workers, PIL; the paper's) | split (workers decode + crop to uint8,
     # the device augments) | device (workers read bytes, the device does the rest): docs/data.md
     pipeline: str = field(default="timm", metadata=TRAINING_ONLY)
+    # pipelines that decode on the CPU (timm, split) with image files: decode each JPEG at 1/2, 1/4 or 1/8 where the
+    # training crop stays >= the output size (the same crop draws, pixels within a measured tolerance; off: the
+    # authors' full-decode pixels): docs/data.md, "Decoding at reduced size"
+    draft_decode: bool = field(default=False, metadata=TRAINING_ONLY)
 
 
 def need_root(data: Any) -> Path:

@@ -64,7 +64,13 @@ class SafeImageFolder(ImageFolder):
             log.warning("skipping unreadable image %s (%s)", path, exc)
             return None
         if self.transform is not None:
-            img = self.transform(img)
+            try:
+                img = self.transform(img)
+            except CorruptImageError as exc:  # a transform that decodes itself (data.draft_decode): the same policy
+                if self.bad_images == "error":
+                    raise
+                log.warning("skipping unreadable image %s (%s)", path, exc)
+                return None
         return img, target
 
 

@@ -20,11 +20,12 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from .batch_input import BatchErasing, crop_boxes, resized_crop_batch
+from .draft import decode_rgb_pil, draft_first, draft_scale, open_undecoded, reduction, resize_box
 from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
-__all__ = ["CropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
+__all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
 
 #: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
@@ -117,9 +118,13 @@ class CropFlip:
     def __call__(self, img: Any) -> torch.Tensor:
         if isinstance(img, Image.Image):
             img = F.pil_to_tensor(img.convert("RGB"))
-        top, left, height, width = self.get_params(img, self.scale, self.ratio)
-        out = F.resized_crop(img, top, left, height, width, [self.size, self.size], interpolation=self.mode,
-                             antialias=self.mode != InterpolationMode.NEAREST)
+        return self._flip(self._resized_crop(img, self.get_params(img, self.scale, self.ratio)))
+
+    def _resized_crop(self, img: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
+        return F.resized_crop(img, *box, [self.size, self.size], interpolation=self.mode,
+                              antialias=self.mode != InterpolationMode.NEAREST)
+
+    def _flip(self, out: torch.Tensor) -> torch.Tensor:
         if self.hflip > 0 and torch.rand(1) < self.hflip:
             out = out.flip(-1)
         return out
@@ -132,6 +137,33 @@ class CropFlip:
         boxes = crop_boxes(images, self.scale, self.ratio)
         flips = torch.rand(len(images)) < self.hflip if self.hflip > 0 else torch.zeros(len(images), dtype=torch.bool)
         return resized_crop_batch(images, boxes, flips, self.size, self.interpolation)
+
+
+class DraftCropFlip(CropFlip):
+    """:class:`CropFlip` on an image opened undecoded (``data.draft_decode``, quest.data.draft): the same draws in
+    the same order (the box from the header's size, then the flip), the decode at the reduction the box allows, the
+    reduced crop resampled by PIL (fractional box edges) to uint8. Unreduced, today's ``split`` step exactly: the
+    file decoded by torchvision, cropped by the tensor resize."""
+
+    def __call__(self, img: Any) -> torch.Tensor:
+        if not isinstance(img, Image.Image):
+            return super().__call__(img)
+        box = self.get_params(img, self.scale, self.ratio)  # the header's size
+        scale = draft_scale(img, reduction(box[2], box[3], self.size, self.size))
+        if scale > 1:
+            rgb = resize_box(decode_rgb_pil(img), box, scale, (self.size, self.size),
+                             Image.Resampling[self.interpolation.upper()])
+            return self._flip(F.pil_to_tensor(rgb))
+        path = getattr(img, "filename", "")
+        if path:  # today's decode of the file (torchvision); the header PIL read is let go
+            img.close()
+            try:
+                full = _read_rgb(path)
+            except CorruptImageError as exc:  # in the transform, not the loader: the file is named here
+                raise CorruptImageError(f"cannot read image {path}: {exc}") from exc
+        else:
+            full = F.pil_to_tensor(decode_rgb_pil(img))
+        return self._flip(self._resized_crop(full, box))
 
 
 class DeviceFinish:
@@ -218,16 +250,30 @@ def _check_uint8(c: Any) -> None:
     c.one_of("recipe.train_interpolation", RESAMPLING)
 
 
-@register_train_input("timm", "timm create_transform on PIL images in the loader workers, float tensors out")
+#: how a label says data.draft_decode is on
+_DRAFT = "decode at 1/2, 1/4 or 1/8 where the crop allows (data.draft_decode: PIL draft, libjpeg DCT scaling)"
+
+
+@register_train_input("timm", "timm create_transform on PIL images in the loader workers, float tensors out",
+                      draft_decode=True)
 def _timm(recipe: Any, data: Any, img_size: int) -> TrainInput:
-    return TrainInput(build_transforms(recipe, data, img_size)[0], collate_skipping_bad, None,
-                      "timm: PIL decode + timm create_transform in the loader workers")
+    transform = build_transforms(recipe, data, img_size)[0]
+    if not data.get("draft_decode", False):
+        return TrainInput(transform, collate_skipping_bad, None,
+                          "timm: PIL decode + timm create_transform in the loader workers")
+    return TrainInput(draft_first(transform), collate_skipping_bad, None,
+                      f"timm: PIL {_DRAFT} + timm create_transform in the loader workers", read_file=open_undecoded)
 
 
 @register_train_input("split", "workers: decode (torchvision) + crop + flip to uint8; device: RandAugment, "
-                      "normalise, random erasing on batches", check=_check_uint8)
+                      "normalise, random erasing on batches", check=_check_uint8, draft_decode=True)
 def _split(recipe: Any, data: Any, img_size: int) -> TrainInput:
     finish = DeviceFinish(recipe, data, img_size)
+    if data.get("draft_decode", False):
+        crop = DraftCropFlip(img_size, recipe.scale, recipe.ratio, recipe.train_interpolation, recipe.hflip)
+        return TrainInput(crop, collate_skipping_bad, finish, f"split: workers: {_DRAFT}, else decode "
+                          "(torchvision, PIL for other formats) + timm RandomResizedCrop draw + flip to uint8; "
+                          f"device: {finish.describe()}", read_file=open_undecoded)
     return TrainInput(_crop(recipe, img_size), collate_skipping_bad, finish,
                       "split: workers: decode (torchvision, PIL for other formats) + timm RandomResizedCrop draw + "
                       f"flip to uint8; device: {finish.describe()}", read_file=_read_rgb)

@@ -53,16 +53,19 @@ class TrainInputKind:
     check: Callable[[Any], None] | None  # given quest.config_checks.Checks: the recipe keys it cannot follow
     reads_files: bool  # True: needs a data set that reads image files (quest.data.registry DataSet.reads_files)
     description: str
+    # True: decodes on the CPU and can follow data.draft_decode (decode at reduced size; quest.data.draft)
+    draft_decode: bool = False
 
 
 _REGISTRY: dict[str, TrainInputKind] = {}
 
 
 def register_train_input(name: str, description: str, *, check: Callable[[Any], None] | None = None,
-                         reads_files: bool = False) -> Callable:
-    """Decorator: ``build(recipe, data, img_size) -> TrainInput`` becomes ``data.pipeline=<name>``."""
+                         reads_files: bool = False, draft_decode: bool = False) -> Callable:
+    """Decorator: ``build(recipe, data, img_size) -> TrainInput`` becomes ``data.pipeline=<name>``. ``draft_decode``:
+    the builder follows ``data.draft_decode`` (otherwise that setting is refused with this pipeline)."""
     def decorate(build: Callable[[Any, Any, int], TrainInput]) -> Callable[[Any, Any, int], TrainInput]:
-        _REGISTRY[name] = TrainInputKind(name, build, check, reads_files, description)
+        _REGISTRY[name] = TrainInputKind(name, build, check, reads_files, description, draft_decode)
         return build
 
     return decorate

@@ -139,6 +139,23 @@ def _pipeline(c: Checks, dataset: Any) -> None:
                f"{dataset.name} does not (data.pipeline=split or timm work with every data set)")
     if kind.check is not None:
         kind.check(c)
+    if c.value("data.draft_decode"):
+        _draft_decode(c, kind, dataset)
+
+
+def _draft_decode(c: Checks, kind: Any, dataset: Any) -> None:
+    """data.draft_decode=true: a pipeline that decodes on the CPU, fed image files it can open undecoded."""
+    from quest.data.train_input import get_train_input, list_train_inputs
+
+    if not kind.draft_decode:
+        where = [name for name in list_train_inputs() if get_train_input(name).draft_decode]
+        c.fail("data.draft_decode", f"applies only where the loader workers decode (data.pipeline="
+               f"{' or '.join(where)}); data.pipeline={kind.name} does not decode there, so set "
+               "data.draft_decode=false or choose one of those")
+    elif not dataset.reads_files:
+        readers = [name for name in list_datasets() if get_dataset(name).reads_files]
+        c.fail("data.draft_decode", f"needs a data set that reads image files ({', '.join(readers)}); data="
+               f"{dataset.name} hands over images already decoded, so set data.draft_decode=false")
 
 
 def _data(c: Checks) -> None:
