@@ -27,7 +27,7 @@ from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
 from .logger import RunLogger, start_log_file, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
-from .run_dir import RunDirectory
+from .run_dir import RunDirectory, data_record
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .telemetry import Telemetry, flops_per_image, peak_tflops
@@ -186,6 +186,8 @@ def _summary(run: Run, out: Outcome, start: float, resumed: bool, changes: list[
         "epoch": st.epoch, "step": st.step, **val, **out.ema_val,
         "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
         "choices": dict(run.choices), "attention": cfg.attention.name, "model": cfg.model.name,
+        # the data set it trained on, from the data sets themselves (quest.report tells settings apart by it)
+        "data_fingerprint": data_record(run.data_fingerprint),
         "seed": cfg.trainer.seed, "num_params": sum(p.numel() for p in run.model.parameters()), "lr": parts.lr,
         "lr_peak": parts.lr_peak, "global_batch": parts.global_batch, "world_size": ctx.world_size,
         "train_input": parts.train_input, "wall_time_s": time.perf_counter() - start,
