@@ -112,3 +112,9 @@ def test_an_attempt_in_a_checkpoint_is_checked_and_round_trips():
         CheckpointRecord.from_dict({**record, "state": bad})
     with pytest.raises(ValueError, match=r"\['gpu_hours'\] in an attempt"):
         again.load_state_dict({**saved, "attempts": [{**saved["attempts"][0], "gpu_hours": 1.0}]})
+    # a state saved before attempts were recorded: they are recorded from its resume on
+    older = TrainState()
+    older.load_state_dict({"step": 5, "images_seen": 40})
+    older.resumed()
+    older.took_step()
+    assert [(a.first_step, a.steps) for a in older.attempts] == [(5, 1)]

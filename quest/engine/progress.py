@@ -74,8 +74,9 @@ class TrainState:
     #: unreadable training images skipped (data.bad_images=skip), all ranks, whole run
     train_skipped: int = field(default=0, metadata=bounded(0))
     train_drawn: int = field(default=0, metadata=bounded(0))  # training images drawn, readable or not, all ranks
-    #: the run's attempts, this process's last; each earlier one as of the last checkpoint it wrote
-    attempts: list[Attempt] = field(default_factory=lambda: [Attempt()])
+    #: the run's attempts, this process's last (begun by its first count); each earlier one as of the last checkpoint
+    #: it wrote. A state saved before attempts were recorded has none: the attempts are recorded from its resume on.
+    attempts: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._clock = time.perf_counter()  # this process's start of the run: its attempt's wall time runs from here
@@ -90,27 +91,34 @@ class TrainState:
         self.train_skipped += skipped
         self.train_drawn += drawn
 
+    def _attempt(self) -> Attempt:
+        """This process's attempt, begun at the current step when it has none yet."""
+        if not self.attempts:
+            self.attempts.append(Attempt(first_step=self.step))
+        return self.attempts[-1]
+
     def resumed(self) -> None:
         """This process continues the run from a checkpoint's state: a new attempt from the current step."""
         self.attempts.append(Attempt(first_step=self.step))
 
     def took_step(self) -> None:
+        attempt = self._attempt()  # begun at the step before this one
         self.step += 1
-        self.attempts[-1].steps += 1
+        attempt.steps += 1
 
     def saw_images(self, images: int) -> None:
         """``images`` (all processes) went through a training step."""
         self.images_seen += images
-        self.attempts[-1].images += images
+        self._attempt().images += images
 
     def trained_for(self, seconds: float) -> None:
         """Wall time spent training (validation and checkpoints excluded), added at each log line and epoch end."""
         self.train_seconds += seconds
-        self.attempts[-1].train_s += seconds
+        self._attempt().train_s += seconds
 
     def measured(self, totals: dict[str, Any]) -> None:
         """The telemetry's totals of this attempt so far (quest.engine.telemetry.Telemetry.totals)."""
-        attempt = self.attempts[-1]
+        attempt = self._attempt()
         attempt.compile_s, attempt.compile_steps = totals["compile_s"], totals["compile_steps"]
         attempt.loader_start_s, attempt.figures = totals["loader_start_s"], dict(totals["figures"])
 
@@ -131,7 +139,7 @@ class TrainState:
 
     def timed_attempts(self) -> list[Attempt]:
         """The attempts, this one's wall time brought up to now."""
-        self.attempts[-1].wall_s = time.perf_counter() - self._clock
+        self._attempt().wall_s = time.perf_counter() - self._clock
         return list(self.attempts)
 
     # --- a stateful part ------------------------------------------------------------------------------------------
