@@ -10,7 +10,6 @@ saved at a step boundary), requeued (SIGUSR1). docs/training.md, "Runs, resume a
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,14 @@ from timm.utils import random_seed
 from quest.io import write_text_atomic
 from quest.owned_dir import Difference
 
+from .attempts import run_perf
 from .builders import build_model, model_meta, resolve_img_size
 from .checkpoint import Checkpointer
 from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
 from .logger import RunLogger, start_log_file, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
-from .run_dir import RunDirectory
+from .run_dir import RunDirectory, data_record
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
 from .telemetry import Telemetry, flops_per_image, peak_tflops
@@ -102,7 +102,6 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
                  "trainer.resume=never trainer.overwrite=true (archives this one); any other config gets its own "
                  "directory", run_dir)
         return {**finished, "resumed": True, "already_finished": True}  # the file itself stays as it was
-    start = time.perf_counter()
     random_seed(tr.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
     checkpointer = Checkpointer(run_dir / "checkpoints", ctx, tr.strategy == "fsdp",
                                 every_n_steps=tr.checkpoint_every_n_steps, on_save=directory.note_checkpoint)
@@ -142,8 +141,10 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
             finally:
                 if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
                     signals.uninstall()
-            summary = {**_summary(run, out, start, plan.checkpoint is not None, plan.changes), **out.ending,
-                       "perf": telemetry.summary()}
+            # the whole run's figures and time: every attempt's, carried by the checkpoints (quest.engine.attempts)
+            perf = run_perf(run.state.timed_attempts(), telemetry.flops, telemetry.peak)
+            summary = {**_summary(run, out, perf["wall_s"], plan.checkpoint is not None, plan.changes),
+                       **out.ending, "perf": perf}
             if out.status == REQUEUED:
                 summary["requeue"] = signals.requeue_plan()
             logger.summary(summary)
@@ -177,7 +178,7 @@ def _telemetry(cfg: Any, run: Run) -> Telemetry:
                      low_mfu_warning=tr.low_mfu_warning)
 
 
-def _summary(run: Run, out: Outcome, start: float, resumed: bool, changes: list[Difference]) -> dict[str, Any]:
+def _summary(run: Run, out: Outcome, wall_s: float, resumed: bool, changes: list[Difference]) -> dict[str, Any]:
     """summary.json: the outcome, final and best metrics (a run that ended normally was validated, EMA too, by the
     loop's Evaluator), what identifies the run, and how it was executed."""
     cfg, st, ctx, parts, val = run.cfg, run.state, run.ctx, run.parts, out.val
@@ -186,9 +187,11 @@ def _summary(run: Run, out: Outcome, start: float, resumed: bool, changes: list[
         "epoch": st.epoch, "step": st.step, **val, **out.ema_val,
         "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
         "choices": dict(run.choices), "attention": cfg.attention.name, "model": cfg.model.name,
+        # the data set it trained on, from the data sets themselves (quest.report tells settings apart by it)
+        "data_fingerprint": data_record(run.data_fingerprint),
         "seed": cfg.trainer.seed, "num_params": sum(p.numel() for p in run.model.parameters()), "lr": parts.lr,
         "lr_peak": parts.lr_peak, "global_batch": parts.global_batch, "world_size": ctx.world_size,
-        "train_input": parts.train_input, "wall_time_s": time.perf_counter() - start,
+        "train_input": parts.train_input, "wall_time_s": wall_s,
         "train_img_per_s": st.images_seen / st.train_seconds if st.train_seconds else None,
         "resumed": resumed, "run_dir": str(run.run_dir), "checkpoint": run.checkpointer.saved(),
         # unreadable images left out under data.bad_images=skip (docs/data.md): training over the whole run, validation

@@ -119,6 +119,7 @@ class StepLog:
         rest = self.times  # the steady steps since the last log line, and the time apart among them
         for advice in self.telemetry.end_epoch(self.run.state.epoch, rest.seconds, rest.data_wait, rest.apart):
             log.warning(advice)
+        self.run.state.measured(self.telemetry.totals())  # the attempt's record, for the checkpoint after this
 
     def record(self, metrics: dict[str, Any], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         run, st = self.run, self.run.state
@@ -135,6 +136,7 @@ class StepLog:
         t = self.times
         rate = t.images / max(t.seconds, 1e-9) if t.steps else self.images / max(elapsed, 1e-9)  # the steady rate
         perf = self.telemetry.interval(t.seconds, t.data_wait, t.images, t.steps, t.apart)
+        st.measured(self.telemetry.totals())  # the attempt's record, for a checkpoint and the summary
         row = dict(metrics)
         row.update({"train/lr": run.parts.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
                     "epoch": st.epoch + st.micro_in_epoch / run.batches_per_epoch, **perf})

@@ -12,6 +12,8 @@ The lock, ``.replaced/`` and the key-by-key comparison are those of every direct
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterable
@@ -78,6 +80,15 @@ def data_fingerprint(train_set: Any, val_set: Any) -> dict[str, Any]:
     classes = getattr(train_set, "classes", None) or getattr(getattr(train_set, "dataset", None), "classes", None)
     return {"train_size": len(train_set), "val_size": len(val_set),
             "classes": list(classes) if classes is not None else None}
+
+
+def data_record(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint as summary.json records it (``data_fingerprint``): the split sizes, the number of classes and
+    a SHA-256 of their names in order (a thousand names are a digest, not a list, in a file people read)."""
+    classes = fingerprint.get("classes")
+    digest = None if classes is None else hashlib.sha256(json.dumps(list(classes)).encode("utf-8")).hexdigest()
+    return {"train_size": fingerprint["train_size"], "val_size": fingerprint["val_size"],
+            "num_classes": None if classes is None else len(classes), "classes_sha256": digest}
 
 
 def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) -> None:

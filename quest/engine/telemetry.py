@@ -28,6 +28,9 @@ from typing import Any, Callable
 
 import torch
 
+from .attempts import figures
+from .progress import Attempt, Figure
+
 log = logging.getLogger("quest.train")
 
 __all__ = ["PEAK_TFLOPS", "peak_tflops", "flops_per_image", "Telemetry", "resident_peak_bytes", "Levers",
@@ -339,20 +342,22 @@ class Telemetry:
         total = self._sums.get(key)
         return total[0] / total[1] if total and total[1] else None
 
-    def summary(self) -> dict[str, Any]:
-        """The run's time-weighted means and peaks over its steady steps (summary.json's ``perf``), and the time left
-        out of them: the steps that compiled and the loaders' starts, in all."""
+    def totals(self) -> dict[str, Any]:
+        """What :meth:`summary` is computed from, as an attempt's record holds it (quest.engine.progress.Attempt):
+        the time apart and each figure's time-weighted sum, seconds and largest value."""
         apart = self._apart
-        out: dict[str, Any] = {"train_flops_per_image": self.flops, "device_peak_tflops": self.peak,
-                               "compile_s": apart.compile_s, "compile_steps": apart.compile_steps,
-                               "loader_start_s": apart.loader_start_s}
-        for key in self._sums:
-            name = key.split("/", 1)[1]
-            out[f"{name}_mean"] = self._mean(key)
-            if name in ("peak_mem_gib", "step_s", "data_wait"):
-                out[f"{name}_max"] = self._sums[key][2]
-        return out
+        # clock noise could make a difference of host times a hair below 0; a record's times are >= 0
+        return {"compile_s": max(apart.compile_s, 0.0), "compile_steps": apart.compile_steps,
+                "loader_start_s": max(apart.loader_start_s, 0.0),
+                "figures": {key.split("/", 1)[1]: Figure(max(weighted, 0.0), max(seconds, 0.0), max(largest, 0.0))
+                            for key, (weighted, seconds, largest) in self._sums.items()}}
 
+    def summary(self) -> dict[str, Any]:
+        """The time-weighted means and peaks over the steady steps so far, and the time left out of them: the steps
+        that compiled and the loaders' starts, in all (a run's summary.json covers its every attempt:
+        quest.engine.attempts.run_perf)."""
+        return {"train_flops_per_image": self.flops, "device_peak_tflops": self.peak,
+                **figures([Attempt(**self.totals())])}
 
 
 def _either(levers: list[str]) -> str:

@@ -50,6 +50,7 @@ class Run:
     def __init__(self, cfg: Any, run_dir: Path, choices: dict[str, str], ctx: DistContext,
                  checkpointer: Checkpointer | None = None):
         self.cfg, self.run_dir, self.choices, self.ctx = cfg, run_dir, choices, ctx
+        self.state = TrainState()  # first: its clock times this attempt from here (quest.engine.progress.Attempt)
         self.sharded = cfg.trainer.strategy == "fsdp"
         self.checkpointer = checkpointer or Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
         check_compile_mode(cfg.trainer, ctx)  # the device and process count known, before any work
@@ -61,7 +62,6 @@ class Run:
         self.autocast = autocast_for(self.precision, ctx.device)
         # fp16 needs dynamic loss scaling (DeiT's NativeScaler is this GradScaler); disabled it is a pass-through
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
-        self.state = TrainState()
         self.diagnostics = self._diagnostics()
         self.data_fingerprint = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
         # the image-folder files the pre-flight left out (data.bad_images=skip), per split: summary.json and the
@@ -127,6 +127,7 @@ class Run:
                 "auto on another kind of device): resume it as it was started, or set trainer.precision explicitly")
         p = self.parts
         self.checkpointer.restore(saved, path, self.stateful, schedule=not extended)  # self.state too
+        self.state.resumed()  # this process is the run's next attempt
         if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
             self.step_schedule_on_epoch()

@@ -6,30 +6,23 @@ docs/report.md.
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from quest.schema import OPERATIONAL_KEYS
-
 from .runs import ReportInputError, RunResult
+from .settings import DATA_SET, NEUTRAL_KEYS, REPEAT_KEYS, neutral, setting, value_of
+from .settings import hashable as _hashable
 from .stats import LRSensitivity, init_loss, lower_is_better, lr_sensitivity, mean_std, welch_p
 
-__all__ = ["Row", "LRSweep", "Report", "row_keys", "build_report", "DEFAULT_PRIMARY", "REPEAT_KEYS", "IGNORED_KEYS",
-           "LR_KEYS", "EVAL_HEADLINE"]
+__all__ = ["Row", "LRSweep", "Report", "row_keys", "build_report", "DEFAULT_PRIMARY", "REPEAT_KEYS", "NEUTRAL_KEYS",
+           "DATA_SET", "LR_KEYS", "EVAL_HEADLINE"]
 
 log = logging.getLogger("quest.report")
 
 DEFAULT_PRIMARY = "val/top1"
-#: Settings that repeat an experiment rather than define it: the seeds.
-REPEAT_KEYS = ("trainer.seed", "data.subset_seed", "seed")
-#: Settings that never define a row: where and how a run was executed and logged, not what was trained; and
-#: trainer.max_steps, a cap that stops a run early: such a run is marked "stopped" in its setting's row instead.
-IGNORED_KEYS = (*(k.removesuffix(".*") for k in OPERATIONAL_KEYS), "trainer.init_from", "trainer.eval_every_n_epochs",
-                "data.root", "diagnostics", "run_dir")
 #: Settings that set the learning rate: an lr sweep differs in these only.
 LR_KEYS = ("recipe.lr", "recipe.base_lr", "lr")
 #: Leaf names of the eval_results.json numbers shown by default (the rest: --metrics, e.g. 'imagenet_c/ce/*').
@@ -40,20 +33,18 @@ _ATTENTION_ORDER = ("standard", "qnorm", "qknorm", "qknorm_ds", "qknorm_hs", "qu
 
 
 # --- grouping -----------------------------------------------------------------------------------------------------
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in (*REPEAT_KEYS, *IGNORED_KEYS))
-
-
-def _hashable(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value
+#: The settings of a run without a config record (summary.json only) that tell settings apart.
+_SUMMARY_SETTINGS = ("attention", "model", "choices.recipe", "choices.data", "lr", "global_batch")
 
 
 def row_keys(runs: Sequence[RunResult]) -> list[str]:
     """The settings that tell rows apart: attention and model, the recipe and data set names when they differ
     between runs, and every other setting that differs between runs of one (attention, model, recipe, data).
 
-    Settings come from .hydra/config.yaml when every finished run has one, else from summary.json (the Hydra
-    choices, the lr actually used and the global batch). Seeds and settings of execution and logging never count.
+    Settings come from the config record (run.json, .hydra/config.yaml) when every finished run has one, else from
+    summary.json (the Hydra choices, the lr actually used and the global batch); the data set a run trained on
+    (:data:`DATA_SET`) counts in both. Seeds and the result-neutral keys (quest.report.settings.NEUTRAL_KEYS) never
+    do; every other key does, a new one included.
     """
     finished = [r for r in runs if r.status != "incomplete"]
     from_config = all(r.config is not None for r in finished)
@@ -67,8 +58,8 @@ def row_keys(runs: Sequence[RunResult]) -> list[str]:
         candidates = [k for k in candidates if k not in ("attention.name", "model.name", *names)]
     else:
         candidates = ["lr", "global_batch"]
-    varying = [k for k in candidates if not _ignored(k)
-               and any(len({_hashable(r.value(k)) for r in cell}) > 1 for cell in cells.values())]
+    varying = [k for k in [*candidates, DATA_SET] if not neutral(k)
+               and any(len({_hashable(value_of(r, k)) for r in cell}) > 1 for cell in cells.values())]
     return keys + varying
 
 
@@ -228,13 +219,17 @@ def _lr_sweeps(rows: list[Row], num_classes: int | None) -> list[LRSweep]:
 
 
 def _identity(r: RunResult) -> tuple:
-    """What makes two runs the same experiment repeated with the same seed: every setting that is not about where
-    and how it ran (the seeds included), or, without a config record, the summary's choices, lr, batch and seed."""
-    if r.config is not None:
-        return tuple(sorted((k, _hashable(v)) for k, v in r.config.items()
-                            if not any(k == i or k.startswith(i + ".") for i in IGNORED_KEYS)))
-    return tuple(_hashable(r.value(k)) for k in ("attention", "model", "choices.recipe", "choices.data", "lr",
-                                                 "global_batch", *REPEAT_KEYS))
+    """What makes two runs the same experiment repeated with the same seed: every value that can change a result
+    (quest.report.settings.setting: the config without the neutral keys, and the data set) and the seeds."""
+    values = {**setting(r, _SUMMARY_SETTINGS), **{k: _hashable(r.value(k)) for k in REPEAT_KEYS}}
+    return tuple(sorted(values.items(), key=lambda item: item[0]))
+
+
+def _differing(runs: Sequence[RunResult]) -> list[str]:
+    """The result-changing settings (seeds aside) that differ between ``runs``, in key order."""
+    values = [setting(r, _SUMMARY_SETTINGS) for r in runs]
+    keys = sorted({k for v in values for k in v})
+    return [k for k in keys if k not in REPEAT_KEYS and len({repr(v.get(k)) for v in values}) > 1]
 
 
 def _count_each_seed_once(row: Row) -> None:
@@ -264,21 +259,26 @@ def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None
         raise ReportInputError("no run with summary.json to report on")
     keys = list(by) if by else row_keys(runs)
     for key in keys:
-        if all(r.value(key) is None for r in finished):
+        if all(value_of(r, key) is None for r in finished):
             raise ReportInputError(f"--by {key!r}: no run has this setting (expected 'attention', 'model', a key of "
                                    ".hydra/config.yaml such as recipe.lr, or a field of summary.json such as lr)")
     chosen = _select_metrics(finished, metrics, primary)
     rows: dict[tuple, Row] = {}
     for r in finished:
-        values = {k: r.value(k) for k in keys}
+        values = {k: value_of(r, k) for k in keys}
         row = rows.setdefault(tuple(_hashable(v) for v in values.values()), Row(values))
         (row.excluded if r.status == "stopped" and not include_stopped else row.runs).append(r)
     for row in rows.values():
         _count_each_seed_once(row)
+        differing = _differing(row.runs) if by else []
+        if differing:  # --by pools them on purpose; say in what, as row_keys would have shown it
+            where = ", ".join(f"{k}={v}" for k, v in row.keys.items())
+            log.warning("row %s pools runs that differ in %s (--by leaves these settings out)", where,
+                        ", ".join(differing))
     unmatched = []
     for r in runs:
         if r.status == "incomplete":
-            key = tuple(_hashable(r.value(k)) for k in keys)
+            key = tuple(_hashable(value_of(r, k)) for k in keys)
             (rows[key].incomplete if key in rows else unmatched).append(r)
     ordered = sorted(rows.values(), key=lambda row: (
         [(0, 0, "") if k == "attention" else _sort_key(row.keys[k]) for k in keys],
