@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,6 +100,14 @@ def _damage(run: Path) -> None:
     (run / "checkpoints" / "last.pt").write_bytes(b"garbage")
 
 
+def _version(run: Path) -> None:
+    last = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["version"] = 999  # a quest newer than this one wrote it
+    torch.save(ckpt, last)
+    (run / "summary.json").unlink()  # an interrupted run: the next command resumes from last.pt
+
+
 def _hold(run: Path) -> int:
     fd = lock_file(run / ".lock", "test")  # another process's run: this test holds the lock
     os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
@@ -127,6 +136,8 @@ TRAIN_REFUSALS = {
     "another_config": (["recipe.lr=0.5"], ["earlier"], "recipe.lr", None),
     "resume_never": (["trainer.resume=never"], ["earlier"], "trainer.overwrite=true", None),
     "checkpoint_damaged": ([], ["earlier"], "last.pt", _damage),
+    "checkpoint_version": ([], ["earlier"], "last.pt", _version),
+    "init_from_missing": (["trainer.init_from={tmp}/weights.pt", *REPLACE], STATES, "weights.pt", None),
     "in_use": ([], ["earlier"], "pid 1 on elsewhere", _hold),
     "file_in_the_way": (["logger=tensorboard"], ["earlier"], "tensorboard is not a directory", _in_the_way),
     "unwritable": ([], ["earlier"], "cannot be written", None),
@@ -190,18 +201,23 @@ def test_a_sweep_whose_every_job_is_refused_changes_nothing(state, tmp_path, mon
 
 
 # --- eval.py and the toy study ----------------------------------------------------------------------------------
+CHECKPOINT = "checkpoint={run}/checkpoints/last.pt"
 EVAL_REFUSALS = {
     "nothing_to_evaluate": ([], "nothing to evaluate"),  # before Hydra runs
-    "bad_value": (["checkpoint={run}/checkpoints/last.pt", "eval.batch_size=0"], "eval.batch_size"),
+    "unknown_suite_key": ([CHECKPOINT, "eval.nope=1"], "eval.nope"),  # before Hydra runs
+    "bad_value": ([CHECKPOINT, "eval.batch_size=0"], "eval.batch_size"),
+    "no_cuda": ([CHECKPOINT, "eval.device=cuda"], "cuda"),
+    "missing_extra": ([CHECKPOINT, "logger=wandb"], "quest[wandb]"),
     "checkpoint_missing": (["checkpoint={tmp}/elsewhere/gone/checkpoints/last.pt"], "last.pt"),
-    "missing_extra": (["checkpoint={run}/checkpoints/last.pt", "logger=wandb"], "quest[wandb]"),
-    "unknown_suite_key": (["checkpoint={run}/checkpoints/last.pt", "eval.nope=1"], "eval.nope"),
+    # the results directory of its own (hydra.run.dir), held by another eval.py
+    "in_use": ([CHECKPOINT, "hydra.run.dir={tmp}/held"], "pid 1 on elsewhere"),
 }
 
 
 @pytest.mark.parametrize("refusal", EVAL_REFUSALS)
 def test_a_refused_eval_start_changes_nothing(refusal, tmp_path, earlier_run, monkeypatch, capsys):
-    """eval.py writes beside the run (<run>/eval/<suite>/...): the run directory is in the hashed tree."""
+    """eval.py writes beside the run (<run>/eval/<suite>/...): the run directory is in the hashed tree. A
+    checkpoint that is missing would have its results in a new directory beside it, outside the working directory."""
     args, names = EVAL_REFUSALS[refusal]
     cwd, run = place("earlier", tmp_path, earlier_run)
     if refusal == "missing_extra":
@@ -209,8 +225,17 @@ def test_a_refused_eval_start_changes_nothing(refusal, tmp_path, earlier_run, mo
 
         installed = quest.extras._installed
         monkeypatch.setattr(quest.extras, "_installed", lambda m: m != "wandb" and installed(m))
+    held = None
+    if refusal == "in_use":
+        (tmp_path / "held").mkdir()
+        held = lock_file(tmp_path / "held" / ".eval.lock", "test")
+        os.pwrite(held, b"pid 1 on elsewhere\n", 0)
     before = tree(tmp_path)
-    code, err = start("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, monkeypatch, capsys)
+    try:
+        code, err = start("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, monkeypatch, capsys)
+    finally:
+        if held is not None:
+            os.close(held)
     assert code == EXIT_ERROR, err[-3000:]
     assert err.count("eval.py: error: ") == 1 and "Traceback" not in err, err[-3000:]
     assert names in err[err.index("eval.py: error: "):], err[-3000:]
