@@ -61,6 +61,37 @@ def start(app: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[in
     return code, capsys.readouterr().err
 
 
+def refused(app: str, args: list[str], cwd: Path, names: str, root: Path, monkeypatch, capsys,
+            held: int | None = None) -> None:
+    """``app`` with ``args`` is refused with one line naming ``names`` (exit 1, no traceback), and every entry under
+    ``root`` is as it was. ``held``: a lock this test holds for another process, released after the command."""
+    before = tree(root)
+    try:
+        code, err = start(app, args, cwd, monkeypatch, capsys)
+    finally:
+        if held is not None:
+            os.close(held)
+    assert code == EXIT_ERROR, err[-3000:]
+    assert err.count(f"{app}: error: ") == 1 and "Traceback" not in err, err[-3000:]
+    assert names in err[err.index(f"{app}: error: "):], err[-3000:]
+    assert tree(root) == before
+
+
+def without_wandb(monkeypatch) -> None:
+    """wandb as if not installed: the extras' check (quest.extras) finds no module of that name."""
+    import quest.extras
+
+    installed = quest.extras._installed
+    monkeypatch.setattr(quest.extras, "_installed", lambda module: module != "wandb" and installed(module))
+
+
+def holding(lock: Path) -> int:
+    """Another process's lock on ``lock``: this test holds it, its holder named as another machine's process."""
+    fd = lock_file(lock, "test")
+    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
+    return fd
+
+
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory) -> Path:
     """A run directory as a run stopped at trainer.max_steps left it (.hydra/, train.log, checkpoints, ...)."""
@@ -109,9 +140,7 @@ def _version(run: Path) -> None:
 
 
 def _hold(run: Path) -> int:
-    fd = lock_file(run / ".lock", "test")  # another process's run: this test holds the lock
-    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
-    return fd
+    return holding(run / ".lock")
 
 
 def _in_the_way(run: Path) -> None:
@@ -155,22 +184,10 @@ def test_a_refused_train_start_changes_nothing(refusal, state, tmp_path, earlier
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == run else real(p, mode, **kw))
     if refusal == "missing_extra":
-        import quest.extras
-
-        installed = quest.extras._installed
-        monkeypatch.setattr(quest.extras, "_installed", lambda m: m != "wandb" and installed(m))
+        without_wandb(monkeypatch)
     base = DATA_FREE if any(a.startswith("data=") for a in args) else TRAIN
     args = [a.format(tmp=tmp_path, images=bad_images) for a in args]
-    before = tree(tmp_path)
-    try:
-        code, err = start("train.py", [*base, f"hydra.run.dir={run}", *args], cwd, monkeypatch, capsys)
-    finally:
-        if held is not None:
-            os.close(held)
-    assert code == EXIT_ERROR, err[-3000:]
-    assert err.count("train.py: error: ") == 1 and "Traceback" not in err, err[-3000:]
-    assert names in err[err.index("train.py: error: "):], err[-3000:]
-    assert tree(tmp_path) == before
+    refused("train.py", [*base, f"hydra.run.dir={run}", *args], cwd, names, tmp_path, monkeypatch, capsys, held)
 
 
 def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, earlier_run, monkeypatch, capsys):
@@ -221,25 +238,13 @@ def test_a_refused_eval_start_changes_nothing(refusal, tmp_path, earlier_run, mo
     args, names = EVAL_REFUSALS[refusal]
     cwd, run = place("earlier", tmp_path, earlier_run)
     if refusal == "missing_extra":
-        import quest.extras
-
-        installed = quest.extras._installed
-        monkeypatch.setattr(quest.extras, "_installed", lambda m: m != "wandb" and installed(m))
+        without_wandb(monkeypatch)
     held = None
     if refusal == "in_use":
         (tmp_path / "held").mkdir()
-        held = lock_file(tmp_path / "held" / ".eval.lock", "test")
-        os.pwrite(held, b"pid 1 on elsewhere\n", 0)
-    before = tree(tmp_path)
-    try:
-        code, err = start("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, monkeypatch, capsys)
-    finally:
-        if held is not None:
-            os.close(held)
-    assert code == EXIT_ERROR, err[-3000:]
-    assert err.count("eval.py: error: ") == 1 and "Traceback" not in err, err[-3000:]
-    assert names in err[err.index("eval.py: error: "):], err[-3000:]
-    assert tree(tmp_path) == before
+        held = holding(tmp_path / "held" / ".eval.lock")
+    refused("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, names, tmp_path, monkeypatch, capsys,
+            held)
 
 
 TOY_REFUSALS = {
@@ -260,12 +265,7 @@ def test_a_refused_toy_study_changes_nothing(refusal, state, tmp_path, monkeypat
         (out / ".hydra" / "config.yaml").write_text("grid: quick\n")
         (out / "toy.log").write_text("[an earlier study's log]\n")
         (out / "runs.csv").write_text("attention,outcome\n")
-    before = tree(tmp_path)
-    code, err = start("quest-toy", [*args, f"hydra.run.dir={out}"], cwd, monkeypatch, capsys)
-    assert code == EXIT_ERROR, err[-3000:]
-    assert err.count("quest-toy: error: ") == 1 and "Traceback" not in err, err[-3000:]
-    assert names in err[err.index("quest-toy: error: "):], err[-3000:]
-    assert tree(tmp_path) == before
+    refused("quest-toy", [*args, f"hydra.run.dir={out}"], cwd, names, tmp_path, monkeypatch, capsys)
 
 
 # --- the mechanism: which directories a command made -------------------------------------------------------------
