@@ -15,6 +15,7 @@ nothing else: the sweep directory it made goes, or the ``multirun.yaml`` it rewr
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,19 @@ def _resolved(config: DictConfig, key: str) -> Path | None:
     return Path(os.path.abspath(str(value))) if value is not None else None
 
 
+def _exit_if_unmakeable(config: DictConfig, key: str, root: Path | None) -> None:
+    """A directory Hydra cannot make (a part of it is a file, a name too long): one line and exit 1, instead of
+    Hydra's traceback from its mkdir. The command line's own ``hydra.run.dir=`` was checked before Hydra ran
+    (quest.overrides); this is the configured one (``runs/...``, ``multirun/...``)."""
+    from quest.errors import EXIT_ERROR, program_name
+    from quest.overrides import output_dir_problem
+
+    problem = output_dir_problem(str(root)) if root is not None else None
+    if problem:
+        print(f"{program_name('quest-' + str(config.hydra.job.name))}: error: {key}={root}: {problem}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+
 class MadeDirectories(Callback):
     """Hydra callback: note the missing directories before Hydra makes them (module docstring)."""
 
@@ -87,11 +101,13 @@ class MadeDirectories(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         root = _resolved(config, "hydra.run.dir")
+        _exit_if_unmakeable(config, "hydra.run.dir", root)
         self.before = _Before(root, missing_dirs(root)) if root is not None else None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.sweep = True
         root = _resolved(config, "hydra.sweep.dir")
+        _exit_if_unmakeable(config, "hydra.sweep.dir", root)
         if root is None:
             return
         self.before = _Before(root, missing_dirs(root))

@@ -217,6 +217,18 @@ def test_a_sweep_whose_every_job_is_refused_changes_nothing(state, tmp_path, mon
     assert tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("app, args, blocker", [
+    ("train.py", TRAIN, "runs"),  # runs/<data>/<model>-...
+    ("train.py", ["-m", *TRAIN, "recipe.lr=1e-3,2e-3"], "multirun"),  # multirun/<time>
+    ("quest-toy", [], "runs"),  # runs/toy/<grid>-n<size>
+])
+def test_a_configured_directory_through_a_file_is_one_line(app, args, blocker, tmp_path, monkeypatch, capsys):
+    """The directory the config names (not the command line, which is checked before Hydra) through a file: Hydra's
+    mkdir would fail with its traceback."""
+    (tmp_path / blocker).write_text("a file\n")
+    refused(app, args, tmp_path, f"{tmp_path / blocker} exists and is not a directory", tmp_path, monkeypatch, capsys)
+
+
 # --- eval.py and the toy study ----------------------------------------------------------------------------------
 CHECKPOINT = "checkpoint={run}/checkpoints/last.pt"
 EVAL_REFUSALS = {
