@@ -191,8 +191,10 @@ def test_a_refused_train_start_changes_nothing(refusal, state, tmp_path, earlier
 
 
 def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, earlier_run, monkeypatch, capsys):
-    """Not a refusal, but the same promise: the finished run is reported, its directory as it was."""
+    """Not a refusal, but the same promise: the finished run is reported, its directory as it was. A file named
+    like the directory of a logger that is off (wandb, with logger=jsonl) is not in the way."""
     cwd, run = place("earlier", tmp_path, earlier_run)
+    (run / "wandb").write_text("the user's file\n")
     before = tree(tmp_path)
     code, err = start("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd, monkeypatch, capsys)
     assert code == 0, err[-3000:]
