@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.config_files import config_root, hydra_config_path
 from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
+from quest.made_dirs import remove_made
 from quest.sweep_jobs import job_failed, sweep_failure
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
@@ -51,17 +52,13 @@ def _train_app(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
-    # what Hydra writes with output_subdir=.hydra, written by fit only once the command passed every check
-    record = {".hydra/config.yaml": OmegaConf.to_yaml(cfg),
-              ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
-              ".hydra/overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
     multirun = hc.mode == RunMode.MULTIRUN
     try:
         with reporting_errors(program_name("quest-train")):
             try:
-                summary = fit(cfg, hc.runtime.output_dir, choices, provenance=record)
+                summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg))
             except Exception:
-                _remove_if_empty(Path(hc.runtime.output_dir))  # a refused new run leaves no empty directory behind
+                remove_made(hc.runtime.output_dir)  # the directories Hydra made for a refused run go too
                 raise
     except SystemExit as exc:
         if multirun and exc.code in (EXIT_ERROR, EXIT_BUG):  # this job's error is printed; the sweep goes on
@@ -73,17 +70,13 @@ def _train_app(cfg: DictConfig) -> None:
     return None
 
 
-def _remove_if_empty(path: Path) -> None:
-    """Remove ``path`` and the parents Hydra made for it, while they are empty (up to the working directory): a
-    command refused before it wrote anything leaves no directory behind."""
-    stop = Path.cwd().resolve()
-    path = path.resolve()
-    while path != stop and stop in path.parents:
-        try:
-            path.rmdir()  # only an empty directory
-        except OSError:
-            return
-        path = path.parent
+def _hydra_record(cfg: DictConfig) -> dict[str, str]:
+    """What Hydra writes with output_subdir=.hydra (relative path -> text): quest writes it only once the command
+    passed every check (output_subdir is null in its configs), so a refused command leaves an earlier record as it was."""
+    hc = HydraConfig.get()
+    return {".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+            ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+            ".hydra/overrides.yaml": OmegaConf.to_yaml(hc.overrides.task)}
 
 
 def train() -> None:
@@ -158,7 +151,7 @@ def _eval_app(cfg: DictConfig) -> None:
         except Exception as exc:
             if is_user_error(exc):  # the log file (when one was started) keeps the error too
                 logging.getLogger("quest.eval").error("%s", describe(exc))
-            _remove_if_empty(Path(hc.runtime.output_dir))
+            remove_made(hc.runtime.output_dir)
             raise
 
 
@@ -204,16 +197,33 @@ def _toy_app(cfg: DictConfig) -> None:
     import logging
     import time
 
+    from quest.engine.logger import start_log_file, stop_log_file
+    from quest.io import write_text_atomic
     from quest.toy.outcomes import summary_table
-    from quest.toy.study import run_study
+    from quest.toy.study import check_study, run_study
 
-    out_dir = cfg.out_dir or HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    out_dir = cfg.out_dir or hc.runtime.output_dir
     start = time.perf_counter()
     with reporting_errors(program_name("quest-toy")):
-        result = run_study(OmegaConf.to_container(cfg, resolve=True), out_dir)
-    print(summary_table(result["success_rates"]))
-    logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name, out_dir,
-                                        time.perf_counter() - start)
+        study = OmegaConf.to_container(cfg, resolve=True)
+        try:
+            check_study(study)
+        except Exception:
+            remove_made(hc.runtime.output_dir)
+            raise
+        # every check passed: Hydra's record and the log file (<run dir>/toy.log), which Hydra would have written
+        # before the checks
+        for name, text in _hydra_record(cfg).items():
+            write_text_atomic(Path(hc.runtime.output_dir) / name, text)
+        handler = start_log_file(Path(hc.runtime.output_dir) / f"{hc.job.name}.log")
+        try:
+            result = run_study(study, out_dir)
+            print(summary_table(result["success_rates"]))
+            logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name,
+                                                out_dir, time.perf_counter() - start)
+        finally:
+            stop_log_file(handler)
 
 
 def toy() -> None:

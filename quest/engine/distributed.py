@@ -36,7 +36,8 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     device = torch.device(preference)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"trainer.device={preference} but CUDA is not available; use trainer.device=auto or cpu")
+            # the user's choice on this machine, not a bug: one line (a ValueError, quest.errors)
+            raise ValueError(f"trainer.device={preference} but CUDA is not available; use trainer.device=auto or cpu")
         if device.index is None:
             device = torch.device("cuda", local_rank)
     elif device.type != "cpu":

@@ -59,7 +59,7 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
     ctx = init_distributed(cfg.trainer.device)
     directory = RunDirectory(run_dir, ctx.is_main)
     if ctx.is_main:
-        directory.writable()
+        directory.writable(cfg.logger)
     directory.lock()
     try:
         return _fit(cfg, directory, choices, ctx, provenance or {})

@@ -37,6 +37,11 @@ __all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
 _RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "run.json", "wandb", "eval")
+#: where a run writes directories, and files it writes without reading them first (those it reads are surveyed:
+#: quest.engine.run_state keeps a damaged one aside), relative to the run directory
+_WRITTEN_DIRS = ("checkpoints", ".hydra", ".replaced")
+_WRITTEN_FILES = ("train.log", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
+                  "checkpoints/last.pt", "checkpoints/best.pt")
 
 
 def _now() -> str:
@@ -118,13 +123,25 @@ class RunDirectory(OwnedDirectory):
         except DamagedFile:
             return None
 
-    def writable(self) -> None:
-        """ConfigError naming the directory when this process cannot write into it, before any work."""
+    def writable(self, logger: Any = None) -> None:
+        """ConfigError naming the directory when this process cannot write into it, or naming what stands, of the
+        other kind, where the run writes a file or a directory (a file ``checkpoints`` would stop it at its first
+        checkpoint; ``wandb`` and ``tensorboard`` where the ``logger`` config writes them); before any work."""
         probe = self.path if self.path.exists() else next(p for p in self.path.parents if p.exists())
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"the run directory {self.path} cannot be written by this user (uid {os.getuid()}; "
                               f"{probe} has mode {os.stat(probe).st_mode & 0o777:o}): pick another directory with "
                               "hydra.run.dir=..., or make it writable (chmod u+w)")
+        dirs = list(_WRITTEN_DIRS)
+        if logger is not None:  # the loggers' own directories, of those that are on (logger.wandb, .tensorboard)
+            dirs += [name for name in ("wandb", "tensorboard") if logger.get(name)]
+        wrong = [f"{name} is not a directory" for name in dirs
+                 if (self.path / name).exists() and not (self.path / name).is_dir()]
+        wrong += [f"{name} is a directory" for name in _WRITTEN_FILES if (self.path / name).is_dir()]
+        if wrong:
+            raise ConfigError(f"the run directory {self.path} holds what this run cannot write over: "
+                              f"{'; '.join(wrong)} (expected the other kind, or nothing); move it away, or give the "
+                              "run its own directory (hydra.run.dir=...)")
 
     def lock(self) -> None:
         """Hold an exclusive lock for the run's lifetime: a second process in the same directory is refused rather

@@ -47,7 +47,7 @@ from .outcomes import (
 )
 from .workers import share_tasks
 
-__all__ = ["run_study"]
+__all__ = ["run_study", "check_study"]
 
 log = logging.getLogger(__name__)
 RUN_FIELDS = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "train_acc", "test_acc", "final_train_loss",
@@ -225,14 +225,23 @@ def _load_rows(cfg: Mapping[str, Any], tasks: list[_Task]) -> tuple[list[dict], 
     return rows, key_norms, timings
 
 
-def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
-    check_toy_config(cfg)  # every value, then the names and the device
+def check_study(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Every check of the study that can refuse it (the values, then the names and the device); writes nothing.
+    The config with ``device=auto`` resolved."""
+    check_toy_config(cfg)
     if cfg.get("device") in (None, "auto"):
         cfg = {**cfg, "device": resolve_toy_device(cfg.get("device"))}
+    _check(cfg)
+    return cfg
+
+
+def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
+    auto = cfg.get("device") in (None, "auto")
+    cfg = check_study(cfg)
+    if auto:
         log.info("device=auto: training on the %s (the toy models are too small for a GPU to pay; device=cuda to "
                  "use one)", cfg["device"])
-    _check(cfg)
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
                     "'quest[report]')")

@@ -1,0 +1,309 @@
+"""Every check before the first change (issue 48, item 3): each refusal a start of train.py, eval.py or the toy study
+can make, from the command line's keys to the run directory's lock and files, leaves the file system as it was:
+the same names, bytes and modes under the test's tree, no directory left behind (the run directory Hydra made, and
+its parents outside the working directory), none removed that was there before (an empty ``runs/``), and one line,
+exit code 1, no traceback.
+
+A matrix: refusal x the state of the directory the command would write (missing with its parents, under an empty
+parent that was there before, holding an earlier run). The apps run in this process (each the console script's
+function with its argv), so that a missing package or an unwritable directory can be simulated."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quest import cli, made_dirs, sweep_jobs
+from quest.errors import EXIT_ERROR
+from quest.io import lock_file
+
+from .helpers import FAST
+from .interop_helpers import make_image_folder
+
+TRAIN = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.max_steps=1"]
+DATA_FREE = [a for a in TRAIN if not a.startswith("data")]  # for the refusals that choose a data set of their own
+STATES = ["new", "under_empty_parent", "earlier"]
+REPLACE = ["trainer.resume=never", "trainer.overwrite=true"]
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` (directories too, symlinks not followed): its kind, mode and, for a file, a hash of
+    its bytes."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        data = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else None
+        out[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), data)
+    return out
+
+
+def start(app: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """Run ``app`` (train.py, eval.py, quest-toy) in this process as a shell would; (exit code, stderr)."""
+    main = {"train.py": cli.train, "eval.py": cli.evaluate, "quest-toy": cli.toy}[app]
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [app, *args])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # what a user sees
+    monkeypatch.setattr(sweep_jobs, "failed", [])  # this command's sweep only
+    capsys.readouterr()
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def refused(app: str, args: list[str], cwd: Path, names: str, root: Path, monkeypatch, capsys,
+            held: int | None = None) -> None:
+    """``app`` with ``args`` is refused with one line naming ``names`` (exit 1, no traceback), and every entry under
+    ``root`` is as it was. ``held``: a lock this test holds for another process, released after the command."""
+    before = tree(root)
+    try:
+        code, err = start(app, args, cwd, monkeypatch, capsys)
+    finally:
+        if held is not None:
+            os.close(held)
+    assert code == EXIT_ERROR, err[-3000:]
+    assert err.count(f"{app}: error: ") == 1 and "Traceback" not in err, err[-3000:]
+    assert names in err[err.index(f"{app}: error: "):], err[-3000:]
+    assert tree(root) == before
+
+
+def without_wandb(monkeypatch) -> None:
+    """wandb as if not installed: the extras' check (quest.extras) finds no module of that name."""
+    import quest.extras
+
+    installed = quest.extras._installed
+    monkeypatch.setattr(quest.extras, "_installed", lambda module: module != "wandb" and installed(module))
+
+
+def holding(lock: Path) -> int:
+    """Another process's lock on ``lock``: this test holds it, its holder named as another machine's process."""
+    fd = lock_file(lock, "test")
+    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
+    return fd
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> Path:
+    """A run directory as a run stopped at trainer.max_steps left it (.hydra/, train.log, checkpoints, ...)."""
+    run = tmp_path_factory.mktemp("earlier") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parent)
+        mp.setattr(sys, "argv", ["train.py", *TRAIN, f"hydra.run.dir={run}"])
+        cli.train()
+    assert (run / "checkpoints" / "last.pt").is_file() and (run / ".hydra" / "config.yaml").is_file()
+    return run
+
+
+@pytest.fixture(scope="module")
+def bad_images(tmp_path_factory) -> Path:
+    """An image folder with one file that is not an image (outside the hashed tree: the pre-flight keeps its cache
+    there on purpose, docs/data.md)."""
+    root = make_image_folder(tmp_path_factory.mktemp("data") / "images", per_class=2)
+    next((root / "train").rglob("*.png")).write_bytes(b"not an image")
+    return root
+
+
+def place(state: str, tmp: Path, earlier: Path | None) -> tuple[Path, Path]:
+    """(working directory, run directory) for a state; the run directory's parents outside the working directory
+    when it is new."""
+    cwd = tmp / "cwd"
+    cwd.mkdir()
+    if state == "new":
+        return cwd, tmp / "elsewhere" / "a" / "b" / "run"
+    if state == "under_empty_parent":
+        (cwd / "runs").mkdir()  # the user's, empty: it stays
+        return cwd, cwd / "runs" / "x" / "run"
+    shutil.copytree(earlier, tmp / "run", symlinks=True)
+    return cwd, tmp / "run"
+
+
+def _damage(run: Path) -> None:
+    (run / "checkpoints" / "last.pt").write_bytes(b"garbage")
+
+
+def _version(run: Path) -> None:
+    last = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["version"] = 999  # a quest newer than this one wrote it
+    torch.save(ckpt, last)
+    (run / "summary.json").unlink()  # an interrupted run: the next command resumes from last.pt
+
+
+def _hold(run: Path) -> int:
+    return holding(run / ".lock")
+
+
+def _in_the_way(run: Path) -> None:
+    (run / "tensorboard").write_text("a file where the run writes a directory\n")
+
+
+# name -> (overrides, where it applies, what the message names, a change to the directory before the command)
+TRAIN_REFUSALS = {
+    "unknown_key": (["recipe.nope=1"], STATES, "recipe.nope", None),  # before Hydra runs
+    "bad_value": (["recipe.lr=-1"], STATES, "recipe.lr", None),
+    "bad_relation": (["recipe.mixup=0.5", "data.batch_size=15"], STATES, "data.batch_size", None),
+    "patch_size": (["model.img_size=30"], STATES, "img_size", None),
+    "no_cuda": (["trainer.device=cuda"], STATES, "cuda", None),
+    "missing_extra": (["logger=wandb"], STATES, "quest[wandb]", None),
+    # with trainer.overwrite=true, which would archive an earlier run: only once the data passed its checks
+    "data_root_missing": (["data=imagefolder", "data.num_classes=3", "data.root={tmp}/nodata", *REPLACE], STATES,
+                          "nodata", None),
+    "data_preflight": (["data=imagefolder", "data.num_classes=3", "data.num_workers=0", "data.root={images}",
+                        *REPLACE], STATES, "not an image", None),
+    "resume_file_missing": (["trainer.resume={tmp}/nope.pt"], STATES, "nope.pt", None),
+    "output_under_a_file": (["hydra.run.dir={tmp}/afile/run"], ["new"], "not a directory", None),
+    "another_config": (["recipe.lr=0.5"], ["earlier"], "recipe.lr", None),
+    "resume_never": (["trainer.resume=never"], ["earlier"], "trainer.overwrite=true", None),
+    "checkpoint_damaged": ([], ["earlier"], "last.pt", _damage),
+    "checkpoint_version": ([], ["earlier"], "last.pt", _version),
+    "init_from_missing": (["trainer.init_from={tmp}/weights.pt", *REPLACE], STATES, "weights.pt", None),
+    "in_use": ([], ["earlier"], "pid 1 on elsewhere", _hold),
+    "file_in_the_way": (["logger=tensorboard"], ["earlier"], "tensorboard is not a directory", _in_the_way),
+    "unwritable": ([], ["earlier"], "cannot be written", None),
+}
+
+
+@pytest.mark.parametrize("refusal, state", [(r, s) for r, case in TRAIN_REFUSALS.items() for s in case[1]])
+def test_a_refused_train_start_changes_nothing(refusal, state, tmp_path, earlier_run, bad_images, monkeypatch,
+                                               capsys):
+    args, _, names, prepare = TRAIN_REFUSALS[refusal]
+    cwd, run = place(state, tmp_path, earlier_run)
+    (tmp_path / "afile").write_text("x\n")
+    held = prepare(run) if prepare is not None else None
+    if refusal == "unwritable":  # root writes anywhere: the permission is taken away where the check asks
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == run else real(p, mode, **kw))
+    if refusal == "missing_extra":
+        without_wandb(monkeypatch)
+    base = DATA_FREE if any(a.startswith("data=") for a in args) else TRAIN
+    args = [a.format(tmp=tmp_path, images=bad_images) for a in args]
+    refused("train.py", [*base, f"hydra.run.dir={run}", *args], cwd, names, tmp_path, monkeypatch, capsys, held)
+
+
+def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, earlier_run, monkeypatch, capsys):
+    """Not a refusal, but the same promise: the finished run is reported, its directory as it was. A file named
+    like the directory of a logger that is off (wandb, with logger=jsonl) is not in the way."""
+    cwd, run = place("earlier", tmp_path, earlier_run)
+    (run / "wandb").write_text("the user's file\n")
+    before = tree(tmp_path)
+    code, err = start("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("state", ["new", "earlier"])
+def test_a_sweep_whose_every_job_is_refused_changes_nothing(state, tmp_path, monkeypatch, capsys):
+    """A multirun: each job's directory goes, and the sweep directory Hydra made (with its multirun.yaml), or the
+    multirun.yaml it rewrote in an earlier sweep's directory is put back."""
+    sweep = tmp_path / "elsewhere" / "sweep"
+    if state == "earlier":
+        (sweep / "job").mkdir(parents=True)
+        (sweep / "job" / "summary.json").write_text("{}\n")
+        (sweep / "multirun.yaml").write_text("an earlier sweep's record\n")
+    (tmp_path / "cwd").mkdir()
+    before = tree(tmp_path)
+    code, err = start("train.py", ["-m", *TRAIN, "recipe.lr=-1,-2", f"hydra.sweep.dir={sweep}"], tmp_path / "cwd",
+                      monkeypatch, capsys)
+    assert code == EXIT_ERROR and "Traceback" not in err, err[-3000:]
+    assert err.count("recipe.lr must be > 0") == 2 and "2 job(s) of the sweep failed" in err, err[-3000:]
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("app, args, blocker", [
+    ("train.py", TRAIN, "runs"),  # runs/<data>/<model>-...
+    ("train.py", ["-m", *TRAIN, "recipe.lr=1e-3,2e-3"], "multirun"),  # multirun/<time>
+    ("quest-toy", [], "runs"),  # runs/toy/<grid>-n<size>
+])
+def test_a_configured_directory_through_a_file_is_one_line(app, args, blocker, tmp_path, monkeypatch, capsys):
+    """The directory the config names (not the command line, which is checked before Hydra) through a file: Hydra's
+    mkdir would fail with its traceback."""
+    (tmp_path / blocker).write_text("a file\n")
+    refused(app, args, tmp_path, f"{tmp_path / blocker} exists and is not a directory", tmp_path, monkeypatch, capsys)
+
+
+# --- eval.py and the toy study ----------------------------------------------------------------------------------
+CHECKPOINT = "checkpoint={run}/checkpoints/last.pt"
+EVAL_REFUSALS = {
+    "nothing_to_evaluate": ([], "nothing to evaluate"),  # before Hydra runs
+    "unknown_suite_key": ([CHECKPOINT, "eval.nope=1"], "eval.nope"),  # before Hydra runs
+    "bad_value": ([CHECKPOINT, "eval.batch_size=0"], "eval.batch_size"),
+    "no_cuda": ([CHECKPOINT, "eval.device=cuda"], "cuda"),
+    "missing_extra": ([CHECKPOINT, "logger=wandb"], "quest[wandb]"),
+    "checkpoint_missing": (["checkpoint={tmp}/elsewhere/gone/checkpoints/last.pt"], "last.pt"),
+    # the results directory of its own (hydra.run.dir), held by another eval.py
+    "in_use": ([CHECKPOINT, "hydra.run.dir={tmp}/held"], "pid 1 on elsewhere"),
+}
+
+
+@pytest.mark.parametrize("refusal", EVAL_REFUSALS)
+def test_a_refused_eval_start_changes_nothing(refusal, tmp_path, earlier_run, monkeypatch, capsys):
+    """eval.py writes beside the run (<run>/eval/<suite>/...): the run directory is in the hashed tree. A
+    checkpoint that is missing would have its results in a new directory beside it, outside the working directory."""
+    args, names = EVAL_REFUSALS[refusal]
+    cwd, run = place("earlier", tmp_path, earlier_run)
+    if refusal == "missing_extra":
+        without_wandb(monkeypatch)
+    held = None
+    if refusal == "in_use":
+        (tmp_path / "held").mkdir()
+        held = holding(tmp_path / "held" / ".eval.lock")
+    refused("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, names, tmp_path, monkeypatch, capsys,
+            held)
+
+
+TOY_REFUSALS = {
+    "bad_value": (["data.train_size=-1"], "data.train_size"),
+    "unknown_attention": (["attentions=[nope]"], "nope"),
+    "no_cuda": (["device=cuda"], "CUDA"),
+}
+
+
+@pytest.mark.parametrize("state", ["new", "earlier"])
+@pytest.mark.parametrize("refusal", TOY_REFUSALS)
+def test_a_refused_toy_study_changes_nothing(refusal, state, tmp_path, monkeypatch, capsys):
+    """The study's directory: Hydra's record and toy.log are written once the study passed every check."""
+    args, names = TOY_REFUSALS[refusal]
+    cwd, out = place("new", tmp_path, None)
+    if state == "earlier":  # an earlier study's files
+        (out / ".hydra").mkdir(parents=True)
+        (out / ".hydra" / "config.yaml").write_text("grid: quick\n")
+        (out / "toy.log").write_text("[an earlier study's log]\n")
+        (out / "runs.csv").write_text("attention,outcome\n")
+    refused("quest-toy", [*args, f"hydra.run.dir={out}"], cwd, names, tmp_path, monkeypatch, capsys)
+
+
+# --- the mechanism: which directories a command made -------------------------------------------------------------
+@settings(max_examples=60)
+@given(existing=st.sets(st.sampled_from(["a", "a/b", "a/b/c", "d", "d/e"])),
+       target=st.sampled_from(["a/b/c/run", "a/x/run", "d/e", "d/e/f/g", "q/r", "a"]))
+def test_only_the_directories_that_were_missing_are_removed(existing, target, tmp_path_factory):
+    """Whatever existed before (an empty directory too) stays; what Hydra made for the refused job goes."""
+    root = tmp_path_factory.mktemp("m")
+    for name in existing:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    before = {p for p in root.rglob("*")}
+    made = made_dirs.missing_dirs(root / target)
+    assert all(not p.exists() for p in made) and (made[-1].parent.exists() if made else True)
+    (root / target).mkdir(parents=True, exist_ok=True)  # as Hydra makes it
+    made_dirs._remove_empty(made)
+    assert {p for p in root.rglob("*")} == before
+
+
+def test_remove_made_keeps_what_a_job_wrote(tmp_path, monkeypatch):
+    out = tmp_path / "a" / "run"
+    monkeypatch.setattr(made_dirs, "_job", (out, made_dirs.missing_dirs(out)))
+    out.mkdir(parents=True)
+    (out / "kept.txt").write_text("x")
+    made_dirs.remove_made(out)
+    assert (out / "kept.txt").is_file()
+
