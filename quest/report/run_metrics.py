@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import DamagedFile
-from quest.records import RecordError
-from quest.run_files import check_metrics_row, read_summary
+from quest.io import DamagedFile, read_json
+from quest.records import RecordError, check_fields
+from quest.run_files import RunSummary, check_metrics_row
 
 __all__ = ["PlotInputError", "load_metrics", "run_formulation", "run_label"]
 
@@ -58,8 +58,9 @@ def run_formulation(run_dir: Path) -> str | None:
     summary_path = Path(run_dir) / "summary.json"
     if not summary_path.is_file():
         return None
-    try:  # every field checked (quest.run_files)
-        summary = read_summary(summary_path) or {}
+    try:  # every field it holds checked (quest.run_files); a label needs no status
+        summary = read_json(summary_path) or {}
+        check_fields(RunSummary, summary, summary_path)
     except (DamagedFile, RecordError) as exc:
         logger.warning("%s; labelling the run by its directory name", exc)
         return None
