@@ -203,3 +203,19 @@ def test_a_run_directory_name_too_long_for_the_file_system_is_one_message(tmp_pa
     assert code == 1 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) == 1 and "x" * 100 in errors[0], err[-3000:]
+
+
+def test_a_summary_with_a_field_of_the_wrong_type_is_kept_aside_on_resume_naming_the_field(world, tmp_path):
+    """summary.json's step a string: not believed (the finished run is not taken as finished), kept aside with the
+    field named, and written again by the resumed run."""
+    import json
+
+    from quest.engine import fit
+
+    copy = Path(shutil.copytree(world["run"], tmp_path / "run"))
+    summary = json.loads((copy / "summary.json").read_text())
+    (copy / "summary.json").write_text(json.dumps({**summary, "step": "1"}))
+    assert fit(compose_cfg(*FAST, MAX_STEPS), copy)["step"] == 1
+    why = "".join(p.read_text() for p in copy.glob(".replaced/*/why.txt"))
+    assert "summary.json: damaged: step is str '1', expected an integer" in why, why
+    assert json.loads((copy / "summary.json").read_text())["step"] == 1
