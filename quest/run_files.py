@@ -34,8 +34,22 @@ def _count(key: str) -> Any:
     return field(default=None, metadata=stored_as(key, **bounded(0)))
 
 
-@dataclass
-class MetricsRow:
+@dataclass(kw_only=True)
+class Validation:
+    """What a validation pass reports (quest.engine.loop): a metrics row of a validation, and summary.json."""
+
+    val_top1: float | None = _percent("val/top1")
+    val_top5: float | None = _percent("val/top5")
+    val_loss: Number | None = _count("val/loss")
+    val_images: int | None = _count("val/images")
+    val_skipped: int | None = _count("val/skipped")
+    val_ema_top1: float | None = _percent("val_ema/top1")
+    val_ema_top5: float | None = _percent("val_ema/top5")
+    val_ema_loss: Number | None = _count("val_ema/loss")
+
+
+@dataclass(kw_only=True)
+class MetricsRow(Validation):
     """One line of metrics.jsonl: a training log step, a validation, a diagnostic step (quest.engine.loop)."""
 
     extra_values: ClassVar[Any] = Number | None  # diag/<layer>/<stat>, perf/..., data/...: numbers
@@ -46,14 +60,6 @@ class MetricsRow:
     train_grad_norm: Number | None = _count("train/grad_norm")
     train_lr: float | None = _count("train/lr")
     train_img_per_s: float | None = _count("train/img_per_s")
-    val_top1: float | None = _percent("val/top1")
-    val_top5: float | None = _percent("val/top5")
-    val_loss: Number | None = _count("val/loss")
-    val_images: int | None = _count("val/images")
-    val_skipped: int | None = _count("val/skipped")
-    val_ema_top1: float | None = _percent("val_ema/top1")
-    val_ema_top5: float | None = _percent("val_ema/top5")
-    val_ema_loss: Number | None = _count("val_ema/loss")
     train_skipped: int | None = _count("data/train_skipped")
     train_drawn: int | None = _count("data/train_drawn")
 
@@ -86,8 +92,8 @@ class SkippedImages:
     val_scored: int | None = field(default=None, metadata=bounded(0))
 
 
-@dataclass
-class RunSummary:
+@dataclass(kw_only=True)
+class RunSummary(Validation):
     """summary.json (quest.engine.lifecycle): the outcome, final and best metrics, what identifies the run."""
 
     status: Literal["completed", "stopped", "diverged", "bad_data", "interrupted", "requeued"]
@@ -95,14 +101,6 @@ class RunSummary:
     epoch: int = field(default=0, metadata=bounded(0))
     diverged_at_step: int | None = field(default=None, metadata=bounded(0))
     divergence_reason: str | None = None
-    val_top1: float | None = _percent("val/top1")
-    val_top5: float | None = _percent("val/top5")
-    val_loss: Number | None = _count("val/loss")
-    val_images: int | None = _count("val/images")
-    val_skipped: int | None = _count("val/skipped")
-    val_ema_top1: float | None = _percent("val_ema/top1")
-    val_ema_top5: float | None = _percent("val_ema/top5")
-    val_ema_loss: Number | None = _count("val_ema/loss")
     best_top1: float | None = _percent("best/val/top1")
     best_epoch: int | None = field(default=None, metadata=bounded(-1))  # -1: no validation yet
     choices: dict[str, str] = field(default_factory=dict)

@@ -68,13 +68,20 @@ def world(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("fuzz")
     fit(compose_cfg(*FAST, MAX_STEPS), base / "runs" / "run")
     export_run(base / "runs" / "run", base / "export", "model")
+    run_evaluation(eval_cfg(f"checkpoint={base / 'runs' / 'run' / 'checkpoints' / 'last.pt'}", "eval=clean"),
+                   base / "runs" / "run" / "eval" / "clean" / "last-model")
+    # a run of before run.json: quest-report reads Hydra's copy of its config
+    old = Path(shutil.copytree(base / "runs" / "run", base / "old" / "run"))
+    (old / "run.json").unlink()
+    (old / ".hydra").mkdir()
+    (old / ".hydra" / "config.yaml").write_text("model:\n  name: vit_pico_patch4_16\n")
     images = make_image_folder(base / "images", per_class=2, size=20)
     with contextlib.redirect_stdout(io.StringIO()):
         assert data_main(["cap", str(images), str(base / "capped"), "--short-side", "16", "--no-progress",
                           "--workers", "1"]) == 0
         assert data_main(["check", str(images), "--no-progress", "--workers", "1"]) == 0
         shards_main(["convert", str(images), str(base / "shards"), "--shard-size", "4"])
-    return {"base": base, "run": base / "runs" / "run", "export": base / "export", "images": images,
+    return {"base": base, "run": base / "runs" / "run", "old": old, "export": base / "export", "images": images,
             "capped": base / "capped", "shards": base / "shards"}
 
 
@@ -92,6 +99,13 @@ def _pretrained(copy: Path, world: dict[str, Path], out: Path) -> int:
 
 def _eval_checkpoint(copy: Path, world: dict[str, Path], out: Path) -> int:
     run_evaluation(eval_cfg(f"checkpoint={copy / 'checkpoints' / 'last.pt'}", "eval=clean"), out)
+    return 0
+
+
+def _eval_again(copy: Path, world: dict[str, Path], out: Path) -> int:
+    """eval.py into the run's evaluation directory, where an earlier evaluation left its results."""
+    run_evaluation(eval_cfg(f"checkpoint={copy / 'checkpoints' / 'last.pt'}", "eval=clean"),
+                   copy / "eval" / "clean" / "last-model")
     return 0
 
 
@@ -143,9 +157,11 @@ ENTRIES = [
     ("train.py", "run", ["checkpoints/last.pt", "summary.json", "run.json", "metrics.jsonl"], _train),
     ("train.py", "export", ["model.safetensors"], _pretrained),
     ("eval.py", "run", ["checkpoints/last.pt"], _eval_checkpoint),
+    ("eval.py", "run", ["eval/clean/last-model/eval_results.json"], _eval_again),
     ("eval.py", "export", ["config.json", "model.safetensors"], _eval_weights),
     ("quest-export", "run", ["checkpoints/last.pt", "summary.json"], _export),
-    ("quest-report", "run", ["summary.json", "run.json"], _report),
+    ("quest-report", "run", ["summary.json", "run.json", "eval/clean/last-model/eval_results.json"], _report),
+    ("quest-report", "old", [".hydra/config.yaml"], _report),
     ("quest-plot", "run", ["metrics.jsonl", "summary.json"], _plot),
     ("quest-data", "images", ["train/.quest-preflight.json"], _check),
     ("quest-data", "shards", ["_info.json"], _check),

@@ -108,9 +108,15 @@ def _read_config(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
+    import yaml
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(path)
+    try:
+        cfg = OmegaConf.load(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # cut short, not YAML, unreadable
+        raise ReportInputError(f"{path}: cannot read the run's config written by Hydra ({exc})") from None
+    if not OmegaConf.is_dict(cfg):
+        raise ReportInputError(f"{path}: holds a {type(cfg).__name__}, expected the run's config (a mapping)")
     try:
         tree = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation that needs Hydra's runtime: compare the unresolved text instead
