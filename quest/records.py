@@ -24,11 +24,16 @@ import math
 import types
 import typing
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import PurePosixPath
 from typing import Any
 
 __all__ = ["RecordError", "bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
            "check_record", "field_problem", "Number"]
+
+# the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
+# nested in the file too, which the type checks reach without it)
+_FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
 
 #: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.io.plain writes nan as "nan")
 Number = float | typing.Literal["nan", "inf", "-inf"]
@@ -59,12 +64,14 @@ def key_of(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
 
-def path_problem(name: Any, where: str) -> str | None:
-    """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside the file's folder."""
+def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
+    """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside ``folder`` (the
+    file's folder), or None."""
     if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
             and ".." not in PurePosixPath(name).parts:
         return None
-    return f"{where} is {name!r}, a path outside the folder; expected a path relative to the folder and inside it"
+    folder = "the folder" if folder is None else folder
+    return f"{where} is {name!r}, a path outside {folder}; expected a path relative to {folder} and inside it"
 
 
 def _describe(value: Any) -> str:
@@ -195,8 +202,8 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
         if problem is None and f.metadata.get("path") and data[key] is not None:
             names = data[key] if isinstance(data[key], list) else [data[key]]
             problem = next((p for i, name in enumerate(names)
-                            if (p := path_problem(name, f"{where}[{i}]" if isinstance(data[key], list) else where))),
-                           None)
+                            if (p := path_problem(name, f"{where}[{i}]" if isinstance(data[key], list) else where,
+                                                  _FOLDER.get()))), None)
         if problem:
             return problem
     extra = getattr(cls, "extra_values", None)  # the type of every value under a key the record does not declare
@@ -209,20 +216,25 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
     return None
 
 
-def check_fields(cls: type, data: Mapping, source: Any) -> None:
-    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range,
-    naming ``source`` (the file) and the field; fields ``cls`` does not declare are the caller's to refuse."""
+def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
+    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range, or
+    (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the field; fields
+    ``cls`` does not declare are the caller's to refuse."""
     if not isinstance(data, Mapping):
         raise RecordError(f"{source} holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields")
-    problem = _fields_problem(cls, data)
+    token = _FOLDER.set(folder)
+    try:
+        problem = _fields_problem(cls, data)
+    finally:
+        _FOLDER.reset(token)
     if problem:
         raise RecordError(f"{source}: {problem}")
 
 
-def check_record(cls: type, data: Any, source: Any, what: str = "") -> None:
+def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any = None) -> None:
     """:func:`check_fields`, and every field of ``cls`` without a default present: what a reader of a whole file
     calls (``what``: what the file should be, for the message)."""
-    check_fields(cls, data, source)
+    check_fields(cls, data, source, folder)
     missing = [key_of(f) for f in dataclasses.fields(cls)
                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and key_of(f) not in data]
     if missing:

@@ -92,8 +92,9 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _folder_weights(folder: Path) -> Path:
-    """The weights file of a ``local-dir:`` folder, chosen as timm's load_state_dict_from_path chooses it (the Hub's
-    names first, then the first file of each weights suffix), and then read by :func:`_load_file`'s checks."""
+    """The weights file of a ``local-dir:`` folder, chosen much as timm's load_state_dict_from_path does (the Hub's
+    names first, then the first file of each weights suffix), to be read with :func:`_load_file`'s checks: timm's
+    loader would let a damaged file's own error (safetensors', pickle's) through as a bug of quest."""
     for name in _HUB_FILES:
         if (folder / name).exists():
             return folder / name
