@@ -57,7 +57,9 @@ def describe(exc: BaseException) -> str:
     """The message for the one error line: the exception's own, and for the file system the path and, when the
     disk is full, the space left where it was writing."""
     if isinstance(exc, OSError) and exc.strerror:  # the system's error: strerror and the path, no class name
-        path = exc.filename
+        # of two paths (a rename, a link), the second is where it was going: the file the user knows (the first is
+        # a temporary of quest.io.atomic_write)
+        path = exc.filename2 or exc.filename
         text = f"{exc.strerror}" + (f": {path}" if path else "")
         if exc.errno in (errno.ENOSPC, errno.EDQUOT) and path:
             folder = next((p for p in [Path(path), *Path(path).parents] if p.exists()), None)

@@ -11,6 +11,11 @@ number, a bool is not an int, and a float field takes only finite numbers.
 The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, unions (``X | None``),
 ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
 dict of its fields), and ``torch.Tensor``.
+
+A file's key that a Python name cannot hold (``val/top1``) is declared with :func:`stored_as`; a field that names a
+path inside the file's folder with :func:`relative_path`; the type of the values under keys a record does not
+declare (a metrics row's per-layer statistics) with a class attribute ``extra_values``. Keys a record does not
+declare are otherwise left alone (a newer quest may add some); a declared key is always checked.
 """
 from __future__ import annotations
 
@@ -19,9 +24,19 @@ import math
 import types
 import typing
 from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import PurePosixPath
 from typing import Any
 
-__all__ = ["RecordError", "bounded", "record", "check_fields", "field_problem"]
+__all__ = ["RecordError", "bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
+           "check_record", "field_problem", "Number"]
+
+# the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
+# nested in the file too, which the type checks reach without it)
+_FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
+
+#: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.io.plain writes nan as "nan")
+Number = float | typing.Literal["nan", "inf", "-inf"]
 
 
 class RecordError(ValueError):
@@ -31,6 +46,32 @@ class RecordError(ValueError):
 def bounded(low: float | None = None, high: float | None = None) -> dict[str, Any]:
     """Field metadata: the value lies in [low, high] (either end open when None): ``field(metadata=bounded(0))``."""
     return {"bounds": (low, high)}
+
+
+def stored_as(key: str, **metadata: Any) -> dict[str, Any]:
+    """Field metadata: the field's key in the file is ``key`` (``field(metadata=stored_as("val/top1",
+    **bounded(0, 100)))``), for keys that are not Python names."""
+    return {"key": key, **metadata}
+
+
+def relative_path(**metadata: Any) -> dict[str, Any]:
+    """Field metadata: a path (or a list of paths) relative to the file's folder, which must stay inside it."""
+    return {"path": True, **metadata}
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """The key a record's field has in its file."""
+    return f.metadata.get("key", f.name)
+
+
+def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
+    """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside ``folder`` (the
+    file's folder), or None."""
+    if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
+            and ".." not in PurePosixPath(name).parts:
+        return None
+    folder = "the folder" if folder is None else folder
+    return f"{where} is {name!r}, a path outside {folder}; expected a path relative to {folder} and inside it"
 
 
 def _describe(value: Any) -> str:
@@ -146,25 +187,55 @@ def record(cls: type, **bounds: Any) -> dict[str, Any]:
 
 def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
     hints = typing.get_type_hints(cls)
+    declared = set()
     for f in dataclasses.fields(cls):
-        if f.name not in data:
+        key = key_of(f)
+        declared.add(key)
+        if key not in data:
             continue
-        where = f"{prefix}.{f.name}" if prefix else f.name
+        where = f"{prefix}.{key}" if prefix else key
         hint = hints[f.name]
         nested = f.metadata.get("record")  # a mapping declared as a plain dict, checked as this record class
         if nested is not None:
             hint = nested | None if _allows_none(hint) else nested
-        problem = field_problem(data[f.name], hint, f.metadata.get("bounds", (None, None)), where)
+        problem = field_problem(data[key], hint, f.metadata.get("bounds", (None, None)), where)
+        if problem is None and f.metadata.get("path") and data[key] is not None:
+            names = data[key] if isinstance(data[key], list) else [data[key]]
+            problem = next((p for i, name in enumerate(names)
+                            if (p := path_problem(name, f"{where}[{i}]" if isinstance(data[key], list) else where,
+                                                  _FOLDER.get()))), None)
         if problem:
             return problem
+    extra = getattr(cls, "extra_values", None)  # the type of every value under a key the record does not declare
+    if extra is not None:
+        for key, value in data.items():
+            if key not in declared:
+                problem = field_problem(value, extra, where=f"{prefix}.{key}" if prefix else str(key))
+                if problem:
+                    return problem
     return None
 
 
-def check_fields(cls: type, data: Mapping, source: Any) -> None:
-    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range,
-    naming ``source`` (the file) and the field; fields ``cls`` does not declare are the caller's to refuse."""
+def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
+    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range, or
+    (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the field; fields
+    ``cls`` does not declare are the caller's to refuse."""
     if not isinstance(data, Mapping):
         raise RecordError(f"{source} holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields")
-    problem = _fields_problem(cls, data)
+    token = _FOLDER.set(folder)
+    try:
+        problem = _fields_problem(cls, data)
+    finally:
+        _FOLDER.reset(token)
     if problem:
         raise RecordError(f"{source}: {problem}")
+
+
+def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any = None) -> None:
+    """:func:`check_fields`, and every field of ``cls`` without a default present: what a reader of a whole file
+    calls (``what``: what the file should be, for the message)."""
+    check_fields(cls, data, source, folder)
+    missing = [key_of(f) for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and key_of(f) not in data]
+    if missing:
+        raise RecordError(f"{source}: no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}")

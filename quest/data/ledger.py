@@ -16,6 +16,7 @@ and rsync use: a file rewritten in place to the same size within the filesystem'
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -52,6 +53,8 @@ class Ledger:
     def __init__(self, folder: Path, tool: str, params: dict[str, Any]):
         self.folder, self.tool, self.params = Path(folder), tool, params
         self.path = self.folder / LEDGER_NAME
+        if self.path.exists() and not self.path.is_file():  # not a ledger: nothing of the folder can be placed
+            raise IsADirectoryError(errno.EISDIR, "the data tools' ledger is a directory, not a file", str(self.path))
         self.existed = self.path.is_file()
         self.entries: dict[str, tuple[str, str]] = {}  # key -> (output path under folder, stamp)
         self.made: dict[str, str] = {}  # output path -> its own stamp when the tool wrote it (older ledgers: none)

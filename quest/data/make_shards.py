@@ -190,5 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(write_index(args.root, dict(s.split("=", 1) for s in args.splits)))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # quest's one error path (quest/errors.py): a bad folder or file is one line, exit 1
+    from quest.errors import program_name, reporting_errors
+
+    with reporting_errors(program_name("python -m quest.data.make_shards")):
+        main()

@@ -56,9 +56,9 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
         path = root / name
         if path.is_file():
             try:
-                info = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise ShardError(f"{path} is not valid JSON: {exc}") from exc
+                info = json.loads(path.read_bytes().decode())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ShardError(f"{path} is not valid JSON: {exc}") from None
             try:  # every field's type and range, every filename inside root, before anything reads a shard
                 return check_info(info, root, path), path
             except RecordError as exc:

@@ -8,14 +8,14 @@ a shard read and linked); a file that fails is one :class:`~quest.records.Record
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from quest.records import RecordError, bounded, check_fields
+from quest.records import RecordError, bounded, check_fields, relative_path
 
 __all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
            "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
-           "check_preflight_cache", "inside"]
+           "check_preflight_cache"]
 
 
 @dataclass
@@ -27,7 +27,7 @@ class LedgerHeader:
 @dataclass
 class LedgerLine:
     key: str  # what the output was made from (a path under the source, or a shard's name)
-    out: str | None  # the output's path under the ledger's folder; null: removed
+    out: str | None = field(metadata=relative_path())  # the output's path under the ledger's folder; null: removed
     stamp: str | None = None  # the source's state it was made from
     made: str | None = None  # the output's own size and modification time as the tool wrote it (older ledgers: none)
 
@@ -36,7 +36,7 @@ class LedgerLine:
 class InfoSplit:
     name: str = ""
     num_samples: int = field(default=0, metadata=bounded(0))
-    filenames: list[str] = field(default_factory=list)  # shard paths under the folder of _info.json
+    filenames: list[str] = field(default_factory=list, metadata=relative_path())  # shards beside _info.json
     shard_lengths: list[int] = field(default_factory=list)
 
 
@@ -57,7 +57,7 @@ class CappedManifest:
     source: str = ""  # where the copy was made from: a path outside the copy, by design
     layout: Literal["image folder", "shards"] = "image folder"
     splits: dict[str, Any] = field(default_factory=dict)
-    linked: list[str] = field(default_factory=list)  # split folders linked in the copy: plain names
+    linked: list[str] = field(default_factory=list, metadata=relative_path())  # split folders linked: plain names
 
 
 @dataclass
@@ -73,16 +73,6 @@ class PreflightCache:
     problems: list[CachedProblem] = field(default_factory=list)
 
 
-def inside(folder: Path, name: Any, source: Any, where: str) -> str:
-    """``name`` (a path a file names) as it is, when it is a relative path that stays inside ``folder``; else a
-    RecordError naming ``source`` and the field ``where``."""
-    if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
-            and ".." not in PurePosixPath(name).parts:
-        return name
-    raise RecordError(f"{source}: {where} is {name!r}, a path outside {folder}; expected a path relative to "
-                      f"{folder} and inside it")
-
-
 def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where: str = "") -> None:
     missing = [k for k in keys if k not in data]
     if missing:
@@ -96,19 +86,16 @@ def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
 
 
 def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
-    check_fields(LedgerLine, row, source)
+    check_fields(LedgerLine, row, source, folder)  # out inside the folder: a rerun deletes it
     _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
-    out = None if row["out"] is None else inside(folder, row["out"], source, "out")
-    return LedgerLine(row["key"], out, row.get("stamp"), row.get("made"))
+    return LedgerLine(row["key"], row["out"], row.get("stamp"), row.get("made"))
 
 
 def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
     """A shard folder's _info.json, checked (timm's layout; keys it does not declare are left alone)."""
-    check_fields(ShardInfo, info, source)
+    check_fields(ShardInfo, info, source, folder)  # every filename inside the folder: a shard read and linked
     for split, entry in (info.get("splits") or {}).items():
         _require(entry, ("filenames",), source, "the list of the split's shard files", f"splits.{split}")
-        for i, name in enumerate(entry.get("filenames", [])):
-            inside(folder, name, source, f"splits.{split}.filenames[{i}]")
         for i, length in enumerate(entry.get("shard_lengths", [])):
             if length < 0:
                 raise RecordError(f"{source}: splits.{split}.shard_lengths[{i}] is {length}, expected a sample "
@@ -117,10 +104,10 @@ def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
 
 
 def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
-    check_fields(CappedManifest, manifest, source)
+    check_fields(CappedManifest, manifest, source, folder)
     _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
     for i, name in enumerate(manifest.get("linked", [])):
-        if "/" in inside(folder, name, source, f"linked[{i}]"):
+        if "/" in name:
             raise RecordError(f"{source}: linked[{i}] is {name!r}; expected a split folder's name")
     return manifest
 

@@ -29,11 +29,12 @@ from omegaconf import OmegaConf
 
 from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
-from quest.errors import input_error, program_name
+from quest.errors import describe, input_error, program_name
 from quest.extras import MissingExtra
-from quest.io import atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
+from quest.io import DamagedFile, atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.output_folder import holding
+from quest.run_files import read_summary
 
 from .onnx_export import ONNX_FILE, checked_onnx, require_onnx
 
@@ -111,15 +112,18 @@ FINISHED = ("completed", "stopped")  # stopped: trainer.max_steps reached, a fin
 
 
 def run_summary(path: Path) -> dict[str, Any]:
-    """summary.json of the run directory a checkpoint sits in, or {} when there is none."""
+    """summary.json of the run directory a checkpoint sits in, every field checked (quest.run_files), or {} when
+    there is none."""
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     summary = run_dir / "summary.json"
     try:
-        record = json.loads(summary.read_text()) if summary.is_file() else {}
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {summary} ({exc}): it says whether the run finished; repair or remove it "
-                         "(a removed summary makes this an unfinished run: --allow-unfinished)") from exc
-    return record if isinstance(record, dict) else {}
+        record = read_summary(summary)
+    except (OSError, ValueError) as exc:  # not JSON, a field of the wrong type or range, unreadable
+        problem = exc.problem if isinstance(exc, DamagedFile) else describe(exc).removeprefix(f"{summary}: ")
+        raise ValueError(f"cannot read {summary}: {problem}; it says whether the "
+                         "run finished: repair or remove it (a removed summary makes this an unfinished run: "
+                         "--allow-unfinished)") from None
+    return record or {}
 
 
 def unfinished_reason(summary: dict[str, Any], ckpt: CheckpointRecord, path: Path) -> str | None:

@@ -13,8 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import json_text, move_aside, open_records, write_json_atomic
+from quest.io import DamagedFile, json_text, move_aside, open_records, write_json_atomic
 from quest.output_folder import OutputFolder
+from quest.run_files import check_metrics_row
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "start_log_file", "stop_log_file", "wandb_group"]
 
@@ -90,10 +91,14 @@ class RunLogger:
         if cfg is not None:
             writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "```", 0)
         self._metrics.flush()
-        with open(self._metrics.name) as f:
-            for line in f:
-                row = json.loads(line)
-                _scalars(writer, row, row.get("step", 0))
+        with open(self._metrics.name, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                source = f"{self._metrics.name}:{number}"
+                try:
+                    row = check_metrics_row(json.loads(line.decode()), source)  # every field checked
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise DamagedFile(Path(self._metrics.name), f"line {number} is not JSON ({exc})") from None
+                _scalars(writer, row, row["step"])
         return writer
 
     def _start_wandb(self, cfg: Any, lc: Any, choices: dict[str, str], resume_id: str | None):

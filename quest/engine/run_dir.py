@@ -26,8 +26,10 @@ from quest.compat import upgrade_run_config
 from quest.config_checks import ConfigError
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.errors import UserError
-from quest.io import DamagedFile, LockHeld, read_json, write_json_atomic
+from quest.io import DamagedFile, LockHeld, write_json_atomic
 from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
+from quest.records import RecordError
+from quest.run_files import read_run_record
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
 log = logging.getLogger("quest.train")
@@ -117,10 +119,11 @@ class RunDirectory(OwnedDirectory):
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
 
     def record(self) -> dict[str, Any] | None:
-        """run.json, or None when it is missing or damaged (a damaged one is kept aside before it is rewritten)."""
+        """run.json, or None when it is missing or damaged (not JSON, or a field of the wrong type: quest.run_files; a
+        damaged one is kept aside before it is rewritten)."""
         try:
-            return read_json(self.path / "run.json")
-        except DamagedFile:
+            return read_run_record(self.path / "run.json")
+        except (DamagedFile, RecordError):
             return None
 
     def writable(self, logger: Any = None) -> None:

@@ -13,9 +13,9 @@ every other check has passed. The rules, for ``trainer.resume=auto``:
 - ``metrics.jsonl``: what the checkpoint saw is stored in it (``metrics_text``). Missing, cut short or overwritten:
   rebuilt from the checkpoint, a damaged copy kept aside. Lines logged after the checkpoint (an interrupted attempt,
   which the resumed run logs again) are cut off, the whole file kept aside first.
-- ``summary.json`` / ``run.json`` damaged (not JSON, not an object): kept aside and written again (run.json from the
-  checkpoint's config). A final ``summary.json`` (completed, stopped) that a continuing run will replace is kept
-  aside first.
+- ``summary.json`` / ``run.json`` damaged (not JSON, not an object, a field of the wrong type or range:
+  quest.run_files): kept aside and written again (run.json from the checkpoint's config). A final
+  ``summary.json`` (completed, stopped) that a continuing run will replace is kept aside first.
 - No checkpoint at all: an attempt killed before its first checkpoint (run.json records none) starts again with the
   same config, its metrics kept aside; a run whose checkpoints are gone, or files nobody can place, are refused.
 - ``.lock``, ``.hydra/`` and ``train.log`` carry no state: the lock's content is rewritten, ``.hydra/`` written
@@ -33,6 +33,8 @@ from quest.compat import checkpoint_metrics_text
 from quest.config_checks import ConfigError
 from quest.io import DamagedFile, read_json, write_text_atomic
 from quest.owned_dir import Difference
+from quest.records import RecordError
+from quest.run_files import checked_run_record, checked_summary
 from quest.torch_files import ZIP_MAGIC, damaged_member
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
@@ -83,12 +85,20 @@ def _checkpoint(path: Path, others: str) -> CheckpointRecord:
 
 
 def _json(directory: RunDirectory, name: str, plan: Plan) -> dict[str, Any] | None:
-    """A JSON record of the run directory; a damaged one is planned to be kept aside and counts as missing."""
+    """A JSON record of the run directory, every field checked (quest.run_files); a damaged one is planned to be
+    kept aside and counts as missing."""
+    path = directory.path / name
     try:
-        return read_json(directory.path / name)
+        data = read_json(path)
+        return None if data is None else _CHECKS[name](data, path)
     except DamagedFile as exc:
         plan.aside.append((name, f"damaged: {exc.problem}"))
-        return None
+    except RecordError as exc:
+        plan.aside.append((name, f"damaged: {str(exc).removeprefix(f'{path}: ')}"))
+    return None
+
+
+_CHECKS = {"summary.json": checked_summary, "run.json": checked_run_record}
 
 
 def _size(path: Path) -> int:

@@ -98,8 +98,8 @@ def read_results(path: Path) -> dict[str, Any]:
     """An eval_results.json as a dict in today's form, or an :class:`EvalDirectoryError` naming the file and what is
     wrong."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_bytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EvalDirectoryError(f"{path} is not valid JSON ({exc}): a copy cut short or edited by hand? Move it "
                                  "aside, or pass eval.overwrite=true to archive it to .replaced/ and evaluate again")
     except PermissionError:

@@ -3,13 +3,15 @@ comes from the weights, the data set's classes are matched to the model's by nam
 mismatch is a message that says what to pass instead of a raw size mismatch from ``load_state_dict``."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
+
+from quest.io import read_json
+from quest.run_files import checked_export_config
 
 __all__ = ["weights_num_classes", "export_record", "check_fit", "ClassOrder", "class_order"]
 
@@ -27,7 +29,8 @@ def export_record(weights: str) -> dict[str, Any] | None:
     if not weights.startswith("local-dir:"):
         return None
     path = Path(weights.partition(":")[2]).expanduser() / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    data = read_json(path)  # every field checked before its model, attention or preprocessing is believed
+    return None if data is None else checked_export_config(data, path)
 
 
 def check_fit(model: nn.Module, state: dict[str, torch.Tensor], weights: str, name: str, attention: str) -> None:

@@ -66,10 +66,19 @@ def pretrained_problem(source: str) -> str | None:
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    """A weights file's state_dict; DamagedFile naming it when it is not whole (safetensors' own error says what)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a weights file" + (" (it is a directory)" if path.is_dir() else ""))
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path), device="cpu")
+        from quest.io import DamagedFile
+
+        try:
+            return load_file(str(path), device="cpu")
+        except SafetensorError as exc:
+            raise DamagedFile(path, f"not a whole safetensors file ({exc})") from None
     from quest.torch_files import inspect_torch_file, state_dict_of, weights_problem
 
     found = inspect_torch_file(path)
@@ -80,6 +89,21 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
     if isinstance(obj, dict) and isinstance(obj.get("state_dict_ema"), dict):  # timm train.py checkpoints
         obj = obj["state_dict"] if "state_dict" in obj else obj
     return state_dict_of(obj)
+
+
+def _folder_weights(folder: Path) -> Path:
+    """The weights file of a ``local-dir:`` folder, chosen much as timm's load_state_dict_from_path does (the Hub's
+    names first, then the first file of each weights suffix), to be read with :func:`_load_file`'s checks: timm's
+    loader would let a damaged file's own error (safetensors', pickle's) through as a bug of quest."""
+    for name in _HUB_FILES:
+        if (folder / name).exists():
+            return folder / name
+    for suffix in WEIGHT_SUFFIXES:
+        found = sorted(folder.glob(f"*{suffix}"))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"local-dir:{folder} holds no weights file ({', '.join(_HUB_FILES)}, or a file ending in "
+                            f"{', '.join(WEIGHT_SUFFIXES)})")
 
 
 def _from_hub(repo: str, download: bool, filename: str | None = None) -> dict[str, torch.Tensor]:
@@ -131,9 +155,7 @@ def pretrained_state_dict(source: str, download: bool = False) -> dict[str, torc
         raise ValueError(f"model.pretrained={source}: {problem}")
     kind = _kind(source)
     if kind == "local-dir":
-        from timm.models._hub import load_state_dict_from_path
-
-        return load_state_dict_from_path(Path(source.partition(":")[2]).expanduser(), weights_only=True)
+        return _load_file(_folder_weights(Path(source.partition(":")[2]).expanduser()))
     if kind == "hf-hub":
         return _from_hub(source.partition(":")[2], download)
     if kind == "file":

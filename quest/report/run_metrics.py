@@ -7,6 +7,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from quest.io import DamagedFile, read_json
+from quest.records import RecordError, check_fields
+from quest.run_files import RunSummary, check_metrics_row
+
 __all__ = ["PlotInputError", "load_metrics", "run_formulation", "run_label"]
 
 logger = logging.getLogger("quest.report")
@@ -27,7 +31,10 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
             f"{path}: file not found (expected the run's metrics.jsonl, one JSON object per line with an integer "
             "'step')"
         )
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as err:
+        raise PlotInputError(f"{path}: not text ({err}); expected one JSON object per line") from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -39,9 +46,10 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 logger.warning("%s:%d: skipping a truncated last line", path, number)
                 continue
             raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
-        if not isinstance(record, dict) or type(record.get("step")) is not int:
-            raise PlotInputError(f"{path}:{number}: expected a JSON object with an integer 'step', got {line[:80]!r}")
-        records.append(record)
+        try:  # every field checked (quest.run_files)
+            records.append(check_metrics_row(record, f"{path}:{number}"))
+        except RecordError as exc:
+            raise PlotInputError(str(exc)) from None
     return records
 
 
@@ -50,17 +58,13 @@ def run_formulation(run_dir: Path) -> str | None:
     summary_path = Path(run_dir) / "summary.json"
     if not summary_path.is_file():
         return None
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError:
-        logger.warning("%s: not valid JSON; labelling the run by its directory name", summary_path)
+    try:  # every field it holds checked (quest.run_files); a label needs no status
+        summary = read_json(summary_path) or {}
+        check_fields(RunSummary, summary, summary_path)
+    except (DamagedFile, RecordError) as exc:
+        logger.warning("%s; labelling the run by its directory name", exc)
         return None
-    if isinstance(summary, dict):
-        choices = summary.get("choices")
-        for source in (summary, choices if isinstance(choices, dict) else {}):
-            if isinstance(source.get("attention"), str):
-                return source["attention"]
-    return None
+    return summary.get("attention") or summary.get("choices", {}).get("attention")
 
 
 def run_label(run_dir: Path) -> str:

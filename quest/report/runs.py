@@ -14,6 +14,7 @@ from typing import Any
 
 from quest.evaluation.results_file import checked_results
 from quest.records import RecordError
+from quest.run_files import checked_run_record, checked_summary
 
 log = logging.getLogger("quest.report")
 
@@ -80,13 +81,19 @@ def number(value: Any) -> float | None:
     return None
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
+    """A JSON object of a run directory, every field checked by ``check`` (quest.run_files) when given."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportInputError(f"{path}: cannot read {what} ({err})") from None
     if not isinstance(data, dict):
         raise ReportInputError(f"{path}: expected a JSON object ({what}), got {type(data).__name__}")
+    if check is not None:
+        try:
+            check(data, path)
+        except RecordError as exc:
+            raise ReportInputError(str(exc)) from None
     return data
 
 
@@ -95,15 +102,21 @@ def _read_config(run_dir: Path) -> dict[str, Any] | None:
     command's config for runs written before run.json existed."""
     record = run_dir / "run.json"
     if record.is_file():
-        config = _read_json(record, "the run record written by train.py").get("config")
+        config = _read_json(record, "the run record written by train.py", checked_run_record).get("config")
         if isinstance(config, dict):
             return flatten(config)
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
+    import yaml
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(path)
+    try:
+        cfg = OmegaConf.load(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # cut short, not YAML, unreadable
+        raise ReportInputError(f"{path}: cannot read the run's config written by Hydra ({exc})") from None
+    if not OmegaConf.is_dict(cfg):
+        raise ReportInputError(f"{path}: holds a {type(cfg).__name__}, expected the run's config (a mapping)")
     try:
         tree = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation that needs Hydra's runtime: compare the unresolved text instead
@@ -154,7 +167,7 @@ def _load_run(run_dir: Path) -> RunResult:
     config = _read_config(run_dir)
     if not summary_path.is_file():
         return RunResult(run_dir, "incomplete", {}, config, {})
-    raw = _read_json(summary_path, "the run summary written by train.py")
+    raw = _read_json(summary_path, "the run summary written by train.py", checked_summary)
     status = raw.get("status")
     if status in ("interrupted", "requeued"):  # saved by a signal and not finished: like a run still going
         return RunResult(run_dir, "incomplete", {}, config, {})

@@ -38,8 +38,8 @@ def _real_labels(section: Any) -> list[list[int]]:
         raise FileNotFoundError(f"imagenet_real: real_json {path} does not exist (a JSON list of label lists, "
                                 "entry i for ILSVRC2012_val_{i+1:08d}.JPEG)")
     try:
-        labels = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        labels = json.loads(path.read_bytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"imagenet_real: real_json {path} is not valid JSON ({exc}); expected a JSON list of label "
                          "lists, entry i for ILSVRC2012_val_{i+1:08d}.JPEG") from None
     except PermissionError:
