@@ -93,6 +93,47 @@ class SkippedImages:
 
 
 @dataclass(kw_only=True)
+class PerfCounts:
+    """What summary.json's ``perf`` gives for the whole run and for each attempt (quest.engine.attempts): counts and
+    times, and every figure's ``<name>_mean`` / ``<name>_max`` (rates, shares, GiB, seconds: numbers or null)."""
+
+    extra_values: ClassVar[Any] = float | None
+
+    steps: int | None = field(default=None, metadata=bounded(0))
+    images: int | None = field(default=None, metadata=bounded(0))
+    train_s: float | None = field(default=None, metadata=bounded(0.0))
+    wall_s: float | None = field(default=None, metadata=bounded(0.0))
+    img_per_s: float | None = field(default=None, metadata=bounded(0.0))
+    compile_s: float | None = field(default=None, metadata=bounded(0.0))
+    compile_steps: int | None = field(default=None, metadata=bounded(0))
+    loader_start_s: float | None = field(default=None, metadata=bounded(0.0))
+
+
+@dataclass(kw_only=True)
+class PerfAttempt(PerfCounts):
+    first_step: int = field(default=0, metadata=bounded(0))
+
+
+@dataclass(kw_only=True)
+class RunPerf(PerfCounts):
+    """summary.json's ``perf`` (one written before attempts were recorded has the figures only)."""
+
+    train_flops_per_image: float | None = field(default=None, metadata=bounded(0.0))
+    device_peak_tflops: float | None = field(default=None, metadata=bounded(0.0))
+    attempts: list[PerfAttempt] = field(default_factory=list)
+
+
+@dataclass
+class SummaryDataSet:
+    """summary.json's ``data_fingerprint`` (quest.engine.run_dir.data_record): what quest-report tells data sets by."""
+
+    train_size: int = field(metadata=bounded(0))
+    val_size: int = field(metadata=bounded(0))
+    num_classes: int | None = field(default=None, metadata=bounded(1))
+    classes_sha256: str | None = None
+
+
+@dataclass(kw_only=True)
 class RunSummary(Validation):
     """summary.json (quest.engine.lifecycle): the outcome, final and best metrics, what identifies the run."""
 
@@ -121,7 +162,8 @@ class RunSummary(Validation):
     skipped_images: dict[str, Any] = field(default_factory=dict, metadata=record(SkippedImages))
     left_out_by_preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
     changed_on_resume: dict[str, list[Any]] = field(default_factory=dict)
-    perf: dict[str, Any] = field(default_factory=dict)  # the telemetry's means and peaks (quest.engine.telemetry)
+    perf: dict[str, Any] = field(default_factory=dict, metadata=record(RunPerf))  # quest.engine.attempts
+    data_fingerprint: dict[str, Any] | None = field(default=None, metadata=record(SummaryDataSet))
     signal: str | None = None
     saved: bool | None = None
     requeue: str | None = None

@@ -37,7 +37,12 @@ SUMMARY = {
     "global_batch": 16, "world_size": 1, "train_input": "timm", "wall_time_s": 0.26, "train_img_per_s": 330.1,
     "resumed": False, "run_dir": "/tmp/run", "checkpoint": "/tmp/run/checkpoints/last.pt (step 2)",
     "skipped_images": {"train": 0, "train_drawn": 32, "val": 0, "val_scored": 32}, "left_out_by_preflight": {},
-    "perf": {"peak_mem_gib_max": 0.75, "mfu_mean": None}, "signal": "SIGTERM", "saved": True, "requeue": "r",
+    "perf": {"train_flops_per_image": 2.1e7, "device_peak_tflops": None, "steps": 2, "images": 32, "train_s": 0.1,
+             "wall_s": 0.26, "img_per_s": 320.0, "compile_s": 0.0, "compile_steps": 0, "loader_start_s": 0.02,
+             "peak_mem_gib_max": 0.75, "mfu_mean": None,
+             "attempts": [{"first_step": 0, "steps": 2, "images": 32, "train_s": 0.1, "wall_s": 0.26,
+                           "img_per_s": 320.0, "data_wait_mean": 0.1}]},
+    "data_fingerprint": {"train_size": 32, "val_size": 32, "num_classes": 10, "classes_sha256": "ab"}, "signal": "SIGTERM", "saved": True, "requeue": "r",
     "data_failure": "d", "changed_on_resume": {"trainer.epochs": [2, 3]},
 }
 EXPORT = {
