@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config_files import config_root, hydra_config_path
-from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
+from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
 from quest.made_dirs import remove_made
 from quest.sweep_jobs import job_failed, sweep_failure
 
@@ -185,9 +185,8 @@ def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
     (unless a flag asks Hydra for something else, or another primary config may set them)."""
     if any(_TARGET_KEYS.match(a) for a in args) or any(a.startswith("-") for a in args):
         return
-    print(f"{program_name('quest-eval')}: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
-          "model=<timm name> "
-          "attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)", file=sys.stderr)
+    print_error(program_name('quest-eval'), "nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
+                "model=<timm name> attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)")
     sys.exit(1)
 
 
@@ -205,25 +204,28 @@ def _toy_app(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = cfg.out_dir or hc.runtime.output_dir
     start = time.perf_counter()
+    handler: list[logging.Handler] = []
+
+    def accepted() -> None:
+        """Every check passed (the study's folder's too): Hydra's record and the log file (<run dir>/toy.log),
+        which Hydra would have written before the checks."""
+        for name, text in _hydra_record(cfg).items():
+            write_text_atomic(Path(hc.runtime.output_dir) / name, text)
+        handler.append(start_log_file(Path(hc.runtime.output_dir) / f"{hc.job.name}.log"))
+
     with reporting_errors(program_name("quest-toy")):
         study = OmegaConf.to_container(cfg, resolve=True)
         try:
             check_study(study)
-        except Exception:
-            remove_made(hc.runtime.output_dir)
-            raise
-        # every check passed: Hydra's record and the log file (<run dir>/toy.log), which Hydra would have written
-        # before the checks
-        for name, text in _hydra_record(cfg).items():
-            write_text_atomic(Path(hc.runtime.output_dir) / name, text)
-        handler = start_log_file(Path(hc.runtime.output_dir) / f"{hc.job.name}.log")
-        try:
-            result = run_study(study, out_dir)
+            result = run_study(study, out_dir, accepted)
             print(summary_table(result["success_rates"]))
             logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name,
                                                 out_dir, time.perf_counter() - start)
+        except Exception:
+            remove_made(hc.runtime.output_dir)  # only directories still empty: a study's outputs stay
+            raise
         finally:
-            stop_log_file(handler)
+            stop_log_file(handler[0] if handler else None)
 
 
 def toy() -> None:
