@@ -17,7 +17,9 @@ the rest run; another key (or results of an older quest without one) -> refused,
 ``eval.overwrite=true``, which first moves the old files to ``.replaced/<UTC time>/`` (never deleted).
 
 The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.owned_dir): a
-refused evaluation leaves ``.eval.lock`` as it found it.
+refused evaluation leaves ``.eval.lock`` as it found it. The lock is taken and ``eval_results.json`` read
+(:meth:`EvalDirectory.open`) before the model and the data are loaded: a second evaluation into the directory is
+refused at once; the key, which needs them, is compared after (:meth:`EvalDirectory.begin`).
 """
 from __future__ import annotations
 
