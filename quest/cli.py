@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config_files import config_root, hydra_config_path
-from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, program_name, reporting_errors
+from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
 from quest.made_dirs import remove_made
 from quest.sweep_jobs import job_failed, sweep_failure
 
@@ -46,28 +47,45 @@ def rewrite_attention_override(argv: list[str]) -> list[str]:
 
 
 # --- training ------------------------------------------------------------------------------------------------------
+def _as_job(work: Callable[[], Any]) -> Any:
+    """Run an app's ``work`` (inside its :func:`reporting_errors`). In a multirun, a job whose error was printed
+    (its exit code) does not end the sweep: it is recorded (quest.sweep_jobs) and the next job runs; the command
+    exits with the sweep's failure at the end (:func:`_exit_if_sweep_failed`)."""
+    hc = HydraConfig.get()
+    try:
+        return work()
+    except SystemExit as exc:
+        if hc.mode == RunMode.MULTIRUN and exc.code in (EXIT_ERROR, EXIT_BUG):
+            return job_failed(hc.runtime.output_dir, exc.code)  # returned too: a SLURM job's launcher reads it
+        raise
+
+
+def _exit_if_sweep_failed(app: str) -> None:
+    failure = sweep_failure()
+    if failure:
+        print_error(program_name(app), failure[1], alike=False)  # this process's jobs
+        sys.exit(failure[0])
+
+
 @hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="train")
-def _train_app(cfg: DictConfig) -> None:
+def _train_app(cfg: DictConfig) -> Any:
+    return _as_job(lambda: _train(cfg))
+
+
+def _train(cfg: DictConfig) -> None:
     from quest.engine import exit_code, fit
 
     hc = HydraConfig.get()
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
-    multirun = hc.mode == RunMode.MULTIRUN
-    try:
-        with reporting_errors(program_name("quest-train")):
-            try:
-                summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg))
-            except Exception:
-                remove_made(hc.runtime.output_dir)  # the directories Hydra made for a refused run go too
-                raise
-    except SystemExit as exc:
-        if multirun and exc.code in (EXIT_ERROR, EXIT_BUG):  # this job's error is printed; the sweep goes on
-            return job_failed(hc.runtime.output_dir, exc.code)  # returned too: a SLURM job's launcher reads it
-        raise
-    code = exit_code(summary, multirun=multirun)
+    with reporting_errors(program_name("quest-train")):
+        try:
+            summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg))
+        except Exception:
+            remove_made(hc.runtime.output_dir)  # the directories Hydra made for a refused run go too
+            raise
+    code = exit_code(summary, multirun=hc.mode == RunMode.MULTIRUN)
     if code:
         sys.exit(code)
-    return None
 
 
 def _hydra_record(cfg: DictConfig) -> dict[str, str]:
@@ -91,10 +109,7 @@ def train() -> None:
     exit_on_bad_overrides(program_name("quest-train"), sys.argv[1:], TrainConfig, config_root(), "train")
     _register_slurm_launcher()
     _train_app()
-    failure = sweep_failure()
-    if failure:
-        print(f"{program_name('quest-train')}: error: {failure[1]}", file=sys.stderr)
-        sys.exit(failure[0])
+    _exit_if_sweep_failed("quest-train")
 
 
 def _register_slurm_launcher() -> None:
@@ -139,7 +154,11 @@ def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) ->
 
 # --- evaluation ----------------------------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="eval")
-def _eval_app(cfg: DictConfig) -> None:
+def _eval_app(cfg: DictConfig) -> Any:
+    return _as_job(lambda: _evaluate(cfg))
+
+
+def _evaluate(cfg: DictConfig) -> None:
     import logging
 
     from quest.evaluation import run_evaluation
@@ -175,6 +194,7 @@ def evaluate() -> None:
     exit_on_bad_overrides(program_name("quest-eval"), sys.argv[1:], eval_config_schema(), config_root(), "eval")
     _exit_if_nothing_to_evaluate(sys.argv[1:])
     _eval_app()
+    _exit_if_sweep_failed("quest-eval")
 
 
 _TARGET_KEYS = re.compile(r"^\+{0,2}(checkpoint|model|model\.name)=")
@@ -185,15 +205,18 @@ def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
     (unless a flag asks Hydra for something else, or another primary config may set them)."""
     if any(_TARGET_KEYS.match(a) for a in args) or any(a.startswith("-") for a in args):
         return
-    print(f"{program_name('quest-eval')}: error: nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
-          "model=<timm name> "
-          "attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)", file=sys.stderr)
+    print_error(program_name('quest-eval'), "nothing to evaluate: pass checkpoint=<run>/checkpoints/last.pt, or "
+                "model=<timm name> attention=<name> [weights=<state_dict.pt>] (quest-eval --help lists the rest)")
     sys.exit(1)
 
 
 # --- toy study -----------------------------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path=hydra_config_path("toy"), config_name="toy")
-def _toy_app(cfg: DictConfig) -> None:
+def _toy_app(cfg: DictConfig) -> Any:
+    return _as_job(lambda: _toy(cfg))
+
+
+def _toy(cfg: DictConfig) -> None:
     import logging
     import time
 
@@ -205,25 +228,28 @@ def _toy_app(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = cfg.out_dir or hc.runtime.output_dir
     start = time.perf_counter()
+    handler: list[logging.Handler] = []
+
+    def accepted() -> None:
+        """Every check passed (the study's folder's too): Hydra's record and the log file (<run dir>/toy.log),
+        which Hydra would have written before the checks."""
+        for name, text in _hydra_record(cfg).items():
+            write_text_atomic(Path(hc.runtime.output_dir) / name, text)
+        handler.append(start_log_file(Path(hc.runtime.output_dir) / f"{hc.job.name}.log"))
+
     with reporting_errors(program_name("quest-toy")):
         study = OmegaConf.to_container(cfg, resolve=True)
         try:
             check_study(study)
-        except Exception:
-            remove_made(hc.runtime.output_dir)
-            raise
-        # every check passed: Hydra's record and the log file (<run dir>/toy.log), which Hydra would have written
-        # before the checks
-        for name, text in _hydra_record(cfg).items():
-            write_text_atomic(Path(hc.runtime.output_dir) / name, text)
-        handler = start_log_file(Path(hc.runtime.output_dir) / f"{hc.job.name}.log")
-        try:
-            result = run_study(study, out_dir)
+            result = run_study(study, out_dir, accepted)
             print(summary_table(result["success_rates"]))
             logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name,
                                                 out_dir, time.perf_counter() - start)
+        except Exception:
+            remove_made(hc.runtime.output_dir)  # only directories still empty: a study's outputs stay
+            raise
         finally:
-            stop_log_file(handler)
+            stop_log_file(handler[0] if handler else None)
 
 
 def toy() -> None:
@@ -234,6 +260,7 @@ def toy() -> None:
     register_toy_config()
     exit_on_bad_overrides(program_name("quest-toy"), sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _toy_app()
+    _exit_if_sweep_failed("quest-toy")
 
 
 # --- reports -------------------------------------------------------------------------------------------------------

@@ -11,6 +11,15 @@ holds), too little memory for what the config asks (MemoryError, torch's allocat
 :class:`UserError`. Everything else is a bug: its traceback is printed.
 
 ``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows the traceback of a user error too.
+
+Under torchrun or srun every process runs the same command, so a refused start would say the same line once per
+process. A user error is printed by rank 0 alone, the others exiting with the same code silently, where every
+process is known to find the same one: before the process joined its group (:func:`joined_group`; the checks until
+then read the command line and the config, which every process shares), or when the exception is marked
+:func:`every_rank` (a decision of rank 0 broadcast to the others, a check whose message every rank computes from
+what all of them gathered). Any other user error of a process other than rank 0 may be its own (its node's files,
+its GPU's memory): it is printed, ``rank <n>: `` before the message, by the process that found it. A bug's
+traceback is printed by every process that has one.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
-           "describe", "reporting_errors", "program_name"]
+           "describe", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
@@ -75,6 +84,45 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+_joined = False  # whether this process has joined its torchrun / srun group (quest.engine.distributed)
+
+
+def joined_group() -> None:
+    """This process joined its group: from now on a user error may be its own (module docstring)."""
+    global _joined
+    _joined = True
+
+
+def every_rank(exc: BaseException) -> BaseException:
+    """``exc``, marked as raised alike by every process of the group: printed by rank 0 alone."""
+    exc.quest_every_rank = True  # type: ignore[attr-defined]
+    return exc
+
+
+def group_rank() -> tuple[int, int]:
+    """(rank, number of processes) of this process in its torchrun or srun group, from the environment the
+    launcher set (quest.engine.distributed reads the same); (0, 1) for a process on its own."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    return 0, 1
+
+
+def print_error(program: str, message: str, alike: bool = True) -> bool:
+    """The one error line, ``<program>: error: <message>``, on standard error; on a process other than rank 0 of
+    a group, nothing when every process finds the same error (``alike``), else with ``rank <n>: `` before the
+    message. Whether it printed."""
+    rank, world = group_rank()
+    if world > 1 and rank != 0:
+        if alike:
+            return False
+        message = f"rank {rank}: {message}"
+    print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+    return True
+
+
 def input_error(program: str, exc: BaseException) -> int:
     """A tool's refusal of its input: the one error line, ``<program>: error: <message>``; returns EXIT_USAGE."""
     print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
@@ -111,7 +159,7 @@ def reporting_errors(program: str) -> Iterator[None]:
         if is_user_error(exc):
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 traceback.print_exc()
-            print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
+            print_error(program, describe(exc), alike=not _joined or getattr(exc, "quest_every_rank", False))
             raise SystemExit(EXIT_ERROR) from None
         traceback.print_exc()
         print(f"{program}: internal error: this is a bug in quest, not a mistake of yours; please report it with "

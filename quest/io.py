@@ -149,18 +149,35 @@ class LockHeld(OSError):
 def lock_file(path: Path, what: str) -> int:
     """An exclusive lock on ``path`` (created if missing), held until the returned descriptor is closed or the
     process ends, however it ends. Raises :class:`LockHeld` when another process holds it; on a file system without
-    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway."""
+    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway. The file
+    locked is the one at ``path`` when the lock is taken: a holder may remove its lock file as it lets go."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockHeld(path, holder) from None
+        except OSError as exc:
+            logging.getLogger("quest").warning("cannot lock %s (%s); make sure no other process uses %s", path, exc,
+                                               what)
+            return fd
+        if _same_file(fd, path):
+            return fd
+        # the holder removed the lock file as it let go (a lock file a command made for one output, quest.output_folder)
+        # between this open and this flock: the file locked is no longer at ``path``, and a third process may lock
+        # the one there now; try again with the file that is there
         os.close(fd)
-        raise LockHeld(path, holder) from None
-    except OSError as exc:
-        logging.getLogger("quest").warning("cannot lock %s (%s); make sure no other process uses %s", path, exc, what)
-    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        found, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
 
 
 def file_sha256(path: str | Path) -> str:

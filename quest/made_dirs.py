@@ -83,12 +83,12 @@ def _exit_if_unmakeable(config: DictConfig, key: str, root: Path | None) -> None
     """A directory Hydra cannot make (a part of it is a file, a name too long): one line and exit 1, instead of
     Hydra's traceback from its mkdir. The command line's own ``hydra.run.dir=`` was checked before Hydra ran
     (quest.overrides); this is the configured one (``runs/...``, ``multirun/...``)."""
-    from quest.errors import EXIT_ERROR, program_name
+    from quest.errors import EXIT_ERROR, print_error, program_name
     from quest.overrides import output_dir_problem
 
     problem = output_dir_problem(str(root)) if root is not None else None
     if problem:
-        print(f"{program_name('quest-' + str(config.hydra.job.name))}: error: {key}={root}: {problem}", file=sys.stderr)
+        print_error(program_name('quest-' + str(config.hydra.job.name)), f"{key}={root}: {problem}")
         sys.exit(EXIT_ERROR)
 
 

@@ -13,6 +13,17 @@ may remove there (docs/training.md, "What a command may remove").
   ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
 
 The data tools' record is their ledger (quest.data.ledger), which names each output and its stamp the same way.
+
+A command that writes one file into a folder that is not its own (``quest-plot --out fig.png``, often the user's
+working directory) holds that file, not the folder (:func:`holding` with ``output``): its lock file is
+``.<name>.lock`` beside it (``.fig.png.lock``), so that two figures can be drawn into one folder at once while a
+second command drawing the same figure is refused, and it keeps no ``.written.json``: such a command replaces
+nothing in place (any file already there is refused, or moved to ``.replaced/`` with ``--overwrite``), so a record
+would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
+alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
+finds it gone from its path and opens the path again (:func:`quest.io.lock_file` compares the file it locked with
+the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
+command's) is left, as every lock file is.
 """
 from __future__ import annotations
 
@@ -38,9 +49,18 @@ class OutputFolder(OwnedDirectory):
 
     what = "this output folder"
 
-    def __init__(self, path: str | Path, command: str, lock: bool = True):
+    def __init__(self, path: str | Path, command: str, lock: bool = True, output: str | None = None):
         super().__init__(path, is_main=lock)
-        self.command = command
+        self.command, self.output = command, output
+        if output is not None:  # one file's lock, not the folder's (module docstring)
+            self.lock_name = f".{output}.lock"
+            self.what = f"{self.path / output}"
+
+    def unlock(self) -> None:
+        """Release the lock; one output's lock file, made by this command, is removed first (module docstring)."""
+        if self.output is not None and self._lock_fd is not None and not self._lock_was_there:
+            self.lock_path.unlink(missing_ok=True)  # still held: a process that opened it retries (lock_file)
+        super().unlock()
 
     def holder(self) -> bytes:
         return f"{self.command}, {holder_text().decode()}".encode()
@@ -85,18 +105,21 @@ class OutputFolder(OwnedDirectory):
 
 
 @contextmanager
-def holding(path: str | Path, command: str) -> Iterator[OutputFolder]:
-    """Hold the folder ``path`` for ``command`` while the block runs; :class:`FolderHeld` naming the holder when
-    another command holds it. A block that ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it
-    was: the lock file put back or removed, the folders the lock made removed."""
-    folder = OutputFolder(path, command)
+def holding(path: str | Path, command: str, output: str | None = None) -> Iterator[OutputFolder]:
+    """Hold the folder ``path`` for ``command`` while the block runs, or with ``output`` (a file's name) only that
+    file in it (module docstring); :class:`FolderHeld` naming the holder when another command holds it. A block that
+    ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it was: the lock file put back or removed,
+    the folders the lock made removed."""
+    folder = OutputFolder(path, command, output=output)
     made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
     try:
         folder.lock()
     except LockHeld as exc:
         _remove_empty(made)
-        raise FolderHeld(f"{folder.path} is being written by {exc.holder} (its lock file {exc.path}); wait for that "
-                         f"command to end, or give this {command} another folder") from None
+        held = folder.path if output is None else folder.path / output
+        raise FolderHeld(f"{held} is being written by {exc.holder} (its lock file {exc.path}); wait for that "
+                         f"command to end, or give this {command} another "
+                         f"{'folder' if output is None else 'file'}") from None
     try:
         yield folder
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 
 from quest.config_checks import dataclass_of
 from quest.data.registry import SCHEMA_SUFFIX
+from quest.errors import print_error
 
 __all__ = ["override_problems", "exit_on_bad_overrides", "app_groups", "default_options"]
 
@@ -237,6 +238,6 @@ def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: P
         groups = {group: [] for group in groups}  # more options may come from the added search path
     problems = override_problems(args, schema, groups, default_options(config_dir, primary))
     if problems:
-        for line in problems:
-            print(f"{app}: error: {line}", file=sys.stderr)
+        for line in problems:  # the command line's: every process of a torchrun group finds them, rank 0 says them
+            print_error(app, line)
         sys.exit(1)

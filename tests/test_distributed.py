@@ -140,11 +140,14 @@ def test_ranks_that_see_different_data_are_refused_naming_each_ranks_counts(tmp_
     args = ["data=imagefolder", f"data.root='{tmp_path}/rank${{oc.env:RANK}}'", "data.num_classes=2",
             "data.img_size=16", "data.batch_size=2", "data.num_workers=0", "model=vit_pico", "recipe=light",
             "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'run'}"]
-    for out in _run(args, tmp_path, nproc=2, check=False):  # every rank refuses, each with the same message
-        assert out.returncode != 0
-        assert "rank 0: train samples 8, val samples 4; rank 1: train samples 12, val samples 4" in out.stderr, \
-            out.stderr[-3000:]
-        assert "RankDataMismatch" in out.stderr and "ollective" not in out.stderr  # not gloo's mismatch abort
+    outs = _run(args, tmp_path, nproc=2, check=False)  # every rank refuses with the same code; rank 0 says why
+    assert [out.returncode for out in outs] == [1, 1], [out.stderr[-3000:] for out in outs]
+    assert "rank 0: train samples 8, val samples 4; rank 1: train samples 12, val samples 4" in outs[0].stderr, \
+        outs[0].stderr[-3000:]
+    assert "RankDataMismatch" in outs[0].stderr  # (HYDRA_FULL_ERROR=1, the suite's: its traceback too)
+    assert "train.py: error: " not in outs[1].stderr, outs[1].stderr[-3000:]  # the same error, said once
+    for out in outs:
+        assert "ollective" not in out.stderr  # not gloo's mismatch abort
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

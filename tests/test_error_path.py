@@ -132,6 +132,39 @@ def test_user_errors_and_bugs(capsys, monkeypatch):
     assert code == EXIT_BUG and "Traceback" in err and "prog: internal error: this is a bug in quest" in err
 
 
+def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
+    """This process as rank ``rank`` of ``world`` under torchrun: the environment torchrun gives its workers."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_under_torchrun_an_error_every_rank_finds_is_printed_by_rank_0_alone(joined, capsys, monkeypatch):
+    """Before the processes joined their group, every check reads what they all share (the command line, the
+    config): rank 0 says the error, the others exit with the same code silently. After, an error marked every_rank
+    (a broadcast decision, a check over every rank's data) the same; any other may be the process's own (its node's
+    files): each rank that finds it says it, naming itself."""
+    import quest.errors
+    from quest.errors import every_rank
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(quest.errors, "_joined", joined)
+    said = {}
+    for rank in (0, 1, 2):
+        _as_rank(monkeypatch, rank, world=3)
+        said[rank] = (_report(every_rank(ValueError("the results directory holds another evaluation")), capsys),
+                      _report(FileNotFoundError(2, "No such file or directory", "/data/x"), capsys))
+    shared, own = "prog: error: the results directory holds another evaluation\n", "No such file or directory: /data/x"
+    assert [said[r][0] for r in (0, 1, 2)] == [(EXIT_ERROR, shared), (EXIT_ERROR, ""), (EXIT_ERROR, "")]
+    assert said[0][1] == (EXIT_ERROR, f"prog: error: {own}\n")
+    assert [said[r][1] for r in (1, 2)] == ([(EXIT_ERROR, f"prog: error: rank {r}: {own}\n") for r in (1, 2)] if joined
+                                            else [(EXIT_ERROR, "")] * 2)
+    _as_rank(monkeypatch, 1)
+    code, err = _report(KeyError("a bug"), capsys)  # a bug's traceback: from every process that has one
+    assert code == EXIT_BUG and "Traceback" in err
+
+
 def test_a_full_disk_names_the_file_and_the_space_left(tmp_path):
     text = describe(OSError(28, "No space left on device", str(tmp_path / "out" / "shard-0003.tar")))
     assert text.startswith(f"No space left on device: {tmp_path / 'out' / 'shard-0003.tar'} (")

@@ -231,34 +231,100 @@ def test_a_configured_directory_through_a_file_is_one_line(app, args, blocker, t
     refused(app, args, tmp_path, f"{tmp_path / blocker} exists and is not a directory", tmp_path, monkeypatch, capsys)
 
 
+@pytest.mark.parametrize("app, args, names", [
+    ("train.py", [*TRAIN, "recipe.nope=1"], "recipe.nope"),  # the command line's, before Hydra runs
+    ("train.py", [*TRAIN, "recipe.lr=-1"], "recipe.lr"),  # the config's, before the processes join their group
+    ("eval.py", ["checkpoint={run}/checkpoints/last.pt", "eval.batch_size=0"], "eval.batch_size"),
+])
+def test_under_torchrun_a_refused_start_is_said_once(app, args, names, tmp_path, earlier_run, monkeypatch, capsys):
+    """Every process of a torchrun group runs the same command and finds the same refusal: rank 0 says it, the
+    others exit with the same code silently (each rank simulated here by the environment torchrun gives it)."""
+    import quest.errors
+
+    monkeypatch.setattr(quest.errors, "_joined", False)
+    cwd, run = place("earlier", tmp_path, earlier_run)
+    before, said = tree(tmp_path), []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        said.append(start(app, [a.format(run=run) for a in args], cwd, monkeypatch, capsys))
+    assert said[0][0] == said[1][0] == EXIT_ERROR, said
+    assert said[0][1].count(f"{app}: error: ") == 1 and names in said[0][1], said[0][1][-3000:]
+    assert said[1][1] == "", said[1][1][-3000:]
+    assert tree(tmp_path) == before
+
+
 # --- eval.py and the toy study ----------------------------------------------------------------------------------
 CHECKPOINT = "checkpoint={run}/checkpoints/last.pt"
+SMALL_EVAL = ["eval=clean", "eval.clean.max_samples=8"]
+RANDOM_MODEL = ["model=vit_pico", "attention=quest"]  # random weights: nothing to load from disk
+# the results directory: beside the run (<run>/eval/<suite>/<checkpoint>-model, Hydra's default), or one of its own
+# (hydra.run.dir) that is missing with its parents outside the working directory
+WHERE = {"beside_run": [], "new": ["hydra.run.dir={tmp}/elsewhere/a/b/results"]}
 EVAL_REFUSALS = {
-    "nothing_to_evaluate": ([], "nothing to evaluate"),  # before Hydra runs
-    "unknown_suite_key": ([CHECKPOINT, "eval.nope=1"], "eval.nope"),  # before Hydra runs
-    "bad_value": ([CHECKPOINT, "eval.batch_size=0"], "eval.batch_size"),
-    "no_cuda": ([CHECKPOINT, "eval.device=cuda"], "cuda"),
-    "missing_extra": ([CHECKPOINT, "logger=wandb"], "quest[wandb]"),
-    "checkpoint_missing": (["checkpoint={tmp}/elsewhere/gone/checkpoints/last.pt"], "last.pt"),
+    "nothing_to_evaluate": ([], "nothing to evaluate", ["beside_run"]),  # before Hydra runs
+    "unknown_suite_key": ([CHECKPOINT, "eval.nope=1"], "eval.nope", ["beside_run"]),  # before Hydra runs
+    "bad_value": ([CHECKPOINT, "eval.batch_size=0"], "eval.batch_size", list(WHERE)),
+    "no_cuda": ([CHECKPOINT, "eval.device=cuda"], "cuda", list(WHERE)),
+    "missing_extra": ([CHECKPOINT, "logger=wandb"], "quest[wandb]", list(WHERE)),
+    "checkpoint_missing": (["checkpoint={tmp}/elsewhere/gone/checkpoints/last.pt"], "last.pt", list(WHERE)),
+    "data_root_missing": ([*RANDOM_MODEL, "eval=imagenet_val", "eval.roots.val={tmp}/nodata"], "nodata", list(WHERE)),
+    # an earlier evaluation's complete results of another config (eval.crop_pct) where this one would write
+    "another_config": ([CHECKPOINT, *SMALL_EVAL, "eval.crop_pct=0.5"], "holds complete results of another "
+                       "evaluation", ["beside_run"]),
     # the results directory of its own (hydra.run.dir), held by another eval.py
-    "in_use": ([CHECKPOINT, "hydra.run.dir={tmp}/held"], "pid 1 on elsewhere"),
+    "in_use": ([CHECKPOINT, "hydra.run.dir={tmp}/held"], "pid 1 on elsewhere", ["beside_run"]),
 }
 
 
-@pytest.mark.parametrize("refusal", EVAL_REFUSALS)
-def test_a_refused_eval_start_changes_nothing(refusal, tmp_path, earlier_run, monkeypatch, capsys):
-    """eval.py writes beside the run (<run>/eval/<suite>/...): the run directory is in the hashed tree. A
-    checkpoint that is missing would have its results in a new directory beside it, outside the working directory."""
-    args, names = EVAL_REFUSALS[refusal]
-    cwd, run = place("earlier", tmp_path, earlier_run)
+@pytest.fixture(scope="module")
+def evaluated_run(earlier_run, tmp_path_factory) -> Path:
+    """The earlier run with an evaluation of it (SMALL_EVAL) in its default results directory."""
+    run = tmp_path_factory.mktemp("evaluated") / "run"
+    shutil.copytree(earlier_run, run, symlinks=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parent)
+        mp.setattr(sys, "argv", ["eval.py", f"checkpoint={run}/checkpoints/last.pt", *SMALL_EVAL])
+        cli.evaluate()
+    assert (run / "eval" / "clean" / "last-model" / "eval_results.json").is_file()
+    return run
+
+
+@pytest.mark.parametrize("refusal, where", [(r, w) for r, case in EVAL_REFUSALS.items() for w in case[2]])
+def test_a_refused_eval_start_changes_nothing(refusal, where, tmp_path, earlier_run, evaluated_run, monkeypatch,
+                                              capsys):
+    """eval.py writes beside the run (<run>/eval/<suite>/...): the run directory is in the hashed tree, and so is
+    every directory Hydra made for the results (beside the run, or of their own with their missing parents), which
+    the refusal removes again. A checkpoint that is missing would have its results in a new directory beside it,
+    outside the working directory."""
+    args, names, _ = EVAL_REFUSALS[refusal]
+    cwd, run = place("earlier", tmp_path, evaluated_run if refusal == "another_config" else earlier_run)
     if refusal == "missing_extra":
         without_wandb(monkeypatch)
     held = None
     if refusal == "in_use":
         (tmp_path / "held").mkdir()
         held = holding(tmp_path / "held" / ".eval.lock")
-    refused("eval.py", [a.format(run=run, tmp=tmp_path) for a in args], cwd, names, tmp_path, monkeypatch, capsys,
-            held)
+    args = [a.format(run=run, tmp=tmp_path) for a in [*args, *WHERE[where]]]
+    refused("eval.py", args, cwd, names, tmp_path, monkeypatch, capsys, held)
+
+
+@pytest.mark.parametrize("app, args, sweep_key", [
+    ("eval.py", [CHECKPOINT, "eval.batch_size=0,-1"], "hydra.sweep.dir"),
+    ("quest-toy", ["data.train_size=-1,-2"], "hydra.sweep.dir"),
+])
+def test_an_eval_or_toy_sweep_whose_every_job_is_refused_changes_nothing(app, args, sweep_key, tmp_path, earlier_run,
+                                                                          monkeypatch, capsys):
+    """As for train.py: each job's refusal is said, the sweep goes on, and the sweep directory Hydra made (with
+    its multirun.yaml) goes again."""
+    cwd, run = place("earlier", tmp_path, earlier_run)
+    before = tree(tmp_path)
+    args = ["-m", *[a.format(run=run) for a in args], f"{sweep_key}={tmp_path}/elsewhere/sweep"]
+    code, err = start(app, args, cwd, monkeypatch, capsys)
+    assert code == EXIT_ERROR and "Traceback" not in err, err[-3000:]
+    assert err.count(f"{app}: error: ") == 3 and "2 job(s) of the sweep failed" in err, err[-3000:]
+    assert tree(tmp_path) == before
 
 
 TOY_REFUSALS = {
@@ -280,6 +346,21 @@ def test_a_refused_toy_study_changes_nothing(refusal, state, tmp_path, monkeypat
         (out / "toy.log").write_text("[an earlier study's log]\n")
         (out / "runs.csv").write_text("attention,outcome\n")
     refused("quest-toy", [*args, f"hydra.run.dir={out}"], cwd, names, tmp_path, monkeypatch, capsys)
+
+
+TOY_SMALL = ["grid=quick", "grid.lrs=[0.01]", "grid.weight_decays=[0.0]", "grid.data_seeds=[0]", "grid.init_seeds=[0]",
+             "data.train_size=16", "data.test_size=16", "train.epochs=1", "probe_size=8", "workers=1",
+             "compile=false", "attentions=[standard]", "device=cpu"]
+
+
+def test_a_toy_rerun_of_another_config_changes_nothing(tmp_path, monkeypatch, capsys):
+    """A study's folder holding its chunks of another toy config: refused before the study claims the folder (its
+    lock file keeps naming the earlier study) and before it writes Hydra's record and toy.log."""
+    cwd, out = place("new", tmp_path, None)
+    code, err = start("quest-toy", [*TOY_SMALL, f"hydra.run.dir={out}"], cwd, monkeypatch, capsys)
+    assert code == 0 and (out / "chunks" / "standard-data0.pt").is_file(), err[-3000:]
+    refused("quest-toy", [*TOY_SMALL, "train.epochs=2", f"hydra.run.dir={out}"], cwd, "different toy config",
+            tmp_path, monkeypatch, capsys)
 
 
 # --- the mechanism: which directories a command made -------------------------------------------------------------

@@ -5,12 +5,15 @@ second instance of it at once.
   folder is byte for byte as it was) or moved to ``.replaced/<UTC time>[-label]/`` under the same path with its
   bytes; which of the two is fixed per command and place below. Never lost.
 - While another process holds the folder (simulated by taking its lock here with quest.io.lock_file: no timing), the
-  command is refused at once, naming the holder, and the folder is byte for byte as it was.
+  command is refused at once, naming the holder, before it loads what it reads (a model, a data set), and the
+  folder is byte for byte as it was.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import importlib
 import io
 import os
 from collections.abc import Callable
@@ -96,6 +99,7 @@ class Writer:
     first: bool = False
     prepare: Callable[[dict[str, Path], Path], None] | None = None
     lock: str = ".lock"  # its folder's lock file (an evaluation's is its own: it may write into a run directory)
+    loads: tuple[str, str] | None = None  # (module, function): what it loads, which a refused second instance must not
 
 
 def _export(i, out, overwrite):
@@ -153,12 +157,13 @@ def _tensorboard(i, out, overwrite):
 
 
 WRITERS = {w.name: w for w in [
-    Writer("quest-export", _export), Writer("quest-report", _report), Writer("quest-plot", _plot),
+    Writer("quest-export", _export), Writer("quest-report", _report), Writer("quest-plot", _plot, lock=".fig.png.lock"),
     Writer("quest-data cap", _cap), Writer("quest-data cap (rerun)", _cap, first=True),
     Writer("make_shards convert", _convert), Writer("make_shards convert (rerun)", _convert, first=True),
     Writer("make_shards index", _index, prepare=_shards),
     Writer("quest-toy", _toy), Writer("quest-toy (rerun)", _toy, first=True),
-    Writer("quest-train tensorboard", _tensorboard), Writer("quest-eval", _eval, lock=".eval.lock"),
+    Writer("quest-train tensorboard", _tensorboard),
+    Writer("quest-eval", _eval, lock=".eval.lock", loads=("quest.evaluation.runner", "load_target")),
 ]}
 
 # (command, the place a foreign file takes, what the command does with it, whether it runs with --overwrite)
@@ -211,13 +216,19 @@ def test_a_file_the_command_did_not_write_is_refused_or_kept_never_lost(inputs, 
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
-def test_a_second_instance_is_refused_naming_the_holder_and_changes_nothing(inputs, tmp_path, name):
+def test_a_second_instance_is_refused_naming_the_holder_and_changes_nothing(inputs, tmp_path, name, monkeypatch):
     writer, folder = WRITERS[name], tmp_path / "out"
     if writer.prepare:
         writer.prepare(inputs, folder)
     if writer.first:
         assert _call(lambda: writer.run(inputs, folder, False))[0]
     folder.mkdir(parents=True, exist_ok=True)
+    if writer.loads is not None:  # refused at once: what it loads (minutes for a model and a data set) is not
+
+        def loaded(*args, **kwargs):
+            raise AssertionError(f"{name} loaded {writer.loads[1]} before it found the folder held")
+
+        monkeypatch.setattr(importlib.import_module(writer.loads[0]), writer.loads[1], loaded)
     fd = lock_file(folder / writer.lock, "the test's folder")  # the first instance, still running
     try:
         os.ftruncate(fd, 0)
@@ -256,3 +267,39 @@ def test_training_removes_only_the_temporaries_its_own_writes_name(tmp_path):
     fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
     assert not (ckpt / ".last.pt.x1y2.tmp").exists()
     assert (ckpt / ".notes.tmp").read_bytes() == FOREIGN
+
+
+def test_a_figure_leaves_its_folder_holding_the_figure_alone(inputs, tmp_path):
+    """quest-plot holds the figure, not the folder (often the user's working directory): its lock file beside it
+    goes at the end, no record is kept, and another figure is drawn into the same folder while one is held."""
+    fd = lock_file(tmp_path / ".other.png.lock", "another figure being drawn")
+    try:
+        assert _plot(inputs, tmp_path, False) == 0
+    finally:
+        os.close(fd)
+    (tmp_path / ".other.png.lock").unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+
+
+def test_a_lock_file_removed_by_its_holder_as_it_lets_go_is_not_taken(tmp_path, monkeypatch):
+    """The holder of one output's lock removes the file while still holding it and then lets go: a process that
+    opened the file just before locks it just after, and must then find that the file at the path is another (or
+    none), or two processes would hold one output (the second on the removed file, a third on a new one)."""
+    path = tmp_path / ".fig.png.lock"
+    path.write_bytes(HOLDER)
+    real = fcntl.flock
+    calls = []
+
+    def holder_lets_go_first(fd, op):
+        if not calls:
+            path.unlink()  # between this process's open and its flock
+        calls.append(op)
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", holder_lets_go_first)
+    fd = lock_file(path, "the figure")
+    try:
+        assert len(calls) == 2  # the removed file was let go and the path opened again
+        assert os.fstat(fd).st_ino == os.stat(path).st_ino  # the file at the path is the one held
+    finally:
+        os.close(fd)

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from quest.errors import every_rank, joined_group
+
 __all__ = ["DistContext", "init_distributed", "resolve_device", "all_reduce_max", "barrier", "gather_objects",
            "RankDataMismatch", "agree_on_sample_counts"]
 
@@ -75,6 +77,7 @@ def init_distributed(device_preference: str = "auto") -> DistContext:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+    joined_group()  # a user error from now on may be this process's own: printed by it (quest.errors)
     return DistContext(rank, world_size, local_rank, device)
 
 
@@ -113,5 +116,6 @@ def agree_on_sample_counts(counts: dict[str, int], ctx: DistContext) -> None:
     everyone = gather_objects(dict(counts), ctx)
     if any(c != everyone[0] for c in everyone[1:]):
         per_rank = "; ".join(f"rank {r}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for r, c in enumerate(everyone))
-        raise RankDataMismatch(f"the {ctx.world_size} processes see different data sets (sample counts {per_rank}); "
-                               "every process must read the same data.root content (docs/data.md)")
+        raise every_rank(RankDataMismatch(  # every rank raises it: rank 0 alone prints it (quest.errors)
+            f"the {ctx.world_size} processes see different data sets (sample counts {per_rank}); every process must "
+            "read the same data.root content (docs/data.md)"))

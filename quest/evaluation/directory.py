@@ -17,7 +17,9 @@ the rest run; another key (or results of an older quest without one) -> refused,
 ``eval.overwrite=true``, which first moves the old files to ``.replaced/<UTC time>/`` (never deleted).
 
 The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.owned_dir): a
-refused evaluation leaves ``.eval.lock`` as it found it.
+refused evaluation leaves ``.eval.lock`` as it found it. The lock is taken and ``eval_results.json`` read
+(:meth:`EvalDirectory.open`) before the model and the data are loaded: a second evaluation into the directory is
+refused at once; the key, which needs them, is compared after (:meth:`EvalDirectory.begin`).
 """
 from __future__ import annotations
 
@@ -115,6 +117,8 @@ class EvalDirectory(OwnedDirectory):
     """One evaluation directory and its lock (only the main process writes; every process reads)."""
 
     lock_name, what = LOCK, "this evaluation directory"
+    #: (status, record) as :meth:`open` found them, under the lock
+    _found: tuple[str | None, dict[str, Any] | None] | None = None
 
     @property
     def results_path(self) -> Path:
@@ -138,17 +142,28 @@ class EvalDirectory(OwnedDirectory):
             raise EvalDirectoryError(f"{self.path} is being written by another eval.py ({exc.holder}); wait for it to "
                                      "end, or give this evaluation its own directory (hydra.run.dir=...)") from None
 
-    def begin(self, fp: dict[str, Any], overwrite: bool) -> tuple[str, dict[str, Any]]:
-        """Decide what this evaluation does in the directory, before any work: ('run', {}) for a fresh start,
-        ('resume', finished results to reuse), or ('done', the stored record). Raises :class:`EvalDirectoryError`
-        for results of another key (unless ``overwrite``: archived first) or a directory in use."""
+    def open(self, overwrite: bool) -> None:
+        """The checks of the directory that need nothing loaded, before the model and the data are (seconds to
+        minutes): take the lock (:class:`EvalDirectoryError` naming the holder when another eval.py has it) and read
+        the results file (refused when unreadable, unless ``overwrite``). Nothing is changed: a command refused after
+        this, the key's comparison in :meth:`begin` included, puts the lock file back on :meth:`unlock`."""
         self.lock()
         try:
-            status, record = self.state()
+            self._found = self.state()
         except EvalDirectoryError:
             if not overwrite:
                 raise
-            status, record = "unreadable", None
+            self._found = ("unreadable", None)
+
+    def begin(self, fp: dict[str, Any], overwrite: bool) -> tuple[str, dict[str, Any]]:
+        """Decide what this evaluation does in the directory, before any work: ('run', {}) for a fresh start,
+        ('resume', finished results to reuse), or ('done', the stored record). Raises :class:`EvalDirectoryError`
+        for results of another key (unless ``overwrite``: archived first) or a directory in use. Opens the
+        directory (:meth:`open`) unless that was done before the loads."""
+        if self._found is None:
+            self.open(overwrite)
+        assert self._found is not None
+        status, record = self._found
         if status is None:
             self.claim()
             self._keep_unrecorded()

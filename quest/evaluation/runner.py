@@ -17,6 +17,7 @@ from quest.data.registry import training_only_data_keys
 from quest.engine.distributed import DistContext, init_distributed
 from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.precision import autocast_for
+from quest.errors import every_rank
 from quest.extras import require_all
 from quest.io import plain
 
@@ -109,18 +110,19 @@ def _target_report(target: EvalTarget) -> dict[str, Any]:
             "data_config": {k: v for k, v in (data or {}).items() if k not in training_only_data_keys()} or None}
 
 
-def _decide(directory: EvalDirectory, fp: dict[str, Any], overwrite: bool, ctx: DistContext) -> tuple[str, dict]:
-    """The main process decides what the directory allows (it alone archives and writes); the others follow."""
+def _decide(decide: Callable[[], Any], ctx: DistContext) -> Any:
+    """The main process decides what the directory allows (it alone archives and writes); the others follow: its
+    refusal is raised on every process, printed once (quest.errors, ``every_rank``)."""
     outcome: list[Any] = [None]
     if ctx.is_main:
         try:
-            outcome[0] = ("ok", directory.begin(fp, overwrite))
+            outcome[0] = ("ok", decide())
         except EvalDirectoryError as exc:
             outcome[0] = ("refused", str(exc))
     if ctx.distributed:
         dist.broadcast_object_list(outcome, src=0)
     if outcome[0][0] == "refused":
-        raise EvalDirectoryError(outcome[0][1])
+        raise every_rank(EvalDirectoryError(outcome[0][1]))
     return outcome[0][1]
 
 
@@ -142,6 +144,9 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     directory = EvalDirectory(output_dir, ctx.is_main)
     handler = None
     try:
+        # the lock and the results file, before the model and the data load: a second evaluation into this
+        # directory is refused at once, naming the holder
+        _decide(lambda: directory.open(settings.overwrite), ctx)
         target = load_target(cfg, ctx.device)
         run = EvalRun(target, ctx, settings, eval_autocast(settings.precision, ctx.device), out_dir=Path(output_dir))
         inputs = check_inputs(run, names)
@@ -155,7 +160,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
         }
         report["fingerprint"] = fp = fingerprint(resolved, plain(report["target"]), inputs)
         report["key"] = fingerprint_key(fp)
-        action, stored = _decide(directory, fp, settings.overwrite, ctx)
+        action, stored = _decide(lambda: directory.begin(fp, settings.overwrite), ctx)
         if action == "done":
             log.info("%s already holds these results (complete, same checkpoint, settings and data); nothing to do "
                      "(eval.overwrite=true evaluates again, archiving them first)", output_dir)

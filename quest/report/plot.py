@@ -276,14 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = Path(args.out)
     try:
-        # the folder held from the check to the saved figure (quest.output_folder); the figure drawn before anything
-        # in it changes, so that a refused input leaves an earlier figure where it was
-        with holding(out.parent, "quest-plot") as folder:
+        # the figure held from the check to its save (quest.output_folder: .<name>.lock beside it, gone at the end);
+        # drawn before anything in its folder changes, so that a refused input leaves an earlier figure where it was
+        with holding(out.parent, "quest-plot", output=out.name) as folder:
             folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
             fig, dpi = _figure(args)
             folder.make_room([out])
             save_figure(fig, out, dpi=dpi)
-            folder.note([out])
     except (PlotInputError, OutputExists, FolderHeld) as err:
         return input_error(program_name("quest-plot"), err)
     print(out)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -151,12 +151,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -
     todo = []
     for t in tasks:
         path = Path(t.path)
-        if path.exists():
-            fingerprint = torch.load(path, weights_only=True)["fingerprint"]
-            if fingerprint != t.fingerprint:
-                raise RuntimeError(
-                    f"{path} holds results of a different toy config (fingerprint {fingerprint}, this config "
-                    f"{t.fingerprint}); use another output directory (out_dir=...) or delete {path.parent}")
+        if path.exists():  # this config's (_check_chunks)
             log.info("%s, n=%d, data %d: done before (%s), skipped", t.name, t.data["train_size"], t.data_seed,
                      path.name)
         else:
@@ -235,8 +230,11 @@ def check_study(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return cfg
 
 
-def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
-    """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``."""
+def run_study(cfg: Mapping[str, Any], out_dir: str | Path, accepted: Callable[[], None] | None = None
+              ) -> dict[str, Any]:
+    """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``.
+    ``accepted``: called once every check has passed, before the study's first change (the command's record and
+    log file go there: a refused study leaves them as they were)."""
     auto = cfg.get("device") in (None, "auto")
     cfg = check_study(cfg)
     if auto:
@@ -248,8 +246,8 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     # held for the whole study (quest.output_folder): a second study into out_dir is refused naming this one
     with holding(out_dir, "quest-toy") as folder:
         if (cfg.get("study") or {}).get("name", "grid") == "sensitivity":
-            return _run_sensitivity(cfg, folder)
-        return _run_grid(cfg, folder)
+            return _run_sensitivity(cfg, folder, accepted)
+        return _run_grid(cfg, folder, accepted)
 
 
 #: what each study writes beside its chunks
@@ -257,9 +255,22 @@ GRID_FILES = ("runs.csv", "success_rates.csv", "key_norms.pt", "study.json", "su
 SENSITIVITY_FILES = ("runs.csv", "sensitivity.csv", "sensitivity.json", "sensitivity.png")
 
 
-def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str]) -> None:
-    """Every check has passed: the study's chunks and files that its record says it wrote stay (reused, or replaced
-    in place); anything else in their places is moved to .replaced/, never deleted or taken for a chunk."""
+def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str],
+               accepted: Callable[[], None] | None) -> None:
+    """The last check, then the first change: a chunk the study's record says it wrote, of another config, is
+    refused (the folder as it was); then the study's chunks and files that its record says it wrote stay (reused,
+    or replaced in place), and anything else in their places is moved to .replaced/, never deleted or taken for a
+    chunk."""
+    for t in tasks:
+        path = Path(t.path)
+        if folder.own(path):  # reused by _execute (another file in its place is moved aside below)
+            fingerprint = torch.load(path, weights_only=True)["fingerprint"]
+            if fingerprint != t.fingerprint:
+                raise ValueError(
+                    f"{path} holds results of a different toy config (fingerprint {fingerprint}, this config "
+                    f"{t.fingerprint}); use another output directory (hydra.run.dir=... or out_dir=...)")
+    if accepted is not None:
+        accepted()
     kept = folder.make_room([Path(t.path) for t in tasks] + [folder.path / name for name in files], keep_own=True)
     if kept is not None:
         log.warning("files this study did not write were in the places of its outputs: moved to %s", kept)
@@ -285,10 +296,10 @@ def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: 
     return tasks
 
 
-def _run_grid(cfg: Mapping[str, Any], folder: OutputFolder) -> dict[str, Any]:
+def _run_grid(cfg: Mapping[str, Any], folder: OutputFolder, accepted: Callable[[], None] | None) -> dict[str, Any]:
     out = folder.path
     tasks = _grid_tasks(cfg, out, cfg["attentions"], [cfg["data"]["train_size"]], (), per_size_dir=False)
-    _make_room(folder, tasks, GRID_FILES)
+    _make_room(folder, tasks, GRID_FILES, accepted)
     wall = time.perf_counter()
     _execute(cfg, tasks, folder)
     rows, key_norms, timings = _load_rows(cfg, tasks)
@@ -319,12 +330,13 @@ def _run_grid(cfg: Mapping[str, Any], folder: OutputFolder) -> dict[str, Any]:
 # --- the sensitivity study ---------------------------------------------------------------------------------------
 
 
-def _run_sensitivity(cfg: Mapping[str, Any], folder: OutputFolder) -> dict[str, Any]:
+def _run_sensitivity(cfg: Mapping[str, Any], folder: OutputFolder,
+                     accepted: Callable[[], None] | None) -> dict[str, Any]:
     st, out = cfg["study"], folder.path
     names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
     fractions = [float(f) for f in st["test_biased_fractions"]]
     tasks = _grid_tasks(cfg, out, names, st["train_sizes"], fractions, per_size_dir=True)
-    _make_room(folder, tasks, SENSITIVITY_FILES)
+    _make_room(folder, tasks, SENSITIVITY_FILES, accepted)
     wall = time.perf_counter()
     _execute(cfg, tasks, folder)
     rows, _, timings = _load_rows(cfg, tasks)
