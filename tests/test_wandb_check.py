@@ -111,3 +111,49 @@ def test_the_wandb_values(values, env_mode, problem, monkeypatch):
         assert checks.problems == []
     else:
         assert len(checks.problems) == 1 and problem in checks.problems[0], checks.problems
+
+
+def failing_init(monkeypatch) -> list:
+    """wandb.init as it fails when its server cannot be reached: its folder made under ``dir``, then CommError."""
+    import wandb
+    from wandb.errors import CommError
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        (Path(kwargs["dir"]) / "wandb" / "run-20260101_000000-abc" / "logs").mkdir(parents=True)
+        raise CommError("Timed out while retrying: connection refused")
+
+    monkeypatch.setattr(wandb, "init", init)
+    return calls
+
+
+def test_an_overwrite_archives_first_and_a_failed_wandb_start_says_where(tmp_path, monkeypatch):
+    """trainer.overwrite=true moves the earlier run's files (its wandb/ too) to .replaced/ before wandb.init, which
+    must not write into the folder being moved: a failure there leaves the earlier run archived, and says so."""
+    from quest.engine import fit
+    from quest.engine.logger import WandbStartError
+
+    from .helpers import FAST, compose_cfg
+
+    fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
+    calls = failing_init(monkeypatch)
+    with pytest.raises(WandbStartError, match=r"the earlier run was moved to .*\.replaced/: rerun"):
+        fit(compose_cfg(*FAST, "trainer.max_steps=1", "trainer.resume=never", "trainer.overwrite=true",
+                        "logger=wandb"), tmp_path)
+    assert len(calls) == 1 and not (tmp_path / "wandb").exists()
+    archived = list((tmp_path / ".replaced").glob("*/checkpoints/last.pt"))
+    assert len(archived) == 1
+
+
+def test_eval_results_stay_when_its_wandb_run_does_not_start(tmp_path, monkeypatch):
+    from quest.engine.logger import WandbStartError
+    from quest.evaluation.report import log_wandb
+
+    calls = failing_init(monkeypatch)
+    report = {"suite": "s", "target": {"attention": "quest"}, "settings": {}, "results": {}}
+    (tmp_path / "eval_results.json").write_text("{}\n")
+    with pytest.raises(WandbStartError, match=r"results are complete in .*eval\.overwrite=true"):
+        log_wandb(logger(mode="offline", group=None, name=None, tags=[]), report, tmp_path, None)
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["eval_results.json"]
