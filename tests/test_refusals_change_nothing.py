@@ -381,16 +381,27 @@ def test_a_wandb_run_that_does_not_start_changes_nothing(state, tmp_path, earlie
     monkeypatch.setenv("WANDB_API_KEY", "a" * 40)  # the form wandb accepts; never sent anywhere here
     import wandb
 
-    def unreachable(**kwargs):
+    def unreachable(**kwargs):  # as wandb 0.31's: its run folder, its links re-pointed at it, then the error
         calls.append(kwargs)
-        logs = Path(kwargs["dir"]) / "wandb" / "run-20260101_000000-abc" / "logs"
+        folder = Path(kwargs["dir"]) / "wandb"
+        logs = folder / "run-20260101_000000-abc" / "logs"
         logs.mkdir(parents=True)
         (logs / "debug.log").write_text("wandb's log of the attempt\n")
-        (logs.parent.parent / "latest-run").symlink_to(logs.parent)
+        for link, target in (("latest-run", logs.parent.name), ("debug.log", f"{logs.parent.name}/logs/debug.log")):
+            (folder / link).unlink(missing_ok=True)
+            (folder / link).symlink_to(target)
         raise CommError('Timed out while retrying: Post "https://api.wandb.ai/graphql": connection refused')
 
     monkeypatch.setattr(wandb, "init", unreachable)
+    if state == "earlier":  # an earlier attempt's offline wandb run, and wandb's links to it
+        earlier = run / "wandb" / "offline-run-20250101_000000-abc"
+        (earlier / "logs").mkdir(parents=True)
+        (run / "wandb" / "latest-run").symlink_to(earlier.name)
+        (run / "wandb" / "debug.log").symlink_to(f"{earlier.name}/logs/debug.log")
     more = ["trainer.max_steps=2"] if state == "earlier" else []  # a finished run would only be reported
     refused("train.py", [*TRAIN, f"hydra.run.dir={run}", "logger=wandb", *more], cwd,
             "the wandb run did not start (CommError: Timed out", tmp_path, monkeypatch, capsys)
     assert len(calls) == 1 and calls[0]["mode"] == "online"
+    if state == "earlier":  # tree() records a link's kind, not its target
+        assert os.readlink(run / "wandb" / "latest-run") == earlier.name
+        assert os.readlink(run / "wandb" / "debug.log") == f"{earlier.name}/logs/debug.log"

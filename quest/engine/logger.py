@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -56,22 +57,29 @@ class WandbStartError(UserError, RuntimeError):
 
 
 def init_wandb(out_dir: Path, then: str, **kwargs: Any) -> Any:
-    """``wandb.init(dir=out_dir, **kwargs)``; when it fails, the entries it made under ``out_dir/wandb`` (the failed
-    run's folder, its ``latest-run`` and debug links, the folder itself) are removed and :class:`WandbStartError`
-    says what wandb said and, in ``then``, what the user can do; the command stops with that one line."""
+    """``wandb.init(dir=out_dir, **kwargs)``; when it fails, ``out_dir/wandb`` is put back as it was: the entries it
+    made (the failed run's folder, the folder itself) are removed and the links it re-pointed at that folder
+    (``latest-run``, ``debug.log``, ``debug-internal.log``) point where they did. :class:`WandbStartError` says what
+    wandb said and, in ``then``, what the user can do; the command stops with that one line."""
     from quest.extras import require
 
     wandb = require("wandb", "wandb", "logger=wandb")
     folder = Path(out_dir) / "wandb"
-    before = set(folder.iterdir()) if folder.is_dir() else None
+    before = {p: (os.readlink(p) if p.is_symlink() else None) for p in folder.iterdir()} if folder.is_dir() else None
     try:
         return wandb.init(dir=str(out_dir), **kwargs)
     except BaseException as exc:
-        for path in sorted(set(folder.iterdir()) - (before or set())) if folder.is_dir() else []:
+        was = before or {}
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path in was and was[path] == (os.readlink(path) if path.is_symlink() else None):
+                continue  # as it was
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+        for path, link in was.items():
+            if link is not None and not os.path.lexists(path):
+                os.symlink(link, path)
         if before is None and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
         if not isinstance(exc, Exception):  # an interrupt: as it came
