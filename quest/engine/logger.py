@@ -52,6 +52,7 @@ def wandb_group(choices: dict[str, str]) -> str:
     the attentions and seeds of one comparison; the evaluations of a run join its group."""
     return "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
 
+
 class WandbStartError(UserError, RuntimeError):
     """wandb.init failed (its server unreachable within its init_timeout, the key refused, ...)."""
 
