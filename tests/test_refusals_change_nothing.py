@@ -388,3 +388,101 @@ def test_remove_made_keeps_what_a_job_wrote(tmp_path, monkeypatch):
     made_dirs.remove_made(out)
     assert (out / "kept.txt").is_file()
 
+
+
+# --- logger=wandb: its values and an online run's credentials, checked before the first change --------------------
+def no_wandb_credentials(home: Path, monkeypatch) -> list:
+    """A user without wandb credentials (``home`` without .netrc or wandb settings, no WANDB_* key), and a wandb
+    whose init records its calls and fails: nothing can connect. wandb's settings are read again from this
+    environment (a fresh wandb singleton). Returns the list of wandb.init's calls."""
+    import wandb
+    from wandb.sdk import wandb_setup
+
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "WANDB_CONFIG_DIR", "NETRC",
+                 "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(wandb_setup, "_singleton", None)
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise AssertionError("wandb.init must not be reached")
+
+    monkeypatch.setattr(wandb, "init", init)
+    return calls
+
+
+WANDB_REFUSALS = {
+    # name -> (WANDB_MODE, overrides, what the message names)
+    "online_without_credentials": ("online", ["logger=wandb"], "`wandb login`"),
+    "online_by_key_without_credentials": (None, ["logger=wandb", "logger.mode=online"], "WANDB_API_KEY"),
+    "bad_wandb_mode": ("ofline", ["logger=wandb"], "WANDB_MODE"),
+    "bad_wandb_mode_beside_logger_mode": ("ofline", ["logger=wandb", "logger.mode=offline"], "WANDB_MODE"),
+    "bad_project": ("offline", ["logger=wandb", "logger.project=team/project"], "logger.project"),
+}
+
+
+@pytest.mark.parametrize("refusal, state", [(r, s) for r in WANDB_REFUSALS for s in STATES])
+def test_a_refused_wandb_start_changes_nothing(refusal, state, tmp_path, earlier_run, monkeypatch, capsys):
+    """An online wandb run without credentials is refused before wandb.init (which would fail, or prompt at a
+    terminal, only once the run directory was written to); a bad WANDB_MODE or wandb value too. The user's home is
+    in the hashed tree: reading wandb's settings writes nothing there either."""
+    mode, args, names = WANDB_REFUSALS[refusal]
+    cwd, run = place(state, tmp_path, earlier_run)
+    calls = no_wandb_credentials(tmp_path / "home", monkeypatch)
+    if mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", mode)
+    refused("train.py", [*TRAIN, f"hydra.run.dir={run}", *args], cwd, names, tmp_path, monkeypatch, capsys)
+    assert calls == []
+
+
+def test_a_refused_wandb_eval_changes_nothing(tmp_path, earlier_run, monkeypatch, capsys):
+    cwd, run = place("earlier", tmp_path, earlier_run)
+    calls = no_wandb_credentials(tmp_path / "home", monkeypatch)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    refused("eval.py", [CHECKPOINT.format(run=run), "logger=wandb"], cwd, "`wandb login`", tmp_path, monkeypatch,
+            capsys)
+    assert calls == []
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_a_wandb_run_that_does_not_start_changes_nothing(state, tmp_path, earlier_run, monkeypatch, capsys):
+    """Credentials found, but wandb.init fails (its server unreachable: wandb raises CommError after its
+    init_timeout) having made its folder under <run>/wandb: the command stops with one line before the run directory
+    is claimed, and the folder wandb made goes. In an earlier run's directory the command would resume it."""
+    from wandb.errors import CommError
+
+    cwd, run = place(state, tmp_path, earlier_run)
+    calls = no_wandb_credentials(tmp_path / "home", monkeypatch)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)  # the form wandb accepts; never sent anywhere here
+    import wandb
+
+    def unreachable(**kwargs):  # as wandb 0.31's: its run folder, its links re-pointed at it, then the error
+        calls.append(kwargs)
+        folder = Path(kwargs["dir"]) / "wandb"
+        logs = folder / "run-20260101_000000-abc" / "logs"
+        logs.mkdir(parents=True)
+        (logs / "debug.log").write_text("wandb's log of the attempt\n")
+        for link, target in (("latest-run", logs.parent.name), ("debug.log", f"{logs.parent.name}/logs/debug.log")):
+            (folder / link).unlink(missing_ok=True)
+            (folder / link).symlink_to(target)
+        raise CommError('Timed out while retrying: Post "https://api.wandb.ai/graphql": connection refused')
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    if state == "earlier":  # an earlier attempt's offline wandb run, and wandb's links to it
+        earlier = run / "wandb" / "offline-run-20250101_000000-abc"
+        (earlier / "logs").mkdir(parents=True)
+        (run / "wandb" / "latest-run").symlink_to(earlier.name)
+        (run / "wandb" / "debug.log").symlink_to(f"{earlier.name}/logs/debug.log")
+    more = ["trainer.max_steps=2"] if state == "earlier" else []  # a finished run would only be reported
+    refused("train.py", [*TRAIN, f"hydra.run.dir={run}", "logger=wandb", *more], cwd,
+            "the wandb run did not start (CommError: Timed out", tmp_path, monkeypatch, capsys)
+    assert len(calls) == 1 and calls[0]["mode"] == "online"
+    if state == "earlier":  # tree() records a link's kind, not its target
+        assert os.readlink(run / "wandb" / "latest-run") == earlier.name
+        assert os.readlink(run / "wandb" / "debug.log") == f"{earlier.name}/logs/debug.log"

@@ -26,6 +26,7 @@ from quest.config_checks import (
 from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.extras import require_all
 from quest.schema import TrainConfig
+from quest.wandb_check import check_logger_values, check_wandb_credentials
 
 __all__ = ["check_train_config", "check_patch_size", "check_compile_mode", "ConfigError", "COMPILE_MODES",
            "COMPILE_BACKENDS"]
@@ -233,7 +234,7 @@ def _rest(c: Checks) -> None:
 
     c.check("model.name", lambda v: isinstance(v, str) and timm.models.is_model(v),
             "a timm model name (timm.list_models(); the configs/model group lists quest's presets)")
-    c.one_of("logger.mode", ("online", "offline", "disabled"))
+    check_logger_values(c)
     c.check("diagnostics.every_n_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
     c.positive_int("diagnostics.num_samples")
     c.non_negative("diagnostics.entropy_threshold")
@@ -291,6 +292,7 @@ def check_train_config(cfg: Any) -> None:
                                        (cfg.logger.get("tensorboard"), ("tensorboard", "tensorboard",
                                                                         "logger=tensorboard"))) if on],
                 "the logger config")
+    check_wandb_credentials(cfg.logger)  # an online wandb run: credentials found without connecting
     expected = known_num_classes(cfg.data)
     if expected is not None and expected != cfg.data.num_classes:
         where_classes = get_dataset(cfg.data.name).where_classes

@@ -25,7 +25,7 @@ from .builders import build_model, model_meta, resolve_img_size
 from .checkpoint import Checkpointer
 from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
-from .logger import RunLogger, start_log_file, stop_log_file
+from .logger import RunLogger, start_log_file, start_wandb, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .run_dir import RunDirectory, data_record
 from .run_state import Plan, carry_out, finished_summary, survey
@@ -114,10 +114,16 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         run.init_weights(tr.init_from)
     elif cfg.model.get("pretrained"):
         run.init_pretrained(cfg.model.pretrained, bool(cfg.model.get("pretrained_download", False)))
+    # the last step that can fail before the run directory is claimed: wandb.init (its server unreachable, its key
+    # refused) stops the command with the directory as it was; wandb finishes its run at exit if a step below fails.
+    # Not where an earlier run is archived (trainer.overwrite=true): its wandb/ moves to .replaced/ first
+    wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id) if ctx.is_main and not plan.archive_all else None
     handler = _accept(directory, plan, provenance, continuing=True)
     try:
         directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)
-        logger = RunLogger(run_dir, cfg, cfg.logger, choices, enabled=ctx.is_main, resume_id=run.state.wandb_id)
+        if ctx.is_main and plan.archive_all:
+            wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id, archived=True)
+        logger = RunLogger(run_dir, cfg, cfg.logger, enabled=ctx.is_main, wandb_run=wandb_run)
         run.state.logs_to(logger.wandb_id)
         # the input size the model was built for: a timm name's trailing number is its default (vit_pico_patch4_16
         # at model.img_size=32 takes 32 x 32 images)

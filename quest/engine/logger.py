@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from quest.errors import UserError
 from quest.io import DamagedFile, json_text, move_aside, open_records, write_json_atomic
 from quest.output_folder import OutputFolder
 from quest.run_files import check_metrics_row
 
-__all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "start_log_file", "stop_log_file", "wandb_group"]
+__all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "WandbStartError", "init_wandb", "start_log_file",
+           "start_wandb", "stop_log_file", "wandb_group"]
 
 #: the event directory of a run (``tensorboard --logdir runs`` finds every run's)
 TENSORBOARD_DIR = "tensorboard"
@@ -49,24 +53,83 @@ def wandb_group(choices: dict[str, str]) -> str:
     the attentions and seeds of one comparison; the evaluations of a run join its group."""
     return "-".join(choices.get(k, "?") for k in ("data", "model", "recipe"))
 
+
+class WandbStartError(UserError, RuntimeError):
+    """wandb.init failed (its server unreachable within its init_timeout, the key refused, ...)."""
+
+
+def init_wandb(out_dir: Path, then: str, **kwargs: Any) -> Any:
+    """``wandb.init(dir=out_dir, **kwargs)``; when it fails, ``out_dir/wandb`` is put back as it was: the entries it
+    made (the failed run's folder, the folder itself) are removed and the links it re-pointed at that folder
+    (``latest-run``, ``debug.log``, ``debug-internal.log``) point where they did. :class:`WandbStartError` says what
+    wandb said and, in ``then``, what the user can do; the command stops with that one line."""
+    from quest.extras import require
+
+    wandb = require("wandb", "wandb", "logger=wandb")
+    folder = Path(out_dir) / "wandb"
+    before = {p: (os.readlink(p) if p.is_symlink() else None) for p in folder.iterdir()} if folder.is_dir() else None
+    try:
+        return wandb.init(dir=str(out_dir), **kwargs)
+    except BaseException as exc:
+        was = before or {}
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path in was and was[path] == (os.readlink(path) if path.is_symlink() else None):
+                continue  # as it was
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for path, link in was.items():
+            if link is not None and not os.path.lexists(path):
+                os.symlink(link, path)
+        if before is None and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        if not isinstance(exc, Exception):  # an interrupt: as it came
+            raise
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WandbStartError(f"the wandb run did not start ({type(exc).__name__}: {said}); {then}") from exc
+
+
+def start_wandb(run_dir: Path, cfg: Any, choices: dict[str, str], resume_id: str | None,
+                archived: bool = False) -> Any:
+    """The training run's wandb run (logger.wandb; else None), started before the run directory is claimed: a
+    wandb.init that fails leaves the run directory as it was (:func:`init_wandb`). ``archived``: started after an
+    earlier run was moved to ``.replaced/`` (trainer.overwrite=true), which a failure leaves there. A resume continues
+    ``resume_id``'s wandb run."""
+    from omegaconf import OmegaConf
+
+    lc = cfg.logger
+    if not lc.wandb:
+        return None
+    group = lc.group or wandb_group(choices)
+    name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"
+    done = (f"the earlier run was moved to {run_dir / '.replaced'}/" if archived else
+            f"nothing was written to {run_dir}")
+    then = (f"{done}: rerun the same command once wandb's server can be reached, or log offline (WANDB_MODE=offline "
+            "or logger.mode=offline; `wandb sync` uploads the run later)")
+    return init_wandb(run_dir, then, project=lc.project, entity=lc.entity, mode=lc.mode, group=group, name=name,
+                      tags=list(lc.tags), config=OmegaConf.to_container(cfg, resolve=True), id=resume_id,
+                      resume="allow" if resume_id else None)
+
+
 class RunLogger:
     """Appends one JSON object per log call to ``metrics.jsonl``; mirrors to wandb when configured.
     Only the main process constructs one with ``enabled=True``. What a resumed run's metrics.jsonl must hold is
     settled before (quest.engine.run_state); the file is opened after any half-written last line is cut off."""
 
     def __init__(self, run_dir: Path, cfg: Any | None = None, logger_cfg: Any | None = None,
-                 choices: dict[str, str] | None = None, enabled: bool = True, resume_id: str | None = None):
+                 enabled: bool = True, wandb_run: Any | None = None):
+        """``wandb_run``: the run's wandb run, started before the run directory was claimed (:func:`start_wandb`);
+        closed with this logger."""
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.wandb_run = None
+        self.wandb_run = wandb_run
         if not enabled:
             return
         self._metrics = open_records(self.run_dir / "metrics.jsonl")
         self.tensorboard = None
         if logger_cfg is not None and logger_cfg.get("tensorboard"):
             self.tensorboard = self._start_tensorboard(cfg)
-        if logger_cfg is not None and logger_cfg.wandb:
-            self.wandb_run = self._start_wandb(cfg, logger_cfg, choices or {}, resume_id)
 
     def _start_tensorboard(self, cfg: Any):
         from quest.extras import require
@@ -100,21 +163,6 @@ class RunLogger:
                     raise DamagedFile(Path(self._metrics.name), f"line {number} is not JSON ({exc})") from None
                 _scalars(writer, row, row["step"])
         return writer
-
-    def _start_wandb(self, cfg: Any, lc: Any, choices: dict[str, str], resume_id: str | None):
-        from omegaconf import OmegaConf
-
-        from quest.extras import require
-
-        wandb = require("wandb", "wandb", "logger=wandb")
-
-        group = lc.group or wandb_group(choices)
-        name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"
-        return wandb.init(
-            project=lc.project, entity=lc.entity, mode=lc.mode, group=group, name=name, tags=list(lc.tags),
-            dir=str(self.run_dir), config=OmegaConf.to_container(cfg, resolve=True),
-            id=resume_id, resume="allow" if resume_id else None,
-        )
 
     def metrics_bytes(self) -> int | None:
         """The size of metrics.jsonl so far (stored in checkpoints)."""

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, check_known_keys, is_int
+from quest.wandb_check import check_logger_values
 
 from .config import eval_config_schema
 from .registry import evaluators
@@ -55,6 +56,7 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
     checks.check("eval.log_every_s", lambda v: v >= 0, ">= 0 seconds (0: off)")
     checks.fraction("eval.crop_pct", low_open=True, optional=True)
     checks.one_of("eval.interpolation", INTERPOLATIONS, optional=True)
+    check_logger_values(checks)
 
     # each evaluation's own section, whether this suite runs it or not (a suite file may set any of them)
     for name, evaluator in evaluators().items():

@@ -178,16 +178,15 @@ def log_wandb(logger_cfg: Any, report: dict[str, Any], out_dir: Path, group: str
     """One wandb run (job_type 'eval') in the training run's group; offline unless logger.mode says otherwise."""
     if not logger_cfg.wandb:
         return None
-    from quest.extras import require
-
-    wandb = require("wandb", "wandb", "logger=wandb")
+    from quest.engine.logger import init_wandb
 
     target = report["target"]
     name = logger_cfg.name or f"eval-{report['suite']}-{target.get('attention')}"
-    run = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, mode=logger_cfg.mode,
+    then = (f"the results are complete in {out_dir} (eval_results.json); to log them to wandb, rerun with "
+            "eval.overwrite=true once wandb's server can be reached")
+    run = init_wandb(out_dir, then, project=logger_cfg.project, entity=logger_cfg.entity, mode=logger_cfg.mode,
                      group=logger_cfg.group or group, name=name, job_type="eval", tags=list(logger_cfg.tags),
-                     dir=str(out_dir), config={"target": plain(target), "settings": report["settings"]},
-                     reinit="finish_previous")
+                     config={"target": plain(target), "settings": report["settings"]}, reinit="finish_previous")
     metrics = {f"eval/{evaluation}/{metric}": value for evaluation, result in report["results"].items()
                for metric, value in flatten_numbers(plain(result))}
     run.log(metrics)

@@ -20,6 +20,7 @@ from quest.engine.precision import autocast_for
 from quest.errors import every_rank
 from quest.extras import require_all
 from quest.io import plain
+from quest.wandb_check import check_wandb_credentials
 
 from .checks import check_eval_config
 from .context import EvalRun
@@ -137,6 +138,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     settings = cfg.eval
     names = _check_names(settings)
     check_extras(settings, names, [("wandb", "wandb", "logger=wandb")] if cfg.logger.wandb else [])
+    check_wandb_credentials(cfg.logger)  # an online wandb run: credentials found without connecting
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     ctx = init_distributed(settings.device)
