@@ -24,6 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from quest.io import atomic_write
+
 __all__ = ["MadeDirectories", "missing_dirs", "remove_made"]
 
 SWEEP_RECORD = "multirun.yaml"  # what Hydra's sweeper writes into the sweep directory before the first job
@@ -144,7 +146,8 @@ class MadeDirectories(Callback):
             if before.record is None:
                 record.unlink(missing_ok=True)
             else:
-                record.write_bytes(before.record)
+                saved = before.record
+                atomic_write(record, lambda f: f.write(saved))  # Hydra rewrote it: the earlier sweep's back
 
 
 def _remove_empty(dirs: list[Path]) -> None:

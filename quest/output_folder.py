@@ -24,6 +24,10 @@ alone. It is removed while still locked, never after: a process that opened it j
 finds it gone from its path and opens the path again (:func:`quest.io.lock_file` compares the file it locked with
 the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
 command's) is left, as every lock file is.
+
+``quest-export`` holds its folder the same way (``transient``): an export folder is handed on whole (uploaded to a
+model hub, copied beside other models), so it ends holding the export's files alone, and it replaces nothing in
+place either (an earlier export is refused, or moved to ``.replaced/`` with ``--overwrite``), so it keeps no record.
 """
 from __future__ import annotations
 
@@ -49,16 +53,19 @@ class OutputFolder(OwnedDirectory):
 
     what = "this output folder"
 
-    def __init__(self, path: str | Path, command: str, lock: bool = True, output: str | None = None):
+    def __init__(self, path: str | Path, command: str, lock: bool = True, output: str | None = None,
+                 transient: bool = False):
         super().__init__(path, is_main=lock)
         self.command, self.output = command, output
+        self.transient = transient or output is not None  # the lock file it made goes at the end
         if output is not None:  # one file's lock, not the folder's (module docstring)
             self.lock_name = f".{output}.lock"
             self.what = f"{self.path / output}"
 
     def unlock(self) -> None:
-        """Release the lock; one output's lock file, made by this command, is removed first (module docstring)."""
-        if self.output is not None and self._lock_fd is not None and not self._lock_was_there:
+        """Release the lock; a transient lock file (one output's, or an export's), made by this command, is removed
+        first (module docstring)."""
+        if self.transient and self._lock_fd is not None and not self._lock_was_there:
             self.lock_path.unlink(missing_ok=True)  # still held: a process that opened it retries (lock_file)
         super().unlock()
 
@@ -105,12 +112,14 @@ class OutputFolder(OwnedDirectory):
 
 
 @contextmanager
-def holding(path: str | Path, command: str, output: str | None = None) -> Iterator[OutputFolder]:
+def holding(path: str | Path, command: str, output: str | None = None,
+            transient: bool = False) -> Iterator[OutputFolder]:
     """Hold the folder ``path`` for ``command`` while the block runs, or with ``output`` (a file's name) only that
     file in it (module docstring); :class:`FolderHeld` naming the holder when another command holds it. A block that
     ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it was: the lock file put back or removed,
-    the folders the lock made removed."""
-    folder = OutputFolder(path, command, output=output)
+    the folders the lock made removed. ``transient``: the folder's lock file, when this command made it, goes at the
+    end too (a folder that is handed on whole, such as an export uploaded to a model hub, holds its outputs alone)."""
+    folder = OutputFolder(path, command, output=output, transient=transient)
     made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
     try:
         folder.lock()

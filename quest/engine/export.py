@@ -230,7 +230,7 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
     files = [out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else [])
     # held from the first look at the folder to the last file: a second export into it is refused at once, never
     # interleaved with this one (quest.output_folder)
-    with holding(out, "quest-export") as folder:
+    with holding(out, "quest-export", transient=True) as folder:
         folder.refuse_present(files, overwrite)
         path = resolve_checkpoint(source)
         ckpt = load_record(path)  # weights_only=True
@@ -263,7 +263,6 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         atomic_write(out / WEIGHTS_FILE, lambda f: f.write(safetensors_bytes(tensors, metadata={"format": "pt"})))
         write_text_atomic(out / "config.json", json_text(config))
         write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
-        folder.note(files)
     return out, unfinished, top1
 
 
