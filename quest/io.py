@@ -8,6 +8,7 @@ toy study.
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -16,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,8 +27,8 @@ from typing import Any, BinaryIO, TextIO
 from omegaconf import OmegaConf
 
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
-           "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "refuse_present", "save_figure",
-           "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
+           "figure_bytes", "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "refuse_present",
+           "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
            "plain"]
 
 
@@ -130,12 +132,18 @@ def open_records(path: str | Path) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def figure_bytes(fig: Any, path: str | Path, **savefig_kwargs: Any) -> bytes:
+    """A matplotlib figure rendered in the format of ``path``'s suffix, as ``fig.savefig(path)`` would choose it:
+    a command renders before it changes anything, so that a refused format or a failed drawing moves nothing aside."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix[1:].lower() or None, **savefig_kwargs)
+    return buffer.getvalue()
+
+
 def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
-    """A matplotlib figure written like every other result (whole, or the previous file left as it was); the format
-    follows the file's suffix, as ``fig.savefig(path)`` would choose it."""
-    path = Path(path)
-    fmt = path.suffix[1:].lower() or None
-    return atomic_write(path, lambda f: fig.savefig(f, format=fmt, **savefig_kwargs))
+    """A matplotlib figure written like every other result (whole, or the previous file left as it was)."""
+    data = figure_bytes(fig, path, **savefig_kwargs)
+    return atomic_write(path, lambda f: f.write(data))
 
 
 class LockHeld(OSError):
@@ -149,9 +157,22 @@ class LockHeld(OSError):
 def lock_file(path: Path, what: str) -> int:
     """An exclusive lock on ``path`` (created if missing), held until the returned descriptor is closed or the
     process ends, however it ends. Raises :class:`LockHeld` when another process holds it; on a file system without
-    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway."""
+    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway. A link, a
+    directory or a special file where the lock file belongs is :class:`DamagedFile`: it is never followed or written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        # never through a link: the holder's name written into a file elsewhere would overwrite it
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        kind = f"a symbolic link to {os.readlink(path)}" if path.is_symlink() else "a directory or special file"
+        raise DamagedFile(path, f"{kind}, expected the plain lock file that names the command writing {what}",
+                          "Move it away; quest makes the lock file again") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device opened: no lock file of quest's
+        os.close(fd)
+        raise DamagedFile(path, f"a special file, expected the plain lock file that names the command writing {what}",
+                          "Move it away; quest makes the lock file again")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

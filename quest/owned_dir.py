@@ -149,7 +149,7 @@ class OwnedDirectory:
         if self._lock_fd is not None:
             return False
         try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return False
         try:

@@ -45,17 +45,19 @@ CARD_FOLDER = "path/to/this/folder"
 
 
 def resolve_checkpoint(source: str | Path) -> Path:
-    """A checkpoint file, or a run directory's ``checkpoints/last.pt``."""
+    """A checkpoint file, or a run directory's ``checkpoints/last.pt``; a link, as the file it leads to: the run a
+    checkpoint belongs to (its summary.json, its status and val/top1) is the one whose folder holds the file, not the
+    link's (a ``last.pt`` linked to another run's would be exported with this run's figures)."""
     path = Path(source).expanduser()
     if path.is_dir():
         for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
             if candidate.is_file():
-                return candidate
+                return candidate.resolve() if candidate.is_symlink() else candidate
         raise FileNotFoundError(f"{path} is a directory without checkpoints/last.pt: pass a train.py run directory "
                                 "or a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass a train.py run directory or a checkpoint file")
-    return path
+    return path.resolve() if path.is_symlink() else path
 
 
 def _model_args(stored: Any) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import json_text, move_aside, open_records, write_json_atomic
-from quest.output_folder import OutputFolder
+from quest.io import DamagedFile, json_text, move_aside, open_records, write_json_atomic
+from quest.output_folder import RECORD, OutputFolder
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "start_log_file", "stop_log_file", "wandb_group"]
 
@@ -77,6 +77,11 @@ class RunLogger:
         directory = self.run_dir / TENSORBOARD_DIR
         # the run directory's lock holds this folder; its record names the event files earlier attempts wrote
         view = OutputFolder(directory, "quest-train tensorboard", lock=False)
+        try:
+            view.record()
+        except DamagedFile as exc:  # not believed: kept, and every event file beside it counts as not this run's
+            log.warning("%s is damaged (%s): moved to %s", exc.path, exc.problem,
+                        move_aside(self.run_dir, [directory / RECORD], TENSORBOARD_DIR))
         stale = sorted(directory.glob("events.out.tfevents.*"))
         for path in stale:  # a view of metrics.jsonl, rewritten below
             if view.own(path):

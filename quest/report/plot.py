@@ -23,7 +23,7 @@ from typing import Any
 
 from quest.errors import input_error, program_name
 from quest.extras import require
-from quest.io import OutputExists, save_figure
+from quest.io import OutputExists, atomic_write, figure_bytes, save_figure
 from quest.output_folder import FolderHeld, holding
 
 require("matplotlib", "report", "quest.report.plot")
@@ -281,8 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with holding(out.parent, "quest-plot") as folder:
             folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
             fig, dpi = _figure(args)
+            image = figure_bytes(fig, out, dpi=dpi)  # rendered before the first change: a refused format moves nothing
             folder.make_room([out])
-            save_figure(fig, out, dpi=dpi)
+            atomic_write(out, lambda f: f.write(image))
             folder.note([out])
     except (PlotInputError, OutputExists, FolderHeld) as err:
         return input_error(program_name("quest-plot"), err)

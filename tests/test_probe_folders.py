@@ -1,0 +1,197 @@
+"""Cases from probing the commands as a hostile user would (issue 48): what a command reads of a folder it writes is
+checked before it is believed, and a check comes before the first change. A damaged ``.written.json``, a link or a
+directory where the lock file belongs, a linked folder inside a capped copy, a checkpoint linked from another run, a
+figure format matplotlib refuses, a resume onto a capped copy of the data: each refused (or resolved) before anything
+changes, and nothing outside the folder is ever written."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from quest.config_checks import ConfigError
+from quest.data.capped import CAPPED_INFO, cap_folder
+from quest.engine.checkpoint_record import CheckpointRecord
+from quest.engine.export import resolve_checkpoint, run_summary
+from quest.engine.run_dir import check_data, data_fingerprint
+from quest.io import DamagedFile, lock_file
+from quest.output_folder import RECORD, holding
+from quest.report.plot import main as plot_main
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root``, links as their target (never followed): what a refused command must not change."""
+    out: dict[str, bytes | str] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(top, name)
+            rel = str(path.relative_to(root))
+            out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+    return out
+
+
+GOOD = {"by": "quest-export", "sha256": "0" * 64}
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ("[]", "JSON list"),
+    ('{"files": 3', "not valid JSON"),
+    ('{"files": []}', "its files is []"),
+    (json.dumps({"files": {"../outside.txt": GOOD}}), "'../outside.txt'"),
+    (json.dumps({"files": {"/etc/passwd": GOOD}}), "'/etc/passwd'"),
+    (json.dumps({"files": {"a\u0000b": GOOD}}), "expected a path inside"),
+    (json.dumps({"files": {"model.safetensors": "quest-export"}}), "its entry for 'model.safetensors'"),
+    (json.dumps({"files": {"x": {"by": 5}}}), "its entry for 'x'"),
+    (json.dumps({"files": {"x": {"by": "quest-export", "sha256": "zz"}}}), "64 hex digits"),
+    (json.dumps({"files": {"x": {**GOOD, "keep": True}}}), "its entry for 'x'"),
+])
+def test_a_damaged_record_is_refused_when_the_folder_is_held_and_nothing_changes(tmp_path, content, named):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / RECORD).write_text(content)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    before = _tree(folder)
+    with pytest.raises(DamagedFile, match="Move it away") as caught:
+        with holding(folder, "quest-export"):
+            raise AssertionError("the block must not run: its first change would come before the refusal")
+    assert named in str(caught.value) and str(folder / RECORD) in str(caught.value)
+    assert _tree(folder) == before  # the lock file the hold made is gone again
+
+
+@pytest.mark.parametrize("kind", ["directory", "link"])
+def test_a_record_that_is_not_a_plain_file_is_refused(tmp_path, kind):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"files": {"x": GOOD}}))
+    (folder / RECORD).mkdir() if kind == "directory" else (folder / RECORD).symlink_to(elsewhere)
+    with pytest.raises(DamagedFile, match="symbolic link" if kind == "link" else "not a plain file"):
+        with holding(folder, "quest-export"):
+            pass
+
+
+def test_what_note_writes_is_a_record_the_next_hold_believes(tmp_path):
+    folder = tmp_path / "out"
+    with holding(folder, "quest-export") as held:
+        held.claim()
+        (folder / "sub").mkdir()
+        for name in ("a.md", "sub/b.csv"):
+            (folder / name).write_text(name)
+        held.note([folder / "a.md", folder / "sub/b.csv"])
+        held.note([folder / "log.txt"], digest=False)
+    with holding(folder, "quest-export") as held:
+        assert sorted(held.record()) == ["a.md", "log.txt", "sub/b.csv"] and held.own(folder / "sub/b.csv")
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_lock_file_that_is_a_link_is_refused_and_never_written_through(tmp_path, dangling):
+    folder, target = tmp_path / "out", tmp_path / "notes.txt"
+    folder.mkdir()
+    if not dangling:
+        target.write_text("somebody's notes")
+    (folder / ".lock").symlink_to(target)
+    with pytest.raises(DamagedFile, match="a symbolic link to .*notes.txt"):
+        with holding(folder, "quest-export"):
+            pass
+    assert (target.read_text() == "somebody's notes") if not dangling else not target.exists()
+    assert (folder / ".lock").is_symlink()  # left as it was, for its owner to look at
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_lock_file_that_is_a_directory_or_a_fifo_is_refused_naming_it(tmp_path, kind):
+    path = tmp_path / ".lock"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    with pytest.raises(DamagedFile, match=r"\.lock is damaged: a (directory or )?special file"):
+        lock_file(path, "this folder")
+
+
+def _images(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(root / "train" / c / f"{i}.jpg")
+    return root
+
+
+def test_cap_refuses_a_class_folder_linked_elsewhere_before_any_change(tmp_path):
+    src, dst = _images(tmp_path / "src"), tmp_path / "capped"
+    cap_folder(src, dst, 16)
+    theirs = tmp_path / "theirs"  # somebody's folder, linked in place of the copy's class folder
+    theirs.mkdir()
+    (theirs / "0.jpg").write_bytes(b"their image")
+    for name in os.listdir(dst / "train" / "cat"):
+        (dst / "train" / "cat" / name).unlink()
+    (dst / "train" / "cat").rmdir()
+    (dst / "train" / "cat").symlink_to(theirs)
+    os.utime(src / "train" / "cat" / "0.jpg", ns=(1, 1))  # a changed source: the rerun would redo cat/0.jpg
+    before, theirs_before = _tree(dst), _tree(theirs)
+    with pytest.raises(ValueError, match=r"links to folders elsewhere \(.*train/cat\)"):
+        cap_folder(src, dst, 16)
+    assert _tree(dst) == before and _tree(theirs) == theirs_before
+
+
+def test_a_checkpoint_linked_from_another_run_is_exported_with_that_runs_summary(tmp_path):
+    runs = {}
+    for name, top1 in (("mine", 10.0), ("other", 55.0)):
+        run = tmp_path / name
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "val/top1": top1}))
+        runs[name] = run
+    (runs["other"] / "checkpoints" / "last.pt").write_bytes(b"weights")
+    (runs["mine"] / "checkpoints" / "last.pt").symlink_to(runs["other"] / "checkpoints" / "last.pt")
+    for source in (runs["mine"], runs["mine"] / "checkpoints" / "last.pt"):
+        path = resolve_checkpoint(source)
+        assert path == (runs["other"] / "checkpoints" / "last.pt").resolve()
+        assert run_summary(path)["val/top1"] == 55.0  # the weights' own run, not the link's
+
+
+def test_a_figure_format_matplotlib_refuses_moves_no_earlier_file_aside(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": s, "perf/data_wait": 0.1, "perf/img_per_s_per_device": 100.0 + s}) + "\n" for s in range(1, 4)))
+    out = tmp_path / "figs" / "perf.txt"
+    out.parent.mkdir()
+    out.write_text("my notes")
+    before = _tree(out.parent)
+    with pytest.raises(ValueError, match="Format 'txt' is not supported"):
+        plot_main(["perf", str(run), "--out", str(out), "--overwrite"])
+    assert _tree(out.parent) == before
+    assert plot_main(["perf", str(run), "--out", str(out.with_suffix(".png"))]) == 0
+
+
+class _Set(list):
+    classes = ["cat", "dog"]
+
+
+def test_resuming_onto_a_capped_copy_of_the_data_is_refused(tmp_path):
+    src, dst = _images(tmp_path / "src"), tmp_path / "capped"
+    cap_folder(src, dst, 16)
+    full, capped = data_fingerprint(_Set([1] * 4), [], src), data_fingerprint(_Set([1] * 4), [], dst)
+    assert full["storage"] is None and capped["storage"]["short_side"] == 16
+    with pytest.raises(ConfigError, match="storage: None -> .*'short_side': 16"):
+        check_data(full, capped, tmp_path / "run")
+    with pytest.raises(ConfigError, match="'short_side': 16.* -> None"):
+        check_data(capped, full, tmp_path / "run")
+    check_data(full, data_fingerprint(_Set([1] * 4), [], src), tmp_path / "run")  # the same data: no refusal
+    older = {k: v for k, v in capped.items() if k != "storage"}  # a checkpoint written before storage was recorded
+    check_data(older, capped, tmp_path / "run")
+    check_data(older, full, tmp_path / "run")
+    with pytest.raises(ConfigError, match="train_size: 4 -> 3"):
+        check_data(older, data_fingerprint(_Set([1] * 3), [], src), tmp_path / "run")
+    json.loads((dst / CAPPED_INFO).read_text())  # still the tool's manifest
+
+
+def test_the_checkpoint_record_takes_the_storage_and_an_older_one_without_it():
+    from .test_checkpoint_record import _good_record
+
+    record = _good_record()
+    assert "storage" not in record["data"]
+    assert "storage" not in CheckpointRecord.from_dict(record, "ck.pt").data
+    record["data"]["storage"] = {"short_side": 16, "quality": 90, "resample": "PIL bicubic (antialiased)"}
+    assert CheckpointRecord.from_dict(record, "ck.pt").data["storage"]["short_side"] == 16
