@@ -33,7 +33,7 @@ __all__ = ["FolderHeld", "OutputFolder", "RECORD", "holding"]
 RECORD = ".written.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REMEDY = ("Move it away: without it no file in this folder counts as written by quest, and one in the way of an "
-           "output is kept in .replaced/ (--overwrite), never deleted")
+           "output is kept in .replaced/ when it is replaced, never deleted")
 
 
 class FolderHeld(ValueError):

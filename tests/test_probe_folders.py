@@ -6,6 +6,7 @@ changes, and nothing outside the folder is ever written."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from quest.config_checks import ConfigError
 from quest.data.capped import CAPPED_INFO, cap_folder
 from quest.engine.checkpoint_record import CheckpointRecord
 from quest.engine.export import resolve_checkpoint, run_summary
+from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.run_dir import check_data, data_fingerprint
 from quest.io import DamagedFile, lock_file
 from quest.output_folder import RECORD, holding
@@ -195,3 +197,21 @@ def test_the_checkpoint_record_takes_the_storage_and_an_older_one_without_it():
     assert "storage" not in CheckpointRecord.from_dict(record, "ck.pt").data
     record["data"]["storage"] = {"short_side": 16, "quality": 90, "resample": "PIL bicubic (antialiased)"}
     assert CheckpointRecord.from_dict(record, "ck.pt").data["storage"]["short_side"] == 16
+
+
+def test_a_log_file_that_is_a_link_is_moved_aside_and_never_written_through(tmp_path):
+    diary = tmp_path / "diary.txt"
+    diary.write_text("mine\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").symlink_to(diary)
+    handler = start_log_file(run / "train.log")
+    try:
+        logging.getLogger("quest.train").warning("a line of the run")
+    finally:
+        stop_log_file(handler)
+    assert diary.read_text() == "mine\n"
+    log = run / "train.log"
+    assert not log.is_symlink() and "a line of the run" in log.read_text() and "was a link to" in log.read_text()
+    (kept,) = (run / ".replaced").glob("*-unrecorded/train.log")
+    assert kept.is_symlink() and os.readlink(kept) == str(diary)

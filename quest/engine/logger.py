@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,17 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 def start_log_file(path: Path) -> logging.Handler:
     """Copy every log record to ``path`` (appended). quest starts the log file itself, once a command has passed
-    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log."""
+    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log. A link
+    in its place is not this command's log (appending would write through it, into a file outside the folder): it
+    is moved to ``.replaced/<UTC time>-unrecorded/`` beside it, and a new log begins."""
+    target = os.readlink(path) if path.is_symlink() else None
+    kept = move_aside(path.parent, [path], "unrecorded") if target is not None else None
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
+    if kept is not None:
+        logging.getLogger("quest").warning("%s was a link to %s, not this command's log: the link is kept in %s",
+                                           path, target, kept)
     return handler
 
 
