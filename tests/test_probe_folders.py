@@ -16,6 +16,7 @@ from PIL import Image
 
 from quest.config_checks import ConfigError
 from quest.data.capped import CAPPED_INFO, cap_folder
+from quest.data.make_shards import convert_image_folder
 from quest.engine.checkpoint_record import CheckpointRecord
 from quest.engine.export import resolve_checkpoint, run_summary
 from quest.engine.logger import start_log_file, stop_log_file
@@ -215,3 +216,27 @@ def test_a_log_file_that_is_a_link_is_moved_aside_and_never_written_through(tmp_
     assert not log.is_symlink() and "a line of the run" in log.read_text() and "was a link to" in log.read_text()
     (kept,) = (run / ".replaced").glob("*-unrecorded/train.log")
     assert kept.is_symlink() and os.readlink(kept) == str(diary)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--name", "a/b"), ("--split", "../../elsewhere"), ("--name", ""),
+                                             ("--split", ".hidden")])
+def test_make_shards_refuses_a_shard_name_that_is_not_a_plain_name_before_any_change(tmp_path, flag, value):
+    src, out = _images(tmp_path / "src"), tmp_path / "shards"
+    name, splits = (value, [("train", "train")]) if flag == "--name" else ("shards", [("train", value)])
+    with pytest.raises(ValueError, match=f"{flag} {value!r}: expected a plain name"):
+        convert_image_folder(src, out, splits, name, shard_size=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.process
+def test_make_shards_as_a_script_refuses_in_one_line_not_a_traceback(tmp_path):
+    """The process boundary is the point: ``python -m quest.data.make_shards`` goes through quest's error path."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # the switch that shows tracebacks
+    done = subprocess.run([sys.executable, "-m", "quest.data.make_shards", "convert", str(tmp_path / "src"),
+                           str(tmp_path / "out"), "--shard-size", "0"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1], env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "python -m quest.data.make_shards: error: --shard-size must be at least 1, got 0"

@@ -63,6 +63,14 @@ def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, A
     return path
 
 
+def _plain_name(flag: str, value: str) -> None:
+    """A part of a shard's file name: a shard is a file of the output folder, and a name with a ``/`` or ``..``
+    would be written elsewhere (a leading dot: a name a cut write's temporary could have)."""
+    if not value or "/" in value or "\0" in value or value.startswith("."):
+        raise ValueError(f"{flag} {value!r}: expected a plain name for the shard files' names (no '/', not empty, "
+                         "not starting with '.'), e.g. imagenet1k or train")
+
+
 def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]], name: str = "shards",
                          shard_size: int = 1000, seed: int = 0) -> Path:
     """ImageFolder ``src/<folder>/<class>/<image>`` -> ``out/<name>-<split>-NNNN.tar`` + ``_info.json``. Samples
@@ -75,6 +83,8 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     first shard written to the last, and readers refuse the folder meanwhile."""
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
+        _plain_name(flag, value)
     planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
@@ -190,5 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(write_index(args.root, dict(s.split("=", 1) for s in args.splits)))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # quest's one error path (quest/errors.py): a user's mistake is one line, not a traceback
+    from quest.errors import reporting_errors
+
+    with reporting_errors("python -m quest.data.make_shards"):
+        main()
