@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +241,14 @@ def test_make_shards_as_a_script_refuses_in_one_line_not_a_traceback(tmp_path):
                           cwd=Path(__file__).resolve().parents[1], env=env)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip() == "python -m quest.data.make_shards: error: --shard-size must be at least 1, got 0"
+
+
+@pytest.mark.parametrize("workers", ["-3", "0"])
+def test_a_worker_count_out_of_range_is_refused_with_the_one_range(tmp_path, capsys, workers):
+    from quest.data.check import main as quest_data
+
+    with pytest.raises(SystemExit) as exited:
+        quest_data(["cap", str(tmp_path), str(tmp_path / "out"), "--short-side", "16", "--workers", workers])
+    assert exited.value.code == 2
+    assert re.search(rf"--workers: must be an integer in 1\.\.\d+ \(at most .*\), got {workers}$",
+                     capsys.readouterr().err.strip())

@@ -123,19 +123,23 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
 
 def _workers(text: str) -> int:
     """--workers: a process count a machine can hold (a pool forks all of them at once: a typo would fork until
-    memory ran out)."""
-    n = _count(text)
+    memory ran out). One range in every message: -3 and 0 are refused alike."""
+    n = _whole(text)
     problem = process_count_problem(n, 1)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"must be {problem}, got {n}")
     return n
 
 
-def _count(text: str) -> int:
+def _whole(text: str) -> int:
     try:
-        n = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def _count(text: str) -> int:
+    n = _whole(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
     return n
