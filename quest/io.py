@@ -279,9 +279,15 @@ REPLACED = ".replaced"
 
 
 def replaced_dir(folder: str | Path, label: str = "") -> Path:
-    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace."""
+    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace;
+    :class:`DamagedFile` when ``.replaced`` is a link (what is kept would leave the folder) or a file."""
     import datetime
 
+    root = Path(folder) / REPLACED
+    if root.is_symlink() or (root.exists() and not root.is_dir()):  # what is kept stays in the folder
+        kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
+        raise DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command "
+                                "replaces", "Move it away; quest makes the folder again")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     # two replacements within one tick of a coarse clock: the second gets a count, never the first one's folder
     n = 1

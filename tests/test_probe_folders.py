@@ -252,3 +252,19 @@ def test_a_worker_count_out_of_range_is_refused_with_the_one_range(tmp_path, cap
     assert exited.value.code == 2
     assert re.search(rf"--workers: must be an integer in 1\.\.\d+ \(at most .*\), got {workers}$",
                      capsys.readouterr().err.strip())
+
+
+def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_folder(tmp_path):
+    from quest.engine.run_dir import RunDirectory
+    from quest.io import move_aside
+
+    folder, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / ".replaced").symlink_to(elsewhere)
+    with pytest.raises(DamagedFile, match=r"\.replaced is damaged: a symbolic link to .*elsewhere"):
+        move_aside(folder, [folder / "model.safetensors"])
+    assert (folder / "model.safetensors").read_bytes() == b"weights" and not any(elsewhere.iterdir())
+    with pytest.raises(ConfigError, match=r"\.replaced is a symbolic link to .*elsewhere, not a folder of its own"):
+        RunDirectory(folder).writable()  # training: refused with the run directory's checks, before any change

@@ -26,7 +26,7 @@ from quest.compat import upgrade_run_config
 from quest.config_checks import ConfigError
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.errors import UserError
-from quest.io import DamagedFile, LockHeld, read_json, write_json_atomic
+from quest.io import REPLACED, DamagedFile, LockHeld, read_json, write_json_atomic
 from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
 from quest.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 
@@ -147,6 +147,8 @@ class RunDirectory(OwnedDirectory):
         wrong = [f"{name} is not a directory" for name in dirs
                  if (self.path / name).exists() and not (self.path / name).is_dir()]
         wrong += [f"{name} is a directory" for name in _WRITTEN_FILES if (self.path / name).is_dir()]
+        if (self.path / REPLACED).is_symlink():  # what a start moves aside would leave the run directory
+            wrong.append(f"{REPLACED} is a symbolic link to {os.readlink(self.path / REPLACED)}, not a folder of its own")
         if wrong:
             raise ConfigError(f"the run directory {self.path} holds what this run cannot write over: "
                               f"{'; '.join(wrong)} (expected the other kind, or nothing); move it away, or give the "
