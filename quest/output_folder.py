@@ -18,6 +18,7 @@ The data tools' record is their ledger (quest.data.ledger), which names each out
 """
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from typing import Any
 from quest.io import DamagedFile, LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
 from quest.owned_dir import OwnedDirectory, holder_text
 
-__all__ = ["FolderHeld", "OutputFolder", "RECORD", "holding"]
+__all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
 
 #: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
 RECORD = ".written.json"
@@ -96,6 +97,14 @@ class OutputFolder(OwnedDirectory):
 
     def _name(self, path: Path) -> str:
         return str(Path(path).relative_to(self.path))
+
+
+def output_path(text: str) -> Path:
+    """The argparse type of a command's ``--out``: a path, never an empty one (``--out "$OUT"`` with ``OUT`` unset),
+    which would write the command's files into the working directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
+    return Path(text)
 
 
 def checked_record(found: Any, path: Path) -> dict[str, dict[str, str]]:

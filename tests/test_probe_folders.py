@@ -268,3 +268,26 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
     assert (folder / "model.safetensors").read_bytes() == b"weights" and not any(elsewhere.iterdir())
     with pytest.raises(ConfigError, match=r"\.replaced is a symbolic link to .*elsewhere, not a folder of its own"):
         RunDirectory(folder).writable()  # training: refused with the run directory's checks, before any change
+
+
+@pytest.mark.parametrize("argv", [
+    ["quest-export", "run", "--out", ""],
+    ["quest-report", "runs", "--out", ""],
+    ["quest-plot", "perf", "run", "--out", " "],
+    ["quest-data", "cap", "src", "", "--short-side", "16"],
+    ["make_shards", "convert", "src", ""],
+])
+def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv):
+    """``--out "$OUT"`` with OUT unset: the working directory would receive the command's files."""
+    from quest.data.check import main as quest_data
+    from quest.data.make_shards import main as make_shards
+    from quest.engine.export import main as export
+    from quest.report.__main__ import main as report
+
+    monkeypatch.chdir(tmp_path)
+    command = {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
+               "make_shards": make_shards}[argv[0]]
+    with pytest.raises(SystemExit) as exited:
+        command(argv[1:])
+    assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

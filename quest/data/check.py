@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from quest.config_checks import process_count_problem
 from quest.errors import input_error, program_name
+from quest.output_folder import output_path
 
 from .capped import read_capped
 from .entries import LayoutError
@@ -157,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap = sub.add_parser("cap", help="copy an image folder or shard directory with every image's short side capped "
                          "(faster decoding; it changes the data: docs/data.md)")
     cap.add_argument("src", type=Path)
-    cap.add_argument("dst", type=Path)
+    cap.add_argument("dst", type=output_path)
     cap.add_argument("--short-side", type=int, required=True, help="the largest short side kept, e.g. 256")
     cap.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
     cap.add_argument("--split", action="append", help="a split to cap (default: train); the others are linked")

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 from quest.io import atomic_write, write_text_atomic
-from quest.output_folder import holding
+from quest.output_folder import holding, output_path
 
 from .entries import class_listing
 from .folder import check_image_folder
@@ -182,14 +182,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
     conv.add_argument("src", type=Path, help="the ImageFolder root (holding train/ and val/)")
-    conv.add_argument("out", type=Path)
+    conv.add_argument("out", type=output_path)
     conv.add_argument("--split", action="append", metavar="FOLDER[:NAME]",
                       help="a split folder and its name in _info.json (default: train, val:validation)")
     conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k")
     conv.add_argument("--shard-size", type=int, default=1000)
     conv.add_argument("--seed", type=int, default=0)
     idx = sub.add_parser("index", help="count existing shards into _info.json")
-    idx.add_argument("root", type=Path)
+    idx.add_argument("root", type=output_path)
     idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

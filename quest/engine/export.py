@@ -33,7 +33,7 @@ from quest.errors import input_error, program_name
 from quest.extras import MissingExtra
 from quest.io import atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
-from quest.output_folder import holding
+from quest.output_folder import holding, output_path
 
 from .onnx_export import ONNX_FILE, checked_onnx, require_onnx
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="quest-export", description="Export a train.py run as a timm / Hugging Face model folder "
         f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
     parser.add_argument("source", help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
-    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--out", required=True, type=output_path, help="the folder to write")
     parser.add_argument("--weights", choices=("model", "ema"), default="model",
                         help="the trained model's weights (default: the ones the run's val/top1 was measured on) "
                              "or the EMA's")

@@ -24,7 +24,7 @@ from typing import Any
 from quest.errors import input_error, program_name
 from quest.extras import require
 from quest.io import OutputExists, atomic_write, figure_bytes, save_figure
-from quest.output_folder import FolderHeld, holding
+from quest.output_folder import FolderHeld, holding, output_path
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Plot attention diagnostics from each RUN_DIR/metrics.jsonl; see docs/diagnostics.md.",
     )
     diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    diag.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    diag.add_argument("--out", required=True, type=output_path, help="output image (.png, .pdf, .svg)")
     diag.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     diag.add_argument(
@@ -253,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     perf = commands.add_parser("perf", help="data wait and images/s per device against step (docs/training.md)",
                                description="Plot each RUN_DIR/metrics.jsonl's telemetry (perf/ rows).")
     perf.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    perf.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    perf.add_argument("--out", required=True, type=output_path, help="output image (.png, .pdf, .svg)")
     perf.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl = commands.add_parser(
@@ -263,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
         "explain_maps.pt); see docs/explain.md.",
     )
     expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    expl.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    expl.add_argument("--out", required=True, type=output_path, help="output image (.png, .pdf, .svg)")
     expl.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl.add_argument("--method", default="agcam", help="attention, rollout or agcam (default: agcam)")
