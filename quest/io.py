@@ -113,6 +113,8 @@ def read_json(path: str | Path, expected: type = dict) -> Any:
         value = json.loads(raw.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DamagedFile(path, f"not valid JSON ({exc}; {len(raw)} bytes)") from None
+    except RecursionError:  # "[[[[..." deeper than Python's decoder goes: no file quest writes is
+        raise DamagedFile(path, f"JSON nested deeper than any file quest writes ({len(raw)} bytes)") from None
     if not isinstance(value, expected):
         raise DamagedFile(path, f"holds a JSON {type(value).__name__}, expected a JSON "
                                 f"{'object' if expected is dict else expected.__name__}")
