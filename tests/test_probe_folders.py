@@ -291,3 +291,12 @@ def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_pa
         command(argv[1:])
     assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("inside", ["train/zz", ".", "val"])
+def test_make_shards_refuses_an_output_folder_inside_its_source(tmp_path, inside):
+    src = _images(tmp_path / "src")
+    before = _tree(src)
+    with pytest.raises(ValueError, match="must not lie inside its source"):
+        convert_image_folder(src, src / inside, [("train", "train")], shard_size=2)
+    assert _tree(src) == before

@@ -85,6 +85,9 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
     for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
         _plain_name(flag, value)
+    real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
+    if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
+        raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
     planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
