@@ -300,3 +300,16 @@ def test_make_shards_refuses_an_output_folder_inside_its_source(tmp_path, inside
     with pytest.raises(ValueError, match="must not lie inside its source"):
         convert_image_folder(src, src / inside, [("train", "train")], shard_size=2)
     assert _tree(src) == before
+
+
+@pytest.mark.parametrize("name", ["figs", "figs/", "figure"])
+def test_plot_refuses_a_folder_or_a_name_without_a_format_as_its_image(tmp_path, capsys, name):
+    """``--out figs --overwrite`` moved the folder figs/ aside and wrote a PNG named figs."""
+    (tmp_path / "figs").mkdir()
+    (tmp_path / "figs" / "notes.txt").write_text("mine")
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        plot_main(["perf", str(tmp_path / "run"), "--out", f"{tmp_path}/{name}", "--overwrite"])
+    assert exited.value.code == 2
+    assert ("is a folder" if name.startswith("figs") else "has no suffix") in capsys.readouterr().err
+    assert _tree(tmp_path) == before
