@@ -27,9 +27,9 @@ from typing import Any, BinaryIO, TextIO
 from omegaconf import OmegaConf
 
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
-           "figure_bytes", "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "refuse_present",
-           "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
-           "plain"]
+           "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
+           "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
+           "json_text", "markdown_table", "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -97,6 +97,15 @@ def readable(path: Path, what: str) -> None:
                               f"permission (mode {os.stat(path).st_mode & 0o777:o}); fix it with chmod or run as its owner")
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads``, but JSON nested deeper than Python's decoder goes (``[[[[...``, which no file quest writes
+    holds) is a :class:`json.JSONDecodeError` like any other damage, not a RecursionError (a bug's traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than any file quest writes", str(text[:40]), 0) from None
+
+
 def read_json(path: str | Path, expected: type = dict) -> Any:
     """A JSON file quest wrote: its content, ``None`` when there is no such file, :class:`DamagedFile` when it is not
     valid JSON of the ``expected`` type (cut short, garbage, ``[]`` where an object belongs), and PermissionError
@@ -110,11 +119,9 @@ def read_json(path: str | Path, expected: type = dict) -> Any:
         readable(path, "file")
         raise
     try:
-        value = json.loads(raw.decode())
+        value = parse_json(raw.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DamagedFile(path, f"not valid JSON ({exc}; {len(raw)} bytes)") from None
-    except RecursionError:  # "[[[[..." deeper than Python's decoder goes: no file quest writes is
-        raise DamagedFile(path, f"JSON nested deeper than any file quest writes ({len(raw)} bytes)") from None
     if not isinstance(value, expected):
         raise DamagedFile(path, f"holds a JSON {type(value).__name__}, expected a JSON "
                                 f"{'object' if expected is dict else expected.__name__}")

@@ -313,3 +313,19 @@ def test_plot_refuses_a_folder_or_a_name_without_a_format_as_its_image(tmp_path,
     assert exited.value.code == 2
     assert ("is a folder" if name.startswith("figs") else "has no suffix") in capsys.readouterr().err
     assert _tree(tmp_path) == before
+
+
+def test_json_nested_past_the_decoder_is_damage_like_any_other_not_a_bug(tmp_path):
+    """``[[[[...`` raises RecursionError inside json.loads, which quest's error path calls a bug of quest."""
+    from quest.io import parse_json
+
+    deep = "[" * 200_000
+    with pytest.raises(json.JSONDecodeError, match="nested deeper than any file quest writes"):
+        parse_json(deep)
+    assert parse_json('{"a": [[1]]}') == {"a": [[1]]}
+    src, dst = _images(tmp_path / "src"), tmp_path / "capped"
+    cap_folder(src, dst, 16)
+    with open(dst / "_ledger.jsonl", "a") as f:
+        f.write(deep + "\n{}\n")
+    with pytest.raises(ValueError, match=r"_ledger\.jsonl line \d+ is not JSON"):
+        cap_folder(src, dst, 16)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
-from quest.io import REPLACED, atomic_write, write_text_atomic
+from quest.io import REPLACED, atomic_write, parse_json, write_text_atomic
 from quest.output_folder import OutputFolder, holding
 from quest.workers import die_with_parent
 
@@ -329,7 +329,7 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        manifest = parse_json(path.read_text())
     except ValueError as exc:
         raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
