@@ -8,6 +8,7 @@ toy study.
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -16,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,9 +27,9 @@ from typing import Any, BinaryIO, TextIO
 from omegaconf import OmegaConf
 
 __all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
-           "new_file_mode", "open_records", "read_json", "file_sha256", "readable", "refuse_present", "save_figure",
-           "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "markdown_table",
-           "plain"]
+           "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
+           "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
+           "json_text", "markdown_table", "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -95,6 +97,15 @@ def readable(path: Path, what: str) -> None:
                               f"permission (mode {os.stat(path).st_mode & 0o777:o}); fix it with chmod or run as its owner")
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads``, but JSON nested deeper than Python's decoder goes (``[[[[...``, which no file quest writes
+    holds) is a :class:`json.JSONDecodeError` like any other damage, not a RecursionError (a bug's traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than any file quest writes", str(text[:40]), 0) from None
+
+
 def read_json(path: str | Path, expected: type = dict) -> Any:
     """A JSON file quest wrote: its content, ``None`` when there is no such file, :class:`DamagedFile` when it is not
     valid JSON of the ``expected`` type (cut short, garbage, ``[]`` where an object belongs), and PermissionError
@@ -108,7 +119,7 @@ def read_json(path: str | Path, expected: type = dict) -> Any:
         readable(path, "file")
         raise
     try:
-        value = json.loads(raw.decode())
+        value = parse_json(raw.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DamagedFile(path, f"not valid JSON ({exc}; {len(raw)} bytes)") from None
     if not isinstance(value, expected):
@@ -130,12 +141,18 @@ def open_records(path: str | Path) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def figure_bytes(fig: Any, path: str | Path, **savefig_kwargs: Any) -> bytes:
+    """A matplotlib figure rendered in the format of ``path``'s suffix, as ``fig.savefig(path)`` would choose it:
+    a command renders before it changes anything, so that a refused format or a failed drawing moves nothing aside."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix[1:].lower() or None, **savefig_kwargs)
+    return buffer.getvalue()
+
+
 def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
-    """A matplotlib figure written like every other result (whole, or the previous file left as it was); the format
-    follows the file's suffix, as ``fig.savefig(path)`` would choose it."""
-    path = Path(path)
-    fmt = path.suffix[1:].lower() or None
-    return atomic_write(path, lambda f: fig.savefig(f, format=fmt, **savefig_kwargs))
+    """A matplotlib figure written like every other result (whole, or the previous file left as it was)."""
+    data = figure_bytes(fig, path, **savefig_kwargs)
+    return atomic_write(path, lambda f: f.write(data))
 
 
 class LockHeld(OSError):
@@ -150,10 +167,11 @@ def lock_file(path: Path, what: str) -> int:
     """An exclusive lock on ``path`` (created if missing), held until the returned descriptor is closed or the
     process ends, however it ends. Raises :class:`LockHeld` when another process holds it; on a file system without
     flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway. The file
-    locked is the one at ``path`` when the lock is taken: a holder may remove its lock file as it lets go."""
+    locked is the one at ``path`` when the lock is taken: a holder may remove its lock file as it lets go. A link, a
+    directory or a special file where the lock file belongs is :class:`DamagedFile`: it is never followed or written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -170,6 +188,24 @@ def lock_file(path: Path, what: str) -> int:
         # between this open and this flock: the file locked is no longer at ``path``, and a third process may lock
         # the one there now; try again with the file that is there
         os.close(fd)
+
+
+def _open_lock(path: Path, what: str) -> int:
+    """The lock file at ``path``, opened (made if missing), never through a link: the holder's name written into a
+    file elsewhere would overwrite it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        kind = f"a symbolic link to {os.readlink(path)}" if path.is_symlink() else "a directory or special file"
+        raise DamagedFile(path, f"{kind}, expected the plain lock file that names the command writing {what}",
+                          "Move it away; quest makes the lock file again") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device opened: no lock file of quest's
+        os.close(fd)
+        raise DamagedFile(path, f"a special file, expected the plain lock file that names the command writing {what}",
+                          "Move it away; quest makes the lock file again")
+    return fd
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -275,9 +311,15 @@ REPLACED = ".replaced"
 
 
 def replaced_dir(folder: str | Path, label: str = "") -> Path:
-    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace."""
+    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace;
+    :class:`DamagedFile` when ``.replaced`` is a link (what is kept would leave the folder) or a file."""
     import datetime
 
+    root = Path(folder) / REPLACED
+    if root.is_symlink() or (root.exists() and not root.is_dir()):  # what is kept stays in the folder
+        kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
+        raise DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command "
+                                "replaces", "Move it away; quest makes the folder again")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     # two replacements within one tick of a coarse clock: the second gets a count, never the first one's folder
     n = 1

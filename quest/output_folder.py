@@ -11,6 +11,8 @@ may remove there (docs/training.md, "What a command may remove").
   command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
   an output (somebody else's, or one edited since) is refused (:meth:`OutputFolder.refuse_present`) or moved to
   ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
+- The record is believed only once every field is checked (:func:`checked_record`: each path inside the folder, each
+  entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
 
 The data tools' record is their ledger (quest.data.ledger), which names each output and its stamp the same way.
 
@@ -31,17 +33,23 @@ place either (an earlier export is refused, or moved to ``.replaced/`` with ``--
 """
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from quest.io import LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
+from quest.io import DamagedFile, LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
 from quest.owned_dir import OwnedDirectory, holder_text
 
-__all__ = ["FolderHeld", "OutputFolder", "RECORD", "holding"]
+__all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
 
 #: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
 RECORD = ".written.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REMEDY = ("Move it away: without it no file in this folder counts as written by quest, and one in the way of an "
+           "output is kept in .replaced/ when it is replaced, never deleted")
 
 
 class FolderHeld(ValueError):
@@ -73,10 +81,17 @@ class OutputFolder(OwnedDirectory):
         return f"{self.command}, {holder_text().decode()}".encode()
 
     def record(self) -> dict[str, dict[str, str]]:
-        """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}."""
-        found = read_json(self.path / RECORD) or {}
-        files = found.get("files")
-        return files if isinstance(files, dict) else {}
+        """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}; every field checked before
+        it is believed (:func:`checked_record`): :class:`~quest.io.DamagedFile` naming the first one that is wrong."""
+        path = self.path / RECORD
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a plain file"
+            raise DamagedFile(path, f"{kind}, expected the record quest writes there", _REMEDY)
+        try:
+            found = read_json(path)
+        except DamagedFile as exc:  # not JSON, not an object: the same way out
+            raise DamagedFile(path, exc.problem, _REMEDY) from None
+        return checked_record(found, path)
 
     def own(self, path: Path) -> bool:
         """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes; a file
@@ -111,6 +126,34 @@ class OutputFolder(OwnedDirectory):
         return str(Path(path).relative_to(self.path))
 
 
+def output_path(text: str) -> Path:
+    """The argparse type of a command's ``--out``: a path, never an empty one (``--out "$OUT"`` with ``OUT`` unset),
+    which would write the command's files into the working directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
+    return Path(text)
+
+
+def checked_record(found: Any, path: Path) -> dict[str, dict[str, str]]:
+    """``found`` (the JSON of a folder's :data:`RECORD` at ``path``; None: no record) as its files, once every field
+    is what :meth:`OutputFolder.note` writes: a relative path inside the folder -> {"by": a command, "sha256": 64 hex
+    digits (absent: a file appended to)}. A record says which files a command may replace in place."""
+    if found is None:
+        return {}
+    files = found.get("files")
+    if not isinstance(files, dict):
+        raise DamagedFile(path, f"its files is {files!r:.80}, expected an object of path -> entry", _REMEDY)
+    for name, entry in files.items():
+        parts = PurePosixPath(name).parts
+        if not name or "\0" in name or PurePosixPath(name).is_absolute() or ".." in parts:
+            raise DamagedFile(path, f"names {name!r:.120}, expected a path inside {path.parent}", _REMEDY)
+        if not (isinstance(entry, dict) and isinstance(entry.get("by"), str) and set(entry) <= {"by", "sha256"}
+                and ("sha256" not in entry or (isinstance(entry["sha256"], str) and _SHA256.fullmatch(entry["sha256"])))):
+            raise DamagedFile(path, f"its entry for {name!r:.120} is {entry!r:.120}, expected "
+                                    '{"by": <command>, "sha256": <64 hex digits>}', _REMEDY)
+    return files
+
+
 @contextmanager
 def holding(path: str | Path, command: str, output: str | None = None,
             transient: bool = False) -> Iterator[OutputFolder]:
@@ -130,6 +173,7 @@ def holding(path: str | Path, command: str, output: str | None = None,
                          f"command to end, or give this {command} another "
                          f"{'folder' if output is None else 'file'}") from None
     try:
+        folder.record()  # a damaged record is refused now, before any change, not after the outputs are written
         yield folder
     finally:
         claimed = folder.claimed

@@ -127,8 +127,9 @@ _OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
 
 def output_dir_problem(path: str) -> str | None:
     """What keeps ``path`` (an output directory, relative to the working directory) from being made, in words, or
-    None: a name longer than the file system allows, or a part that exists and is not a directory. Hydra would fail
-    on either making it, with its own traceback, before quest runs."""
+    None: a name longer than the file system allows, or a part that exists and is not a directory (Hydra would fail
+    on either making it, with its own traceback, before quest runs), or a leading ``~`` (it would be made as a
+    directory named ``~``, not the home directory the user meant)."""
     import os
 
     limit = 255
@@ -136,7 +137,11 @@ def output_dir_problem(path: str) -> str | None:
         limit = os.pathconf(".", "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         pass
-    long = next((part for part in Path(path).parts if len(os.fsencode(part)) > limit), None)
+    parts = Path(path).parts
+    if parts and parts[0].startswith("~"):  # the shell expands ~ only outside quotes; Hydra never does
+        return (f"{parts[0]} is not expanded here: Hydra would make a directory named {parts[0]!r} in the working "
+                f"directory; write the path out ({os.path.expanduser(parts[0])}/...)")
+    long = next((part for part in parts if len(os.fsencode(part)) > limit), None)
     if long is not None:
         return (f"the directory name {long[:40]}... is {len(os.fsencode(long))} bytes long; this file system allows "
                 f"{limit} per name (choose a shorter one)")

@@ -108,7 +108,7 @@ class OwnedDirectory:
         self._lock_was_there = self.lock_path.exists()
         fd = lock_file(self.lock_path, self.what)
         # a command refused before claim() puts the old content back (unlock)
-        self._lock_before = os.pread(fd, 4096, 0)
+        self._lock_before = os.pread(fd, os.fstat(fd).st_size, 0)  # all of it: a refusal puts back every byte
         self._write_lock(fd, self.holder())
         self._lock_fd, self._claimed = fd, False
 
@@ -149,7 +149,7 @@ class OwnedDirectory:
         if self._lock_fd is not None:
             return False
         try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return False
         try:

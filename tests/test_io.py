@@ -88,6 +88,7 @@ def test_appending_first_cuts_a_half_written_last_record(tmp_path_factory, recor
     (b"", "not valid JSON"), (b'{"status": "comp', "not valid JSON"), (b"\xff\xfe\x00garbage", "not valid JSON"),
     (b"[]", "holds a JSON list, expected a JSON object"), (b"null", "holds a JSON NoneType"),
     (b"3", "holds a JSON int"), (b'"text"', "holds a JSON str"),
+    (b"[" * 200_000, "nested deeper than any file quest writes"),  # Python's decoder: RecursionError, not ValueError
 ])
 def test_a_damaged_record_is_named_with_what_was_expected(tmp_path, content, problem):
     path = tmp_path / "summary.json"

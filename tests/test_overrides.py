@@ -124,3 +124,11 @@ def test_an_output_directory_under_a_file_is_refused(tmp_path, monkeypatch):
     assert problems == ["hydra.run.dir=taken/run: taken exists and is not a directory (expected a directory to write "
                         "the run into)"]
     assert override_problems(["hydra.run.dir=free/run"], TrainConfig, app_groups(config_root(), "train")) == []
+
+
+@pytest.mark.parametrize("value", ['"~/runs/x"', "'~other/x'"])
+def test_an_output_directory_starting_with_a_tilde_is_refused_not_made_as_a_folder_named_tilde(value):
+    """Quoted, ``~`` reaches Hydra unexpanded, which would make ``./~/runs/x``: refused, naming the home it meant."""
+    problems = override_problems([f"hydra.run.dir={value}"], TrainConfig, app_groups(config_root(), "train"))
+    assert len(problems) == 1 and "is not expanded here" in problems[0]
+    assert os.path.expanduser(value.strip("\"'").split("/")[0]) in problems[0]

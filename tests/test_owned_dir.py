@@ -62,7 +62,7 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_dies(tmp_pa
     assert (tmp_path / ".lock").read_bytes() == holder_text()
 
 
-@pytest.mark.parametrize("before", [None, b"pid 1 on elsewhere\n"])
+@pytest.mark.parametrize("before", [None, b"pid 1 on elsewhere\n", bytes(range(256)) * 40])  # 10 KiB: every byte back
 def test_an_unclaimed_lock_puts_the_file_back_and_a_claimed_one_names_this_process(tmp_path, before):
     path = tmp_path / ".lock"
     if before is not None:

@@ -81,3 +81,24 @@ def test_a_missing_tensorboard_is_named_before_any_work(tmp_path, monkeypatch):
                                                   r"pip install 'quest\[tensorboard\]'"):
         fit(compose_cfg(*FAST, "logger=tensorboard"), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_record_of_the_event_files_is_moved_aside_with_the_files_it_would_have_vouched_for(tmp_path, caplog):
+    """tensorboard/.written.json says which event files earlier attempts wrote (those are rewritten); a damaged one is
+    not believed, and not a late refusal of a run already under way: it and the event files go to .replaced/."""
+    from omegaconf import OmegaConf
+
+    from quest.engine.logger import RunLogger
+
+    board = tmp_path / "tensorboard"
+    board.mkdir()
+    (board / ".written.json").write_text('{"files": {"../metrics.jsonl": {"by": "quest-train tensorboard"}}}')
+    (board / "events.out.tfevents.1.host.1.0").write_bytes(b"an earlier writer's events")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 2.0}) + "\n")
+    run_logger = RunLogger(tmp_path, logger_cfg=OmegaConf.create({"tensorboard": True, "wandb": False}))
+    run_logger.close()
+    kept = sorted(p.relative_to(tmp_path / ".replaced").parts[1:] for p in (tmp_path / ".replaced").rglob("*")
+                  if p.is_file())
+    assert kept == [("tensorboard", ".written.json"), ("tensorboard", "events.out.tfevents.1.host.1.0")]
+    assert "written.json is damaged" in caplog.text and (tmp_path / "metrics.jsonl").exists()
+    assert _tensorboard_scalars(tmp_path)[0] == {"train/loss": [(1, 2.0)]}

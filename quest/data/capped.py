@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from PIL import Image
 
-from quest.io import atomic_write, write_text_atomic
+from quest.io import REPLACED, atomic_write, parse_json, write_text_atomic
 from quest.output_folder import OutputFolder, holding
 from quest.workers import die_with_parent
 
@@ -276,6 +276,7 @@ def _ledger(dst: Path, short_side: int, quality: int, splits: Sequence[str]) -> 
     or one an earlier run of this tool wrote (the rerun removes what the source no longer makes, which must never be
     somebody else's files)."""
     _refuse_foreign(dst)
+    _refuse_inner_links(dst)
     return Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": list(splits)})
 
 
@@ -286,6 +287,23 @@ def _refuse_foreign(dst: Path) -> None:
     if found:
         raise ValueError(f"{dst} already holds files quest-data cap did not write ({', '.join(found[:5])}"
                          f"{' ...' if len(found) > 5 else ''}); give a new or empty folder for the copy")
+
+
+def _refuse_inner_links(dst: Path) -> None:
+    """The copy's folders are its own: a link to a folder below its top (``dst/train/cat`` -> elsewhere) would let
+    the rerun write, and set aside, files outside ``dst``. The split links at its top are the tool's (``_link``)."""
+    if not dst.is_dir():
+        return
+    found = []
+    for top, dirs, _ in os.walk(dst):  # links are listed, never followed
+        if Path(top) == dst:
+            dirs[:] = [d for d in dirs if d != REPLACED]
+            continue
+        found += [Path(top, d) for d in dirs if Path(top, d).is_symlink()]
+    if found:
+        raise ValueError(f"{dst} holds links to folders elsewhere ({', '.join(map(str, found[:5]))}"
+                         f"{' ...' if len(found) > 5 else ''}); quest-data cap writes and removes files only inside "
+                         f"{dst}: make each a real folder, or give another folder for the copy")
 
 
 def _start(dst: Path, src: Path, short_side: int, quality: int) -> None:
@@ -311,7 +329,7 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        manifest = parse_json(path.read_text())
     except ValueError as exc:
         raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
                          "writes") from exc

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from quest.config_checks import process_count_problem
 from quest.errors import input_error, program_name
+from quest.output_folder import output_path
 
 from .capped import read_capped
 from .entries import LayoutError
@@ -123,19 +124,23 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
 
 def _workers(text: str) -> int:
     """--workers: a process count a machine can hold (a pool forks all of them at once: a typo would fork until
-    memory ran out)."""
-    n = _count(text)
+    memory ran out). One range in every message: -3 and 0 are refused alike."""
+    n = _whole(text)
     problem = process_count_problem(n, 1)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"must be {problem}, got {n}")
     return n
 
 
-def _count(text: str) -> int:
+def _whole(text: str) -> int:
     try:
-        n = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
+def _count(text: str) -> int:
+    n = _whole(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
     return n
@@ -153,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap = sub.add_parser("cap", help="copy an image folder or shard directory with every image's short side capped "
                          "(faster decoding; it changes the data: docs/data.md)")
     cap.add_argument("src", type=Path)
-    cap.add_argument("dst", type=Path)
+    cap.add_argument("dst", type=output_path)
     cap.add_argument("--short-side", type=int, required=True, help="the largest short side kept, e.g. 256")
     cap.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
     cap.add_argument("--split", action="append", help="a split to cap (default: train); the others are linked")

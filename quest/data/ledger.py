@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.io import REPLACED, move_aside, open_records, write_text_atomic
+from quest.io import REPLACED, move_aside, open_records, parse_json, write_text_atomic
 from quest.records import RecordError
 
 from .tool_records import check_ledger_header, check_ledger_line
@@ -75,7 +75,7 @@ class Ledger:
         file a rerun may delete. Only the last line may be cut (a kill while appending): it is skipped."""
         lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
         try:
-            header = json.loads(lines[0]) if lines else None
+            header = parse_json(lines[0]) if lines else None
         except json.JSONDecodeError:
             header = None
         if not isinstance(header, dict) or "tool" not in header:
@@ -87,7 +87,7 @@ class Ledger:
                              f"command is {self.tool} with {self.params}: use another folder for it")
         for number, line in enumerate(lines[1:], 2):
             try:
-                row = json.loads(line)
+                row = parse_json(line)
             except json.JSONDecodeError:
                 if number == len(lines):
                     continue  # a line cut by a kill: its output, if any, is not on the record and will be redone

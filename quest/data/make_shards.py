@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 from quest.io import atomic_write, write_text_atomic
-from quest.output_folder import holding
+from quest.output_folder import holding, output_path
 
 from .entries import class_listing
 from .folder import check_image_folder
@@ -63,6 +63,14 @@ def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, A
     return path
 
 
+def _plain_name(flag: str, value: str) -> None:
+    """A part of a shard's file name: a shard is a file of the output folder, and a name with a ``/`` or ``..``
+    would be written elsewhere (a leading dot: a name a cut write's temporary could have)."""
+    if not value or "/" in value or "\0" in value or value.startswith("."):
+        raise ValueError(f"{flag} {value!r}: expected a plain name for the shard files' names (no '/', not empty, "
+                         "not starting with '.'), e.g. imagenet1k or train")
+
+
 def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]], name: str = "shards",
                          shard_size: int = 1000, seed: int = 0) -> Path:
     """ImageFolder ``src/<folder>/<class>/<image>`` -> ``out/<name>-<split>-NNNN.tar`` + ``_info.json``. Samples
@@ -75,6 +83,11 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     first shard written to the last, and readers refuse the folder meanwhile."""
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
+        _plain_name(flag, value)
+    real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
+    if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
+        raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
     planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
@@ -172,14 +185,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
     conv.add_argument("src", type=Path, help="the ImageFolder root (holding train/ and val/)")
-    conv.add_argument("out", type=Path)
+    conv.add_argument("out", type=output_path)
     conv.add_argument("--split", action="append", metavar="FOLDER[:NAME]",
                       help="a split folder and its name in _info.json (default: train, val:validation)")
     conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k")
     conv.add_argument("--shard-size", type=int, default=1000)
     conv.add_argument("--seed", type=int, default=0)
     idx = sub.add_parser("index", help="count existing shards into _info.json")
-    idx.add_argument("root", type=Path)
+    idx.add_argument("root", type=output_path)
     idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

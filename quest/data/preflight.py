@@ -8,7 +8,6 @@ unchanged folder reads one file instead of decoding every image.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -18,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.io import parse_json
 from quest.records import RecordError
 from quest.workers import die_with_parent
 
@@ -113,7 +113,7 @@ def _cache_paths(root: Path) -> list[Path]:
 def _read_cache(root: Path, fingerprint: str) -> Report | None:
     for path in _cache_paths(root):
         try:
-            cached = check_preflight_cache(json.loads(path.read_text()), root, path)
+            cached = check_preflight_cache(parse_json(path.read_text()), root, path)
         except RecordError as exc:  # a cache is only a shortcut: not believed, the folder is checked again
             log.warning("the pre-flight's cache is not used: %s", exc)
             continue

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from quest.io import parse_json
 from quest.records import RecordError
 
 from .tool_records import check_info
@@ -56,7 +57,7 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
         path = root / name
         if path.is_file():
             try:
-                info = json.loads(path.read_bytes().decode())
+                info = parse_json(path.read_bytes().decode())
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ShardError(f"{path} is not valid JSON: {exc}") from None
             try:  # every field's type and range, every filename inside root, before anything reads a shard

@@ -60,6 +60,9 @@ class DataFingerprint:
     train_size: int = field(default=0, metadata=bounded(0))
     val_size: int = field(default=0, metadata=bounded(0))
     classes: list[str] | None = None  # None: a data set without class names
+    #: how the images are stored when that changes them: a capped copy's short_side, quality and resample
+    #: (quest-data cap); None: as they are. Absent in a checkpoint written before it was recorded: not compared
+    storage: dict[str, Any] | None = None
 
 
 @dataclass

@@ -33,7 +33,7 @@ from quest.errors import describe, input_error, program_name
 from quest.extras import MissingExtra
 from quest.io import DamagedFile, atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
-from quest.output_folder import holding
+from quest.output_folder import holding, output_path
 from quest.run_files import read_summary
 
 from .onnx_export import ONNX_FILE, checked_onnx, require_onnx
@@ -46,17 +46,19 @@ CARD_FOLDER = "path/to/this/folder"
 
 
 def resolve_checkpoint(source: str | Path) -> Path:
-    """A checkpoint file, or a run directory's ``checkpoints/last.pt``."""
+    """A checkpoint file, or a run directory's ``checkpoints/last.pt``; a link, as the file it leads to: the run a
+    checkpoint belongs to (its summary.json, its status and val/top1) is the one whose folder holds the file, not the
+    link's (a ``last.pt`` linked to another run's would be exported with this run's figures)."""
     path = Path(source).expanduser()
     if path.is_dir():
         for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
             if candidate.is_file():
-                return candidate
+                return candidate.resolve() if candidate.is_symlink() else candidate
         raise FileNotFoundError(f"{path} is a directory without checkpoints/last.pt: pass a train.py run directory "
                                 "or a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: pass a train.py run directory or a checkpoint file")
-    return path
+    return path.resolve() if path.is_symlink() else path
 
 
 def _model_args(stored: Any) -> dict[str, Any]:
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="quest-export", description="Export a train.py run as a timm / Hugging Face model folder "
         f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
     parser.add_argument("source", help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
-    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--out", required=True, type=output_path, help="the folder to write")
     parser.add_argument("--weights", choices=("model", "ema"), default="model",
                         help="the trained model's weights (default: the ones the run's val/top1 was measured on) "
                              "or the EMA's")

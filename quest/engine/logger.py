@@ -17,7 +17,7 @@ from typing import Any
 
 from quest.errors import UserError
 from quest.io import DamagedFile, json_text, move_aside, open_records, write_json_atomic
-from quest.output_folder import OutputFolder
+from quest.output_folder import RECORD, OutputFolder
 from quest.run_files import check_metrics_row
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "WandbStartError", "init_wandb", "start_log_file",
@@ -32,10 +32,17 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 def start_log_file(path: Path) -> logging.Handler:
     """Copy every log record to ``path`` (appended). quest starts the log file itself, once a command has passed
-    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log."""
+    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log. A link
+    in its place is not this command's log (appending would write through it, into a file outside the folder): it
+    is moved to ``.replaced/<UTC time>-unrecorded/`` beside it, and a new log begins."""
+    target = os.readlink(path) if path.is_symlink() else None
+    kept = move_aside(path.parent, [path], "unrecorded") if target is not None else None
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
+    if kept is not None:
+        logging.getLogger("quest").warning("%s was a link to %s, not this command's log: the link is kept in %s",
+                                           path, target, kept)
     return handler
 
 
@@ -141,6 +148,11 @@ class RunLogger:
         directory = self.run_dir / TENSORBOARD_DIR
         # the run directory's lock holds this folder; its record names the event files earlier attempts wrote
         view = OutputFolder(directory, "quest-train tensorboard", lock=False)
+        try:
+            view.record()
+        except DamagedFile as exc:  # not believed: kept, and every event file beside it counts as not this run's
+            log.warning("%s is damaged (%s): moved to %s", exc.path, exc.problem,
+                        move_aside(self.run_dir, [directory / RECORD], TENSORBOARD_DIR))
         stale = sorted(directory.glob("events.out.tfevents.*"))
         for path in stale:  # a view of metrics.jsonl, rewritten below
             if view.own(path):

@@ -26,7 +26,7 @@ from quest.compat import upgrade_run_config
 from quest.config_checks import ConfigError
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.errors import UserError
-from quest.io import DamagedFile, LockHeld, write_json_atomic
+from quest.io import REPLACED, DamagedFile, LockHeld, write_json_atomic
 from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
 from quest.records import RecordError
 from quest.run_files import read_run_record
@@ -82,11 +82,16 @@ def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> li
     return diffs
 
 
-def data_fingerprint(train_set: Any, val_set: Any) -> dict[str, Any]:
-    """What a moved data set must keep: split sizes and class names."""
+def data_fingerprint(train_set: Any, val_set: Any, root: Any = None) -> dict[str, Any]:
+    """What a moved data set must keep: split sizes, class names, and the storage of the images at ``root`` (a
+    capped copy's cap, quest-data cap: the same files, smaller, are other data; None: the images as they are)."""
+    from quest.data.capped import read_capped
+
     classes = getattr(train_set, "classes", None) or getattr(getattr(train_set, "dataset", None), "classes", None)
+    capped = read_capped(root)
     return {"train_size": len(train_set), "val_size": len(val_set),
-            "classes": list(classes) if classes is not None else None}
+            "classes": list(classes) if classes is not None else None,
+            "storage": None if capped is None else {k: capped[k] for k in ("short_side", "quality", "resample")}}
 
 
 def data_record(fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -99,9 +104,13 @@ def data_record(fingerprint: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) -> None:
-    if not stored or stored == now:
+    """ConfigError naming what differs between the data the run trained on (``stored``) and ``now``; a key a
+    checkpoint written before it was recorded lacks (``storage``) is not compared."""
+    if not stored:
         return
-    parts = [f"{k}: {stored.get(k)!r:.200} -> {now.get(k)!r:.200}" for k in now if stored.get(k) != now.get(k)]
+    parts = [f"{k}: {stored[k]!r:.200} -> {now.get(k)!r:.200}" for k in now if k in stored and stored[k] != now[k]]
+    if not parts:
+        return
     raise ConfigError(f"{where} holds a run trained on another data set (its data.root may differ, but not the data "
                       "set):\n  " + "\n  ".join(parts))
 
@@ -141,6 +150,8 @@ class RunDirectory(OwnedDirectory):
         wrong = [f"{name} is not a directory" for name in dirs
                  if (self.path / name).exists() and not (self.path / name).is_dir()]
         wrong += [f"{name} is a directory" for name in _WRITTEN_FILES if (self.path / name).is_dir()]
+        if (self.path / REPLACED).is_symlink():  # what a start moves aside would leave the run directory
+            wrong.append(f"{REPLACED} is a symbolic link to {os.readlink(self.path / REPLACED)}, not a folder of its own")
         if wrong:
             raise ConfigError(f"the run directory {self.path} holds what this run cannot write over: "
                               f"{'; '.join(wrong)} (expected the other kind, or nothing); move it away, or give the "

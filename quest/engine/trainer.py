@@ -63,7 +63,8 @@ class Run:
         # fp16 needs dynamic loss scaling (DeiT's NativeScaler is this GradScaler); disabled it is a pass-through
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == "fp16")
         self.diagnostics = self._diagnostics()
-        self.data_fingerprint = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset)
+        self.data_fingerprint = data_fingerprint(self.parts.train_loader.dataset, self.parts.val_loader.dataset,
+                                                 cfg.data.get("root"))
         # the image-folder files the pre-flight left out (data.bad_images=skip), per split: summary.json and the
         # first metrics row say so
         self.left_out = {split: record for split, loader in (("train", self.parts.train_loader),

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from quest.errors import input_error, program_name
+from quest.output_folder import output_path
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
 
@@ -21,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m quest.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                         help="directories searched recursively for run directories (summary.json)")
-    parser.add_argument("--out", help="also write the tables to this directory (.md and .csv)")
+    parser.add_argument("--out", type=output_path, help="also write the tables to this directory (.md and .csv)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace tables already in --out (the old ones are kept in --out/.replaced/)")
     parser.add_argument("--metrics", nargs="+", metavar="PATTERN",

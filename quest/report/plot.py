@@ -23,8 +23,8 @@ from typing import Any
 
 from quest.errors import input_error, program_name
 from quest.extras import require
-from quest.io import OutputExists, save_figure
-from quest.output_folder import FolderHeld, holding
+from quest.io import OutputExists, atomic_write, figure_bytes, save_figure
+from quest.output_folder import FolderHeld, holding, output_path
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -225,6 +225,19 @@ def plot_diagnostics(
     return out
 
 
+def image_path(text: str) -> Path:
+    """argparse type of ``--out``: an image file's path. A folder (``--out figs/``) is refused, as is a name without
+    a format's suffix: with ``--overwrite`` the folder would be moved aside and a file of its name written."""
+    path = output_path(text)
+    if path.is_dir() or text.endswith("/"):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; expected the image file to write, e.g. "
+                                         f"{path / 'figure.png'}")
+    if not path.suffix:
+        raise argparse.ArgumentTypeError(f"{text} has no suffix; expected an image file name ending in its format, "
+                                         "e.g. .png, .pdf or .svg")
+    return path
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m quest.report.plot", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -234,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Plot attention diagnostics from each RUN_DIR/metrics.jsonl; see docs/diagnostics.md.",
     )
     diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    diag.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    diag.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     diag.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     diag.add_argument(
@@ -253,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     perf = commands.add_parser("perf", help="data wait and images/s per device against step (docs/training.md)",
                                description="Plot each RUN_DIR/metrics.jsonl's telemetry (perf/ rows).")
     perf.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    perf.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    perf.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     perf.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl = commands.add_parser(
@@ -263,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
         "explain_maps.pt); see docs/explain.md.",
     )
     expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    expl.add_argument("--out", required=True, help="output image (.png, .pdf, .svg)")
+    expl.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     expl.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
     expl.add_argument("--method", default="agcam", help="attention, rollout or agcam (default: agcam)")
@@ -281,8 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with holding(out.parent, "quest-plot", output=out.name) as folder:
             folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
             fig, dpi = _figure(args)
+            image = figure_bytes(fig, out, dpi=dpi)  # rendered before the first change: a refused format moves nothing
             folder.make_room([out])
-            save_figure(fig, out, dpi=dpi)
+            atomic_write(out, lambda f: f.write(image))
     except (PlotInputError, OutputExists, FolderHeld) as err:
         return input_error(program_name("quest-plot"), err)
     print(out)
