@@ -27,9 +27,9 @@ finds it gone from its path and opens the path again (:func:`quest.io.lock_file`
 the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
 command's) is left, as every lock file is.
 
-``quest-export`` holds its folder the same way (``transient``): an export folder is handed on whole (uploaded to a
-model hub, copied beside other models), so it ends holding the export's files alone, and it replaces nothing in
-place either (an earlier export is refused, or moved to ``.replaced/`` with ``--overwrite``), so it keeps no record.
+``quest-export`` and ``quest-report --out`` hold their folder the same way (``transient``): an export folder is
+handed on whole (uploaded to a model hub, copied beside other models), a report's tables beside a paper's, so each
+ends holding its files alone, and neither replaces anything in place (an earlier export is refused, or moved to ``.replaced/`` with ``--overwrite``), so it keeps no record.
 """
 from __future__ import annotations
 

@@ -204,10 +204,10 @@ def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) 
     if report.sweeps:
         texts.update({"lr_sensitivity.md": lr_markdown(report), "lr_sensitivity.csv": lr_csv(report)})
     files = [out_dir / name for name in texts]
-    with holding(out_dir, "quest-report") as folder:  # a second report into out_dir is refused, never interleaved
+    # a second report into out_dir is refused, never interleaved; the lock file it made goes at the end and no record
+    # is kept (it replaces nothing in place), so out_dir holds the tables alone (quest.output_folder)
+    with holding(out_dir, "quest-report", transient=True) as folder:
         folder.refuse_present(files, overwrite)
         folder.make_room(files)
-        written = [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
-                   for name, text in texts.items()]
-        folder.note(written)
-    return written
+        return [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
+                for name, text in texts.items()]
