@@ -29,7 +29,8 @@ command's) is left, as every lock file is.
 
 ``quest-export`` and ``quest-report --out`` hold their folder the same way (``transient``): an export folder is
 handed on whole (uploaded to a model hub, copied beside other models), a report's tables beside a paper's, so each
-ends holding its files alone, and neither replaces anything in place (an earlier export is refused, or moved to ``.replaced/`` with ``--overwrite``), so it keeps no record.
+ends holding its files alone; neither replaces anything in place (earlier files are refused, or moved to
+``.replaced/`` with ``--overwrite``), so neither keeps a record.
 """
 from __future__ import annotations
 

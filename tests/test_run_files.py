@@ -42,7 +42,8 @@ SUMMARY = {
              "peak_mem_gib_max": 0.75, "mfu_mean": None,
              "attempts": [{"first_step": 0, "steps": 2, "images": 32, "train_s": 0.1, "wall_s": 0.26,
                            "img_per_s": 320.0, "data_wait_mean": 0.1}]},
-    "data_fingerprint": {"train_size": 32, "val_size": 32, "num_classes": 10, "classes_sha256": "ab"}, "signal": "SIGTERM", "saved": True, "requeue": "r",
+    "data_fingerprint": {"train_size": 32, "val_size": 32, "num_classes": 10, "classes_sha256": "ab"},
+    "signal": "SIGTERM", "saved": True, "requeue": "r",
     "data_failure": "d", "changed_on_resume": {"trainer.epochs": [2, 3]},
 }
 EXPORT = {

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.errors import UserError
-from quest.io import DamagedFile, json_text, move_aside, open_records, write_json_atomic
+from quest.io import DamagedFile, json_text, move_aside, open_records, parse_json, write_json_atomic
 from quest.output_folder import RECORD, OutputFolder
 from quest.run_files import check_metrics_row
 
@@ -170,7 +170,7 @@ class RunLogger:
             for number, line in enumerate(f, start=1):
                 source = f"{self._metrics.name}:{number}"
                 try:
-                    row = check_metrics_row(json.loads(line.decode()), source)  # every field checked
+                    row = check_metrics_row(parse_json(line.decode()), source)  # every field checked
                 except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                     raise DamagedFile(Path(self._metrics.name), f"line {number} is not JSON ({exc})") from None
                 _scalars(writer, row, row["step"])

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from quest.errors import UserError
-from quest.io import REPLACED, LockHeld, json_text, write_text_atomic
+from quest.io import REPLACED, LockHeld, json_text, parse_json, write_text_atomic
 from quest.owned_dir import OwnedDirectory, differences
 from quest.records import RecordError
 
@@ -100,7 +100,7 @@ def read_results(path: Path) -> dict[str, Any]:
     """An eval_results.json as a dict in today's form, or an :class:`EvalDirectoryError` naming the file and what is
     wrong."""
     try:
-        data = json.loads(path.read_bytes().decode())
+        data = parse_json(path.read_bytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EvalDirectoryError(f"{path} is not valid JSON ({exc}): a copy cut short or edited by hand? Move it "
                                  "aside, or pass eval.overwrite=true to archive it to .replaced/ and evaluate again")

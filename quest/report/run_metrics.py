@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import DamagedFile, read_json
+from quest.io import DamagedFile, parse_json, read_json
 from quest.records import RecordError, check_fields
 from quest.run_files import RunSummary, check_metrics_row
 
@@ -40,7 +40,7 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as err:
             if number == len(lines):
                 logger.warning("%s:%d: skipping a truncated last line", path, number)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.evaluation.results_file import checked_results
+from quest.io import parse_json
 from quest.records import RecordError
 from quest.run_files import checked_run_record, checked_summary
 
@@ -84,7 +85,7 @@ def number(value: Any) -> float | None:
 def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
     """A JSON object of a run directory, every field checked by ``check`` (quest.run_files) when given."""
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportInputError(f"{path}: cannot read {what} ({err})") from None
     if not isinstance(data, dict):

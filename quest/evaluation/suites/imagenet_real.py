@@ -11,6 +11,8 @@ from typing import Any, Optional
 import torch
 from timm.data import RealLabelsImagenet
 
+from quest.io import parse_json
+
 from ..context import EvalRun, ordered_topk, percent
 from ..imagenet_data import LAYOUTS, ImageList, real_files, require_dir
 from ..inputs import Input, listed, permission_message
@@ -38,7 +40,7 @@ def _real_labels(section: Any) -> list[list[int]]:
         raise FileNotFoundError(f"imagenet_real: real_json {path} does not exist (a JSON list of label lists, "
                                 "entry i for ILSVRC2012_val_{i+1:08d}.JPEG)")
     try:
-        labels = json.loads(path.read_bytes().decode())
+        labels = parse_json(path.read_bytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"imagenet_real: real_json {path} is not valid JSON ({exc}); expected a JSON list of label "
                          "lists, entry i for ILSVRC2012_val_{i+1:08d}.JPEG") from None
