@@ -131,6 +131,7 @@ class SummaryDataSet:
     val_size: int = field(metadata=bounded(0))
     num_classes: int | None = field(default=None, metadata=bounded(1))
     classes_sha256: str | None = None
+    files_sha256: str | None = None  # the files' digest (quest.engine.run_dir.files_sha256); None: none listed
 
 
 @dataclass(kw_only=True)

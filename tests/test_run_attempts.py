@@ -84,10 +84,10 @@ def test_the_figures_combine_every_attempt(three_attempts):
 def test_the_summary_records_the_data_set_trained_on(three_attempts):
     # data.fake_train_size, data.fake_val_size; torchvision's FakeData names no classes
     assert three_attempts["data_fingerprint"] == {"train_size": 64, "val_size": 32, "num_classes": None,
-                                                  "classes_sha256": None}
+                                                  "classes_sha256": None, "files_sha256": None}
     named = data_record({"train_size": 5, "val_size": 2, "classes": ["cat", "dog"]})
     assert named == {"train_size": 5, "val_size": 2, "num_classes": 2,
-                     "classes_sha256": hashlib.sha256(b'["cat", "dog"]').hexdigest()}
+                     "classes_sha256": hashlib.sha256(b'["cat", "dog"]').hexdigest(), "files_sha256": None}
     assert data_record({"train_size": 5, "val_size": 2, "classes": ["dog", "cat"]}) != named  # the order counts
 
 

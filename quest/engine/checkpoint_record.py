@@ -63,6 +63,9 @@ class DataFingerprint:
     #: how the images are stored when that changes them: a capped copy's short_side, quality and resample
     #: (quest-data cap); None: as they are. Absent in a checkpoint written before it was recorded: not compared
     storage: dict[str, Any] | None = None
+    #: SHA-256 of every split's sorted (relative path, file size, label) (quest.engine.run_dir.files_sha256); None: a
+    #: data set that lists no files. Absent in a checkpoint written before it was recorded: not compared
+    files_sha256: str | None = None
 
 
 @dataclass

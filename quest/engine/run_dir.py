@@ -82,30 +82,66 @@ def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> li
     return diffs
 
 
+def listed_samples(dataset: Any) -> tuple[str, list[tuple[str, int]]] | None:
+    """The folder and the (path, label) list of a data set that lists its files: torchvision's ImageFolder and
+    quest's (``root``, ``samples``), timm's folder reader (``reader.root``, ``reader.samples``); None for one
+    that lists none (built-in, generated, streamed). A Subset (data.subset_fraction): its own samples only."""
+    indices, inner = getattr(dataset, "indices", None), getattr(dataset, "dataset", None)
+    if indices is not None and inner is not None:
+        listed = listed_samples(inner)
+        return None if listed is None else (listed[0], [listed[1][i] for i in indices])
+    for holder in (dataset, getattr(dataset, "reader", None)):
+        samples = getattr(holder, "samples", None)
+        root = getattr(holder, "root", None)
+        if isinstance(samples, list) and isinstance(root, (str, os.PathLike)):
+            return os.fspath(root), samples
+    return None
+
+
+def files_sha256(*splits: Any) -> str | None:
+    """A SHA-256 over each split's sorted (path relative to its folder, file size, label) triples: other files of
+    the same count and classes are another digest, the same folder moved or copied the same one. Only the listed
+    names and one stat per file: no image is read. None when a split lists no files."""
+    h = hashlib.sha256(b"files-1\n")
+    for split in splits:
+        listed = listed_samples(split)
+        if listed is None:
+            return None
+        root, samples = listed
+        rows = sorted((os.path.relpath(path, root).replace(os.sep, "/"), os.stat(path).st_size, int(label))
+                      for path, label in samples)
+        h.update(json.dumps(rows).encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
 def data_fingerprint(train_set: Any, val_set: Any, root: Any = None) -> dict[str, Any]:
-    """What a moved data set must keep: split sizes, class names, and the storage of the images at ``root`` (a
-    capped copy's cap, quest-data cap: the same files, smaller, are other data; None: the images as they are)."""
+    """What a moved data set must keep: split sizes, class names, the storage of the images at ``root`` (a
+    capped copy's cap, quest-data cap: the same files, smaller, are other data; None: the images as they are), and
+    the files themselves (:func:`files_sha256`; None for a data set that lists none)."""
     from quest.data.capped import read_capped
 
     classes = getattr(train_set, "classes", None) or getattr(getattr(train_set, "dataset", None), "classes", None)
     capped = read_capped(root)
     return {"train_size": len(train_set), "val_size": len(val_set),
             "classes": list(classes) if classes is not None else None,
-            "storage": None if capped is None else {k: capped[k] for k in ("short_side", "quality", "resample")}}
+            "storage": None if capped is None else {k: capped[k] for k in ("short_side", "quality", "resample")},
+            "files_sha256": files_sha256(train_set, val_set)}
 
 
 def data_record(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint as summary.json records it (``data_fingerprint``): the split sizes, the number of classes and
-    a SHA-256 of their names in order (a thousand names are a digest, not a list, in a file people read)."""
+    a SHA-256 of their names in order (a thousand names are a digest, not a list, in a file people read), and the
+    files' digest (:func:`files_sha256`)."""
     classes = fingerprint.get("classes")
     digest = None if classes is None else hashlib.sha256(json.dumps(list(classes)).encode("utf-8")).hexdigest()
     return {"train_size": fingerprint["train_size"], "val_size": fingerprint["val_size"],
-            "num_classes": None if classes is None else len(classes), "classes_sha256": digest}
+            "num_classes": None if classes is None else len(classes), "classes_sha256": digest,
+            "files_sha256": fingerprint.get("files_sha256")}
 
 
 def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) -> None:
     """ConfigError naming what differs between the data the run trained on (``stored``) and ``now``; a key a
-    checkpoint written before it was recorded lacks (``storage``) is not compared."""
+    checkpoint written before it was recorded lacks (``storage``, ``files_sha256``) is not compared."""
     if not stored:
         return
     parts = [f"{k}: {stored[k]!r:.200} -> {now.get(k)!r:.200}" for k in now if k in stored and stored[k] != now[k]]

@@ -80,7 +80,8 @@ def data_set(r: RunResult) -> str | None:
     if fp:
         classes = "" if fp.get("num_classes") is None else f", {fp['num_classes']} classes"
         digest = f" [{str(fp['classes_sha256'])[:12]}]" if fp.get("classes_sha256") else ""
-        return f"train {fp.get('train_size')} / val {fp.get('val_size')}{classes}{digest}"
+        files = f", files [{str(fp['files_sha256'])[:12]}]" if fp.get("files_sha256") else ""
+        return f"train {fp.get('train_size')} / val {fp.get('val_size')}{classes}{digest}{files}"
     root = (r.config or {}).get("data.root")
     return None if root is None and r.config is None else f"data.root={root} (size not recorded)"
 
