@@ -3,7 +3,6 @@ but other files are two data sets (resume refused, two report settings); the sam
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -43,21 +42,24 @@ LAYOUT = {"cat": {"a.jpg": 3, "b.jpg": 5}, "dog": {"c.jpg": 7}}
 
 def test_other_files_of_the_same_sizes_and_classes_are_another_data_set(tmp_path):
     first = _fingerprint(_folder(tmp_path / "one", LAYOUT))
-    # the same classes, split sizes and even byte counts; other files (one renamed, one of another size)
+    # the same classes and split sizes; other files (one renamed; one moved to the other class)
     renamed = _fingerprint(_folder(tmp_path / "two", {"cat": {"a.jpg": 3, "z.jpg": 5}, "dog": {"c.jpg": 7}}))
-    resized = _fingerprint(_folder(tmp_path / "three", {"cat": {"a.jpg": 3, "b.jpg": 5}, "dog": {"c.jpg": 8}}))
-    for other in (renamed, resized):
+    relabelled = _fingerprint(_folder(tmp_path / "three", {"cat": {"a.jpg": 3}, "dog": {"b.jpg": 5, "c.jpg": 7}}))
+    for other in (renamed, relabelled):
         assert {k: v for k, v in other.items() if k != "files_sha256"} == \
                {k: v for k, v in first.items() if k != "files_sha256"}
         with pytest.raises(ConfigError, match=f"files_sha256: '{first['files_sha256']}' -> '{other['files_sha256']}'"):
             check_data(first, other, tmp_path / "run")
         a, b = _run("runs/a", first), _run("runs/b", other)
         assert setting(a, ())[DATA_SET] != setting(b, ())[DATA_SET]  # two settings in quest-report
-    # an independent reference: the digest over the sorted (relative path, size, label) rows of each split
-    rows = [["cat/a.jpg", 3, 0], ["cat/b.jpg", 5, 0], ["dog/c.jpg", 7, 1]]
-    expected = hashlib.sha256(b"files-1\n" + (json.dumps(rows).encode() + b"\n") * 2).hexdigest()
+    # an independent reference: the digest over the sorted "relative path<TAB>label" lines of each split
+    lines = b"cat/a.jpg\t0\ncat/b.jpg\t0\ndog/c.jpg\t1\n"
+    expected = hashlib.sha256(b"files-2\n" + (lines + b"\n") * 2).hexdigest()
     assert first["files_sha256"] == expected
     assert data_record(first)["files_sha256"] == expected
+    # the stated limit: the names, not the bytes (no file is opened or stat'ed at a start)
+    resized = _fingerprint(_folder(tmp_path / "four", {"cat": {"a.jpg": 3, "b.jpg": 5}, "dog": {"c.jpg": 8}}))
+    assert resized["files_sha256"] == first["files_sha256"]
 
 
 def test_the_same_folder_copied_elsewhere_is_the_same_data_set(tmp_path):

@@ -99,19 +99,28 @@ def listed_samples(dataset: Any) -> tuple[str, list[tuple[str, int]]] | None:
 
 
 def files_sha256(*splits: Any) -> str | None:
-    """A SHA-256 over each split's sorted (path relative to its folder, file size, label) triples: other files of
-    the same count and classes are another digest, the same folder moved or copied the same one. Only the listed
-    names and one stat per file: no image is read. None when a split lists no files."""
-    h = hashlib.sha256(b"files-1\n")
+    """A SHA-256 over each split's sorted lines ``<path relative to its folder>\\t<label>``: other files of the same
+    count and classes are another digest, the same folder moved or copied the same one. Only the names the data set
+    already listed: no file is opened or stat'ed, so it costs a start about a second per million images (a stat per
+    file would cost ImageNet's 1.28 million images seconds more, minutes on a network file system). The bytes are
+    not in it: an image re-encoded under the same name is the same data set to this digest (a capped copy is told
+    apart by ``storage``). None when a split lists no files."""
+    h = hashlib.sha256(b"files-2\n")
     for split in splits:
         listed = listed_samples(split)
         if listed is None:
             return None
         root, samples = listed
-        rows = sorted((os.path.relpath(path, root).replace(os.sep, "/"), os.stat(path).st_size, int(label))
-                      for path, label in samples)
-        h.update(json.dumps(rows).encode("utf-8") + b"\n")
+        prefix = os.path.join(root, "")
+        rows = sorted(f"{_relative(os.fspath(path), root, prefix)}\t{int(label)}\n" for path, label in samples)
+        h.update("".join(rows).encode("utf-8", "surrogateescape") + b"\n")
     return h.hexdigest()
+
+
+def _relative(path: str, root: str, prefix: str) -> str:
+    # a slice for the usual path under root (os.path.relpath costs microseconds a path: seconds for ImageNet)
+    rel = path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)
+    return rel.replace(os.sep, "/")
 
 
 def data_fingerprint(train_set: Any, val_set: Any, root: Any = None) -> dict[str, Any]:
