@@ -23,7 +23,7 @@ from quest.engine.export import resolve_checkpoint, run_summary
 from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.run_dir import check_data, data_fingerprint
 from quest.io import DamagedFile, lock_file
-from quest.output_folder import RECORD, holding
+from quest.output_folder import RECORD, holding, output_path
 from quest.report.plot import main as plot_main
 
 
@@ -292,6 +292,33 @@ def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_pa
     assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
+
+@pytest.mark.parametrize("argv", [
+    ["quest-export", "run", "--out", "x/sub/.."],
+    ["quest-report", "runs", "--out", "x/sub/../tables"],
+    ["quest-plot", "perf", "run", "--out", "x/sub/../fig.png"],
+    ["quest-data", "cap", "src", "x/sub/../capped", "--short-side", "16"],
+    ["make_shards", "convert", "src", "x/sub/.."],
+])
+def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none(tmp_path, monkeypatch, capsys,
+                                                                                  argv):
+    """``--out x/sub/..`` with no x/sub: the command's mkdir would make x/sub on the way and leave it behind."""
+    from quest.data.check import main as quest_data
+    from quest.data.make_shards import main as make_shards
+    from quest.engine.export import main as export
+    from quest.report.__main__ import main as report
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    command = {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
+               "make_shards": make_shards}[argv[0]]
+    with pytest.raises(SystemExit) as exited:
+        command(argv[1:])
+    assert exited.value.code == 2
+    assert "goes up ('..') from x/sub, which is not an existing folder" in capsys.readouterr().err
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("x")]
+    (tmp_path / "x" / "sub").mkdir()  # through an existing folder '..' is the kernel's, as a shell's cd
+    assert output_path("x/sub/..") == Path("x/sub/..")
 
 @pytest.mark.parametrize("inside", ["train/zz", ".", "val"])
 def test_make_shards_refuses_an_output_folder_inside_its_source(tmp_path, inside):
