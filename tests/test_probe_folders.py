@@ -270,6 +270,17 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
         RunDirectory(folder).writable()  # training: refused with the run directory's checks, before any change
 
 
+def _output_command(name: str):
+    """The in-process main of each command that takes an output path."""
+    from quest.data.check import main as quest_data
+    from quest.data.make_shards import main as make_shards
+    from quest.engine.export import main as export
+    from quest.report.__main__ import main as report
+
+    return {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
+            "make_shards": make_shards}[name]
+
+
 @pytest.mark.parametrize("argv", [
     ["quest-export", "run", "--out", ""],
     ["quest-report", "runs", "--out", ""],
@@ -279,14 +290,8 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
 ])
 def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv):
     """``--out "$OUT"`` with OUT unset: the working directory would receive the command's files."""
-    from quest.data.check import main as quest_data
-    from quest.data.make_shards import main as make_shards
-    from quest.engine.export import main as export
-    from quest.report.__main__ import main as report
-
     monkeypatch.chdir(tmp_path)
-    command = {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
-               "make_shards": make_shards}[argv[0]]
+    command = _output_command(argv[0])
     with pytest.raises(SystemExit) as exited:
         command(argv[1:])
     assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
@@ -303,15 +308,9 @@ def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_pa
 def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none(tmp_path, monkeypatch, capsys,
                                                                                   argv):
     """``--out x/sub/..`` with no x/sub: the command's mkdir would make x/sub on the way and leave it behind."""
-    from quest.data.check import main as quest_data
-    from quest.data.make_shards import main as make_shards
-    from quest.engine.export import main as export
-    from quest.report.__main__ import main as report
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x").mkdir()
-    command = {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
-               "make_shards": make_shards}[argv[0]]
+    command = _output_command(argv[0])
     with pytest.raises(SystemExit) as exited:
         command(argv[1:])
     assert exited.value.code == 2
@@ -319,6 +318,7 @@ def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("x")]
     (tmp_path / "x" / "sub").mkdir()  # through an existing folder '..' is the kernel's, as a shell's cd
     assert output_path("x/sub/..") == Path("x/sub/..")
+
 
 @pytest.mark.parametrize("inside", ["train/zz", ".", "val"])
 def test_make_shards_refuses_an_output_folder_inside_its_source(tmp_path, inside):
