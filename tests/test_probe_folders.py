@@ -281,39 +281,42 @@ def _output_command(name: str):
             "make_shards": make_shards}[name]
 
 
-@pytest.mark.parametrize("argv", [
-    ["quest-export", "run", "--out", ""],
-    ["quest-report", "runs", "--out", ""],
-    ["quest-plot", "perf", "run", "--out", " "],
-    ["quest-data", "cap", "src", "", "--short-side", "16"],
-    ["make_shards", "convert", "src", ""],
-])
-def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv):
+#: each command that writes into an output path, ``{}`` where the path goes
+OUTPUT_ARGV = [
+    ["quest-export", "run", "--out", "{}"],
+    ["quest-report", "runs", "--out", "{}"],
+    ["quest-plot", "perf", "run", "--out", "{}fig.png"],
+    ["quest-data", "cap", "src", "{}", "--short-side", "16"],
+    ["make_shards", "convert", "src", "{}"],
+]
+
+
+def _run_output_command(argv: list[str], out: str) -> int:
+    """The exit code of the command of ``argv`` with ``out`` as its output path."""
+    with pytest.raises(SystemExit) as exited:
+        _output_command(argv[0])([a.format(out) for a in argv[1:]])
+    return exited.value.code
+
+
+@pytest.mark.parametrize("argv", OUTPUT_ARGV)
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv, out):
     """``--out "$OUT"`` with OUT unset: the working directory would receive the command's files."""
     monkeypatch.chdir(tmp_path)
-    command = _output_command(argv[0])
-    with pytest.raises(SystemExit) as exited:
-        command(argv[1:])
-    assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
+    if argv[0] == "quest-plot":
+        argv = [*argv[:-1], out]
+    code = _run_output_command(argv, out)
+    assert code == 2 and "is empty; expected a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [
-    ["quest-export", "run", "--out", "x/sub/.."],
-    ["quest-report", "runs", "--out", "x/sub/../tables"],
-    ["quest-plot", "perf", "run", "--out", "x/sub/../fig.png"],
-    ["quest-data", "cap", "src", "x/sub/../capped", "--short-side", "16"],
-    ["make_shards", "convert", "src", "x/sub/.."],
-])
+@pytest.mark.parametrize("argv", OUTPUT_ARGV)
 def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none(tmp_path, monkeypatch, capsys,
                                                                                   argv):
     """``--out x/sub/..`` with no x/sub: the command's mkdir would make x/sub on the way and leave it behind."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x").mkdir()
-    command = _output_command(argv[0])
-    with pytest.raises(SystemExit) as exited:
-        command(argv[1:])
-    assert exited.value.code == 2
+    assert _run_output_command(argv, "x/sub/../") == 2
     assert "goes up ('..') from x/sub, which is not an existing folder" in capsys.readouterr().err
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("x")]
     (tmp_path / "x" / "sub").mkdir()  # through an existing folder '..' is the kernel's, as a shell's cd
