@@ -26,7 +26,8 @@ from typing import Any, BinaryIO, TextIO
 
 from omegaconf import OmegaConf
 
-__all__ = ["DamagedFile", "LockHeld", "atomic_write", "lock_file", "move_aside", "replaced_dir", "REPLACED",
+__all__ = ["DamagedFile", "LockHeld", "OutsideFolder", "inside_folder", "atomic_write",
+           "lock_file", "move_aside", "replaced_dir", "REPLACED",
            "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
            "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
            "json_text", "markdown_table", "plain"]
@@ -95,6 +96,22 @@ def readable(path: Path, what: str) -> None:
         need = "read and search (r-x)" if path.is_dir() else "read (r)"
         raise PermissionError(f"{what} {path} is not readable by this user (uid {os.getuid()}): it needs {need} "
                               f"permission (mode {os.stat(path).st_mode & 0o777:o}); fix it with chmod or run as its owner")
+
+
+class OutsideFolder(ValueError):
+    """A file a folder holds (a run's summary.json) that is a link resolving outside that folder: believing it
+    would read another folder's file (another run's numbers counted twice) as this folder's own."""
+
+
+def inside_folder(path: str | Path, folder: str | Path) -> Path:
+    """``path``, a file ``folder`` holds, when it resolves (every link followed) inside ``folder``; a link within
+    the folder is its own file. :class:`OutsideFolder` naming the file and where it points otherwise."""
+    path = Path(path)
+    target = path.resolve()
+    if target.is_relative_to(Path(folder).resolve()):
+        return path
+    raise OutsideFolder(f"{path}: a link to {target}, outside {folder} (expected the folder's own file, not a link "
+                        "to another's: replace the link by a copy of the file, or remove it)")
 
 
 def parse_json(text: str | bytes) -> Any:

@@ -129,10 +129,19 @@ class OutputFolder(OwnedDirectory):
 
 def output_path(text: str) -> Path:
     """The argparse type of a command's ``--out``: a path, never an empty one (``--out "$OUT"`` with ``OUT`` unset),
-    which would write the command's files into the working directory."""
+    which would write the command's files into the working directory, nor one going up ('..') from a folder that
+    does not exist."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
-    return Path(text)
+    path = Path(text)
+    for i, part in enumerate(path.parts):
+        # 'x/sub/..' with no x/sub: the folder would be made on the way (its lock's mkdir) and left behind, empty;
+        # resolved as written it names no folder, and normalised it would go wrong through a link
+        if part == ".." and not Path(*path.parts[:i]).is_dir():
+            raise argparse.ArgumentTypeError(
+                f"{text} goes up ('..') from {Path(*path.parts[:i])}, which is not an existing folder; expected a "
+                "path whose every '..' follows an existing folder (write it without the '..')")
+    return path
 
 
 def checked_record(found: Any, path: Path) -> dict[str, dict[str, str]]:

@@ -23,7 +23,7 @@ from quest.engine.export import resolve_checkpoint, run_summary
 from quest.engine.logger import start_log_file, stop_log_file
 from quest.engine.run_dir import check_data, data_fingerprint
 from quest.io import DamagedFile, lock_file
-from quest.output_folder import RECORD, holding
+from quest.output_folder import RECORD, holding, output_path
 from quest.report.plot import main as plot_main
 
 
@@ -270,27 +270,57 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
         RunDirectory(folder).writable()  # training: refused with the run directory's checks, before any change
 
 
-@pytest.mark.parametrize("argv", [
-    ["quest-export", "run", "--out", ""],
-    ["quest-report", "runs", "--out", ""],
-    ["quest-plot", "perf", "run", "--out", " "],
-    ["quest-data", "cap", "src", "", "--short-side", "16"],
-    ["make_shards", "convert", "src", ""],
-])
-def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv):
-    """``--out "$OUT"`` with OUT unset: the working directory would receive the command's files."""
+def _output_command(name: str):
+    """The in-process main of each command that takes an output path."""
     from quest.data.check import main as quest_data
     from quest.data.make_shards import main as make_shards
     from quest.engine.export import main as export
     from quest.report.__main__ import main as report
 
-    monkeypatch.chdir(tmp_path)
-    command = {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
-               "make_shards": make_shards}[argv[0]]
+    return {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
+            "make_shards": make_shards}[name]
+
+
+#: each command that writes into an output path, ``{}`` where the path goes
+OUTPUT_ARGV = [
+    ["quest-export", "run", "--out", "{}"],
+    ["quest-report", "runs", "--out", "{}"],
+    ["quest-plot", "perf", "run", "--out", "{}fig.png"],
+    ["quest-data", "cap", "src", "{}", "--short-side", "16"],
+    ["make_shards", "convert", "src", "{}"],
+]
+
+
+def _run_output_command(argv: list[str], out: str) -> int:
+    """The exit code of the command of ``argv`` with ``out`` as its output path."""
     with pytest.raises(SystemExit) as exited:
-        command(argv[1:])
-    assert exited.value.code == 2 and "is empty; expected a path" in capsys.readouterr().err
+        _output_command(argv[0])([a.format(out) for a in argv[1:]])
+    return exited.value.code
+
+
+@pytest.mark.parametrize("argv", OUTPUT_ARGV)
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_output_path_is_refused_by_every_command_before_any_work(tmp_path, monkeypatch, capsys, argv, out):
+    """``--out "$OUT"`` with OUT unset: the working directory would receive the command's files."""
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "quest-plot":
+        argv = [*argv[:-1], out]
+    code = _run_output_command(argv, out)
+    assert code == 2 and "is empty; expected a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", OUTPUT_ARGV)
+def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none(tmp_path, monkeypatch, capsys,
+                                                                                  argv):
+    """``--out x/sub/..`` with no x/sub: the command's mkdir would make x/sub on the way and leave it behind."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    assert _run_output_command(argv, "x/sub/../") == 2
+    assert "goes up ('..') from x/sub, which is not an existing folder" in capsys.readouterr().err
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("x")]
+    (tmp_path / "x" / "sub").mkdir()  # through an existing folder '..' is the kernel's, as a shell's cd
+    assert output_path("x/sub/..") == Path("x/sub/..")
 
 
 @pytest.mark.parametrize("inside", ["train/zz", ".", "val"])

@@ -363,6 +363,23 @@ def test_a_toy_rerun_of_another_config_changes_nothing(tmp_path, monkeypatch, ca
             tmp_path, monkeypatch, capsys)
 
 
+
+@pytest.mark.parametrize("why", ["held", "damaged_record"])
+def test_a_toy_rerun_refused_at_its_folder_changes_nothing(why, tmp_path, monkeypatch, capsys):
+    """A rerun into a study's folder that another study holds, or whose record is damaged: refused before toy.log
+    (and Hydra's record) is touched, the folder byte-identical."""
+    cwd, out = place("new", tmp_path, None)
+    code, err = start("quest-toy", [*TOY_SMALL, f"hydra.run.dir={out}"], cwd, monkeypatch, capsys)
+    assert code == 0 and (out / "toy.log").is_file(), err[-3000:]
+    held = None
+    if why == "held":
+        held, names = holding(out / ".lock"), "pid 1 on elsewhere"
+    else:
+        (out / ".written.json").write_text("{ cut short")
+        names = ".written.json"
+    rerun = [a for a in TOY_SMALL if a != "device=cpu"]  # device=auto: a line is logged, toy.log must not get it
+    refused("quest-toy", [*rerun, f"hydra.run.dir={out}"], cwd, names, tmp_path, monkeypatch, capsys, held=held)
+
 # --- the mechanism: which directories a command made -------------------------------------------------------------
 @settings(max_examples=60)
 @given(existing=st.sets(st.sampled_from(["a", "a/b", "a/b/c", "d", "d/e"])),

@@ -31,7 +31,7 @@ from quest.engine.builders import build_model, resolve_img_size
 from quest.engine.checkpoint import CheckpointRecord, load_record
 from quest.errors import describe, input_error, program_name
 from quest.extras import MissingExtra
-from quest.io import DamagedFile, atomic_write, file_sha256, json_text, markdown_table, write_text_atomic
+from quest.io import DamagedFile, atomic_write, file_sha256, inside_folder, json_text, markdown_table, write_text_atomic
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.output_folder import holding, output_path
 from quest.run_files import read_summary
@@ -119,7 +119,7 @@ def run_summary(path: Path) -> dict[str, Any]:
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     summary = run_dir / "summary.json"
     try:
-        record = read_summary(summary)
+        record = read_summary(inside_folder(summary, run_dir))  # never another run's, through a link
     except (OSError, ValueError) as exc:  # not JSON, a field of the wrong type or range, unreadable
         problem = exc.problem if isinstance(exc, DamagedFile) else describe(exc).removeprefix(f"{summary}: ")
         raise ValueError(f"cannot read {summary}: {problem}; it says whether the "

@@ -31,7 +31,7 @@ from typing import Any
 
 from quest.compat import checkpoint_metrics_text
 from quest.config_checks import ConfigError
-from quest.io import DamagedFile, read_json, write_text_atomic
+from quest.io import DamagedFile, OutsideFolder, inside_folder, read_json, write_text_atomic
 from quest.owned_dir import Difference
 from quest.records import RecordError
 from quest.run_files import checked_run_record, checked_summary
@@ -127,6 +127,11 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
         if not path.is_file():
             raise ConfigError(f"trainer.resume={tr.resume}: there is no such file")
         plan.checkpoint, plan.ckpt = path, _checkpoint(path, "")
+    try:  # a link to another run's file would be read as this run's, and metrics.jsonl appended to in the other run
+        for name in ("summary.json", "run.json", "metrics.jsonl"):
+            inside_folder(run_dir / name, run_dir)
+    except OutsideFolder as exc:
+        raise ConfigError(str(exc)) from None
     plan.summary = _json(directory, "summary.json", plan)
     record = _json(directory, "run.json", plan)
     metrics = run_dir / "metrics.jsonl"

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import DamagedFile, parse_json, read_json
+from quest.io import DamagedFile, OutsideFolder, inside_folder, parse_json, read_json
 from quest.records import RecordError, check_fields
 from quest.run_files import RunSummary, check_metrics_row
 
@@ -20,12 +20,20 @@ class PlotInputError(ValueError):
     """A run directory that cannot be plotted; the message names the path and what was expected."""
 
 
+def _own(run_dir: Path, name: str) -> Path:
+    """``run_dir/name`` when it is the run's own file (quest.io.inside_folder), never a link to another run's."""
+    try:
+        return inside_folder(run_dir / name, run_dir)
+    except OutsideFolder as exc:
+        raise PlotInputError(str(exc)) from None
+
+
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of ``run_dir/metrics.jsonl``; a truncated last line (a run killed mid-write) is skipped."""
     run_dir = Path(run_dir)
-    path = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
         raise PlotInputError(f"{run_dir}: not a directory (expected a run directory containing metrics.jsonl)")
+    path = _own(run_dir, "metrics.jsonl")
     if not path.is_file():
         raise PlotInputError(
             f"{path}: file not found (expected the run's metrics.jsonl, one JSON object per line with an integer "
@@ -55,7 +63,7 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def run_formulation(run_dir: Path) -> str | None:
     """The run's attention formulation: ``attention`` (or ``choices.attention``) from ``summary.json``, else None."""
-    summary_path = Path(run_dir) / "summary.json"
+    summary_path = _own(Path(run_dir), "summary.json")
     if not summary_path.is_file():
         return None
     try:  # every field it holds checked (quest.run_files); a label needs no status

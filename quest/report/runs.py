@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.evaluation.results_file import checked_results
-from quest.io import parse_json
+from quest.io import OutsideFolder, inside_folder, parse_json
 from quest.records import RecordError
 from quest.run_files import checked_run_record, checked_summary
 
@@ -98,15 +98,24 @@ def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
     return data
 
 
+def _own(run_dir: Path, path: Path) -> Path:
+    """``path``, a file of ``run_dir``, when it is the run's own (quest.io.inside_folder): a link to another run's
+    file is refused, never counted as this run's."""
+    try:
+        return inside_folder(path, run_dir)
+    except OutsideFolder as exc:
+        raise ReportInputError(str(exc)) from None
+
+
 def _read_config(run_dir: Path) -> dict[str, Any] | None:
     """The run's own record of its config (run.json, written by quest.engine.fit), else Hydra's copy of the latest
     command's config for runs written before run.json existed."""
-    record = run_dir / "run.json"
+    record = _own(run_dir, run_dir / "run.json")
     if record.is_file():
         config = _read_json(record, "the run record written by train.py", checked_run_record).get("config")
         if isinstance(config, dict):
             return flatten(config)
-    path = run_dir / ".hydra" / "config.yaml"
+    path = _own(run_dir, run_dir / ".hydra" / "config.yaml")
     if not path.is_file():
         return None
     import yaml
@@ -139,7 +148,8 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
     """Numbers of every <run>/eval/<suite>/<stem>-<model|ema>/eval_results.json (and the older
     <run>/eval/<suite>/eval_results.json) as '<evaluation><suffix>/<path>' (e.g. 'imagenet_c/mce',
     'imagenet_v2_ema/top1'); an evaluation present in two suites takes the more recently written file."""
-    files = sorted({*run_dir.glob("eval/*/eval_results.json"), *run_dir.glob("eval/*/*/eval_results.json")},
+    files = sorted({_own(run_dir, p) for p in (*run_dir.glob("eval/*/eval_results.json"),
+                                               *run_dir.glob("eval/*/*/eval_results.json"))},
                    key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
     for path in files:
@@ -164,7 +174,8 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
 
 
 def _load_run(run_dir: Path) -> RunResult:
-    summary_path = run_dir / "summary.json"
+    summary_path = _own(run_dir, run_dir / "summary.json")
+    _own(run_dir, run_dir / "metrics.jsonl")  # it tells an unfinished run: the run's own, as the others
     config = _read_config(run_dir)
     if not summary_path.is_file():
         return RunResult(run_dir, "incomplete", {}, config, {})
