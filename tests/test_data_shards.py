@@ -343,7 +343,7 @@ def test_training_on_shards_resumes_exactly(shards, tmp_path, stop_at):
     for part in ("model", "ema"):
         for key, value in a[part].items():
             torch.testing.assert_close(b[part][key], value, atol=0, rtol=0, msg=f"{part}.{key}")
-    assert a["data"] == {"train_size": 39, "val_size": 12, "classes": None, "storage": None}
+    assert a["data"] == {"train_size": 39, "val_size": 12, "classes": None, "storage": None, "files_sha256": None}
 
 
 @pytest.mark.slow
