@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -229,18 +230,20 @@ def test_make_shards_refuses_a_shard_name_that_is_not_a_plain_name_before_any_ch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-@pytest.mark.process
-def test_make_shards_as_a_script_refuses_in_one_line_not_a_traceback(tmp_path):
-    """The process boundary is the point: ``python -m quest.data.make_shards`` goes through quest's error path."""
-    import subprocess
-    import sys
+def test_make_shards_as_a_script_refuses_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """``python -m quest.data.make_shards`` goes through quest's error path: its ``__main__`` block run in-process
+    (runpy runs the module as the interpreter's -m does), with the command line a user types."""
+    import runpy
 
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # the switch that shows tracebacks
-    done = subprocess.run([sys.executable, "-m", "quest.data.make_shards", "convert", str(tmp_path / "src"),
-                           str(tmp_path / "out"), "--shard-size", "0"], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1], env=env)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip() == "python -m quest.data.make_shards: error: --shard-size must be at least 1, got 0"
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # the switch that shows tracebacks
+    monkeypatch.setattr(sys, "argv", ["make_shards.py", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
+                                      "--shard-size", "0"])
+    monkeypatch.delitem(sys.modules, "quest.data.make_shards", raising=False)  # runpy's warning: run it fresh
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("quest.data.make_shards", run_name="__main__", alter_sys=True)
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "Traceback" not in err
+    assert err.strip() == "python -m quest.data.make_shards: error: --shard-size must be at least 1, got 0"
 
 
 @pytest.mark.parametrize("workers", ["-3", "0"])
