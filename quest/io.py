@@ -350,6 +350,16 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
             n += 1
 
 
+def remove_made_dirs(made: Iterable[str | Path]) -> None:
+    """Remove the directories a refused command made (deepest first), each only while empty, stopping at the first
+    that is not: whatever anything wrote in them stays, and a directory that was there before is never in ``made``."""
+    for path in made:
+        try:
+            Path(path).rmdir()
+        except OSError:
+            return
+
+
 def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
     """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``, each under its path
     relative to ``folder`` (its name when outside it: two files of one name in different sub-folders never meet);

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from quest.io import atomic_write
+from quest.io import atomic_write, remove_made_dirs
 
 __all__ = ["MadeDirectories", "missing_dirs", "remove_made"]
 
@@ -138,7 +138,7 @@ class MadeDirectories(Callback):
         if before.made:  # made by this sweep: removed when no job left anything in it
             if [p.name for p in before.root.iterdir()] == [SWEEP_RECORD]:
                 record.unlink()
-                _remove_empty(before.made)
+                remove_made_dirs(before.made)
             return
         now = _snapshot(before.root)
         now.pop(SWEEP_RECORD, None)
@@ -150,16 +150,8 @@ class MadeDirectories(Callback):
                 atomic_write(record, lambda f: f.write(saved))  # Hydra rewrote it: the earlier sweep's back
 
 
-def _remove_empty(dirs: list[Path]) -> None:
-    for path in dirs:  # deepest first: a parent is empty once its child is gone
-        try:
-            path.rmdir()  # only an empty directory: whatever a job wrote stays
-        except OSError:
-            return
-
-
 def remove_made(output_dir: str | Path) -> None:
     """A refused job: remove the directories made for it (``output_dir`` and the parents Hydra made), deepest first,
     while they are empty. Nothing when the callback did not see this job start (the app called some other way)."""
     if _job is not None and _job[0] == Path(os.path.abspath(output_dir)):
-        _remove_empty(_job[1])
+        remove_made_dirs(_job[1])

@@ -41,7 +41,16 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from quest.io import DamagedFile, LockHeld, file_sha256, move_aside, read_json, refuse_present, write_json_atomic
+from quest.io import (
+    DamagedFile,
+    LockHeld,
+    file_sha256,
+    move_aside,
+    read_json,
+    refuse_present,
+    remove_made_dirs,
+    write_json_atomic,
+)
 from quest.owned_dir import OwnedDirectory, holder_text
 
 __all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
@@ -177,7 +186,7 @@ def holding(path: str | Path, command: str, output: str | None = None,
     try:
         folder.lock()
     except LockHeld as exc:
-        _remove_empty(made)
+        remove_made_dirs(made)
         held = folder.path if output is None else folder.path / output
         raise FolderHeld(f"{held} is being written by {exc.holder} (its lock file {exc.path}); wait for that "
                          f"command to end, or give this {command} another "
@@ -189,13 +198,6 @@ def holding(path: str | Path, command: str, output: str | None = None,
         claimed = folder.claimed
         folder.unlock()
         if not claimed:
-            _remove_empty(made)
+            remove_made_dirs(made)
 
-
-def _remove_empty(made: list[Path]) -> None:
-    for path in made:  # deepest first
-        try:
-            path.rmdir()
-        except OSError:
-            return
 

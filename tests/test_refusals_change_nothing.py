@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from quest import cli, made_dirs, sweep_jobs
 from quest.errors import EXIT_ERROR
-from quest.io import lock_file
+from quest.io import lock_file, remove_made_dirs
 
 from .helpers import FAST
 from .interop_helpers import make_image_folder
@@ -393,7 +393,7 @@ def test_only_the_directories_that_were_missing_are_removed(existing, target, tm
     made = made_dirs.missing_dirs(root / target)
     assert all(not p.exists() for p in made) and (made[-1].parent.exists() if made else True)
     (root / target).mkdir(parents=True, exist_ok=True)  # as Hydra makes it
-    made_dirs._remove_empty(made)
+    remove_made_dirs(made)
     assert {p for p in root.rglob("*")} == before
 
 
