@@ -27,17 +27,7 @@ from quest.io import DamagedFile, lock_file
 from quest.output_folder import RECORD, holding, output_path
 from quest.report.plot import main as plot_main
 
-
-def _tree(root: Path) -> dict[str, bytes | str]:
-    """Every entry under ``root``, links as their target (never followed): what a refused command must not change."""
-    out: dict[str, bytes | str] = {}
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(top, name)
-            rel = str(path.relative_to(root))
-            out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
-    return out
-
+from .tree_state import tree_state
 
 GOOD = {"by": "quest-export", "sha256": "0" * 64}
 
@@ -59,12 +49,12 @@ def test_a_damaged_record_is_refused_when_the_folder_is_held_and_nothing_changes
     folder.mkdir()
     (folder / RECORD).write_text(content)
     (folder / "model.safetensors").write_bytes(b"weights")
-    before = _tree(folder)
+    before = tree_state(folder)
     with pytest.raises(DamagedFile, match="Move it away") as caught:
         with holding(folder, "quest-export"):
             raise AssertionError("the block must not run: its first change would come before the refusal")
     assert named in str(caught.value) and str(folder / RECORD) in str(caught.value)
-    assert _tree(folder) == before  # the lock file the hold made is gone again
+    assert tree_state(folder) == before  # the lock file the hold made is gone again
 
 
 @pytest.mark.parametrize("kind", ["directory", "link"])
@@ -134,10 +124,10 @@ def test_cap_refuses_a_class_folder_linked_elsewhere_before_any_change(tmp_path)
     (dst / "train" / "cat").rmdir()
     (dst / "train" / "cat").symlink_to(theirs)
     os.utime(src / "train" / "cat" / "0.jpg", ns=(1, 1))  # a changed source: the rerun would redo cat/0.jpg
-    before, theirs_before = _tree(dst), _tree(theirs)
+    before, theirs_before = tree_state(dst), tree_state(theirs)
     with pytest.raises(ValueError, match=r"links to folders elsewhere \(.*train/cat\)"):
         cap_folder(src, dst, 16)
-    assert _tree(dst) == before and _tree(theirs) == theirs_before
+    assert tree_state(dst) == before and tree_state(theirs) == theirs_before
 
 
 def test_a_checkpoint_linked_from_another_run_is_exported_with_that_runs_summary(tmp_path):
@@ -163,10 +153,10 @@ def test_a_figure_format_matplotlib_refuses_moves_no_earlier_file_aside(tmp_path
     out = tmp_path / "figs" / "perf.txt"
     out.parent.mkdir()
     out.write_text("my notes")
-    before = _tree(out.parent)
+    before = tree_state(out.parent)
     with pytest.raises(ValueError, match="Format 'txt' is not supported"):
         plot_main(["perf", str(run), "--out", str(out), "--overwrite"])
-    assert _tree(out.parent) == before
+    assert tree_state(out.parent) == before
     assert plot_main(["perf", str(run), "--out", str(out.with_suffix(".png"))]) == 0
 
 
@@ -329,10 +319,10 @@ def test_an_output_path_going_up_from_a_missing_folder_is_refused_and_makes_none
 @pytest.mark.parametrize("inside", ["train/zz", ".", "val"])
 def test_make_shards_refuses_an_output_folder_inside_its_source(tmp_path, inside):
     src = _images(tmp_path / "src")
-    before = _tree(src)
+    before = tree_state(src)
     with pytest.raises(ValueError, match="must not lie inside its source"):
         convert_image_folder(src, src / inside, [("train", "train")], shard_size=2)
-    assert _tree(src) == before
+    assert tree_state(src) == before
 
 
 @pytest.mark.parametrize("name", ["figs", "figs/", "figure"])
@@ -340,12 +330,12 @@ def test_plot_refuses_a_folder_or_a_name_without_a_format_as_its_image(tmp_path,
     """``--out figs --overwrite`` moved the folder figs/ aside and wrote a PNG named figs."""
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "notes.txt").write_text("mine")
-    before = _tree(tmp_path)
+    before = tree_state(tmp_path)
     with pytest.raises(SystemExit) as exited:
         plot_main(["perf", str(tmp_path / "run"), "--out", f"{tmp_path}/{name}", "--overwrite"])
     assert exited.value.code == 2
     assert ("is a folder" if name.startswith("figs") else "has no suffix") in capsys.readouterr().err
-    assert _tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 def test_json_nested_past_the_decoder_is_damage_like_any_other_not_a_bug(tmp_path):

@@ -9,10 +9,8 @@ parent that was there before, holding an earlier run). The apps run in this proc
 function with its argv), so that a missing package or an unwritable directory can be simulated."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import stat
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from quest.io import lock_file, remove_made_dirs
 
 from .helpers import FAST
 from .interop_helpers import make_image_folder
+from .tree_state import tree_state
 
 TRAIN = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.max_steps=1"]
 DATA_FREE = [a for a in TRAIN if not a.startswith("data")]  # for the refusals that choose a data set of their own
@@ -34,15 +33,6 @@ STATES = ["new", "under_empty_parent", "earlier"]
 REPLACE = ["trainer.resume=never", "trainer.overwrite=true"]
 
 
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (directories too, symlinks not followed): its kind, mode and, for a file, a hash of
-    its bytes."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        info = path.lstat()
-        data = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else None
-        out[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), data)
-    return out
 
 
 def start(app: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
@@ -65,7 +55,7 @@ def refused(app: str, args: list[str], cwd: Path, names: str, root: Path, monkey
             held: int | None = None) -> None:
     """``app`` with ``args`` is refused with one line naming ``names`` (exit 1, no traceback), and every entry under
     ``root`` is as it was. ``held``: a lock this test holds for another process, released after the command."""
-    before = tree(root)
+    before = tree_state(root)
     try:
         code, err = start(app, args, cwd, monkeypatch, capsys)
     finally:
@@ -74,7 +64,7 @@ def refused(app: str, args: list[str], cwd: Path, names: str, root: Path, monkey
     assert code == EXIT_ERROR, err[-3000:]
     assert err.count(f"{app}: error: ") == 1 and "Traceback" not in err, err[-3000:]
     assert names in err[err.index(f"{app}: error: "):], err[-3000:]
-    assert tree(root) == before
+    assert tree_state(root) == before
 
 
 def without_wandb(monkeypatch) -> None:
@@ -195,10 +185,10 @@ def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, earlier_run,
     like the directory of a logger that is off (wandb, with logger=jsonl) is not in the way."""
     cwd, run = place("earlier", tmp_path, earlier_run)
     (run / "wandb").write_text("the user's file\n")
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     code, err = start("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd, monkeypatch, capsys)
     assert code == 0, err[-3000:]
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 @pytest.mark.parametrize("state", ["new", "earlier"])
@@ -211,12 +201,12 @@ def test_a_sweep_whose_every_job_is_refused_changes_nothing(state, tmp_path, mon
         (sweep / "job" / "summary.json").write_text("{}\n")
         (sweep / "multirun.yaml").write_text("an earlier sweep's record\n")
     (tmp_path / "cwd").mkdir()
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     code, err = start("train.py", ["-m", *TRAIN, "recipe.lr=-1,-2", f"hydra.sweep.dir={sweep}"], tmp_path / "cwd",
                       monkeypatch, capsys)
     assert code == EXIT_ERROR and "Traceback" not in err, err[-3000:]
     assert err.count("recipe.lr must be > 0") == 2 and "2 job(s) of the sweep failed" in err, err[-3000:]
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 @pytest.mark.parametrize("app, args, blocker", [
@@ -243,7 +233,7 @@ def test_under_torchrun_a_refused_start_is_said_once(app, args, names, tmp_path,
 
     monkeypatch.setattr(quest.errors, "_joined", False)
     cwd, run = place("earlier", tmp_path, earlier_run)
-    before, said = tree(tmp_path), []
+    before, said = tree_state(tmp_path), []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
@@ -252,7 +242,7 @@ def test_under_torchrun_a_refused_start_is_said_once(app, args, names, tmp_path,
     assert said[0][0] == said[1][0] == EXIT_ERROR, said
     assert said[0][1].count(f"{app}: error: ") == 1 and names in said[0][1], said[0][1][-3000:]
     assert said[1][1] == "", said[1][1][-3000:]
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 # --- eval.py and the toy study ----------------------------------------------------------------------------------
@@ -319,12 +309,12 @@ def test_an_eval_or_toy_sweep_whose_every_job_is_refused_changes_nothing(app, ar
     """As for train.py: each job's refusal is said, the sweep goes on, and the sweep directory Hydra made (with
     its multirun.yaml) goes again."""
     cwd, run = place("earlier", tmp_path, earlier_run)
-    before = tree(tmp_path)
+    before = tree_state(tmp_path)
     args = ["-m", *[a.format(run=run) for a in args], f"{sweep_key}={tmp_path}/elsewhere/sweep"]
     code, err = start(app, args, cwd, monkeypatch, capsys)
     assert code == EXIT_ERROR and "Traceback" not in err, err[-3000:]
     assert err.count(f"{app}: error: ") == 3 and "2 job(s) of the sweep failed" in err, err[-3000:]
-    assert tree(tmp_path) == before
+    assert tree_state(tmp_path) == before
 
 
 TOY_REFUSALS = {
@@ -500,6 +490,6 @@ def test_a_wandb_run_that_does_not_start_changes_nothing(state, tmp_path, earlie
     refused("train.py", [*TRAIN, f"hydra.run.dir={run}", "logger=wandb", *more], cwd,
             "the wandb run did not start (CommError: Timed out", tmp_path, monkeypatch, capsys)
     assert len(calls) == 1 and calls[0]["mode"] == "online"
-    if state == "earlier":  # tree() records a link's kind, not its target
+    if state == "earlier":  # tree_state() holds the targets too; said here in words
         assert os.readlink(run / "wandb" / "latest-run") == earlier.name
         assert os.readlink(run / "wandb" / "debug.log") == f"{earlier.name}/logs/debug.log"

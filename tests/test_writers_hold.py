@@ -36,6 +36,7 @@ from quest.report.__main__ import main as report_main
 from quest.report.plot import main as plot_main
 
 from .helpers import CONFIGS, FAST, compose_cfg, eval_cfg
+from .tree_state import tree_state
 
 register_eval_configs()
 
@@ -43,13 +44,6 @@ FOREIGN = b'{"somebody": "else\'s file"}\n'  # valid JSON: refused or kept for w
 HOLDER = b"pid 4242 on elsewhere\n"
 
 
-def _tree(root: Path) -> dict[str, bytes | str]:
-    """Every entry under ``root``: file bytes, link targets, folders."""
-    out: dict[str, bytes | str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else "folder" if path.is_dir() else path.read_bytes()
-    return out
 
 
 def _kept(root: Path) -> dict[str, bytes]:
@@ -201,13 +195,13 @@ def test_a_file_the_command_did_not_write_is_refused_or_kept_never_lost(inputs, 
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
     target.write_bytes(FOREIGN)
-    before = _tree(folder)
+    before = tree_state(folder)
     ok, said = _call(lambda: writer.run(inputs, folder, overwrite))
     if expected == "refused":
         assert not ok, f"{name} took {place} for its own"
         # named (a folder's files by the folder they are in; an evaluation's record by its folder)
         assert place.split("/")[0] in said or name == "quest-eval" and str(folder) in said, said
-        assert _tree(folder) == before  # nothing changed: not the foreign file, not the lock file, nothing
+        assert tree_state(folder) == before  # nothing changed: not the foreign file, not the lock file, nothing
         return
     assert ok, said
     kept = _kept(folder)
@@ -233,11 +227,11 @@ def test_a_second_instance_is_refused_naming_the_holder_and_changes_nothing(inpu
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, HOLDER, 0)
-        before = _tree(folder)
+        before = tree_state(folder)
         ok, said = _call(lambda: writer.run(inputs, folder, True))
         assert not ok, f"{name} wrote into a folder another process holds"
         assert HOLDER.decode().strip() in said, said
-        assert _tree(folder) == before
+        assert tree_state(folder) == before
     finally:
         os.close(fd)
 
