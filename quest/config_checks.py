@@ -18,12 +18,15 @@ from typing import Any, Callable, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 __all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "float_keys", "is_int", "DEVICE_PATTERN",
-           "PRECISIONS"]
+           "PRECISIONS", "MATMUL_PRECISIONS"]
 
 #: what trainer.device and eval.device accept
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 #: autocast precisions of training (recipe.precision, trainer.precision besides auto) and evaluation (eval.precision)
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: trainer.matmul_precision: torch.set_float32_matmul_precision's levels (highest: IEEE float32; high: TF32 tensor
+#: cores; medium: bfloat16 passes), quest.engine.precision.set_matmul_precision
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def is_int(value: Any) -> bool:

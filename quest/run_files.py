@@ -65,12 +65,25 @@ class MetricsRow(Validation):
 
 
 @dataclass
+class RanWith:
+    """What one start or resume of a run computed with, as torch reported it then (the config says what was asked;
+    this says what ran): float32 matmul and convolution precision (trainer.matmul_precision) and the like."""
+
+    extra_values: ClassVar[Any] = str | bool | int | float | None  # further facts of the same kind: plain values
+
+    float32_matmul_precision: Literal["highest", "high", "medium"] | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+
+
+@dataclass
 class HistoryEntry:
     event: Literal["start", "resume"]
     time: str = ""
     step: int = field(default=0, metadata=bounded(0))
     note: str = ""
     changed: dict[str, list[Any]] = field(default_factory=dict)  # key -> [stored, new]
+    ran: dict[str, Any] = field(default_factory=dict, metadata=record(RanWith))  # absent in older run.json
 
 
 @dataclass

@@ -123,6 +123,8 @@ class TrainerConfig:
     seed: int = 0  # seed of the weights, data order and augmentation
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (on CUDA the recipe's precision, else bf16; fp32 on CPU) | fp32 | bf16 | fp16
+    # float32 matmuls and convolutions: highest (IEEE fp32) | high (TF32 on Ampere and later) | medium; docs/training.md
+    matmul_precision: str = "highest"
     compile: bool = False  # torch.compile the model and the loss (docs/training.md, "Compile")
     compile_mode: str = "default"  # default | max-autotune | max-autotune-no-cudagraphs | reduce-overhead
     compile_backend: str = "inductor"  # inductor | aot_eager | eager (trace only: debugging)

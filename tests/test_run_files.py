@@ -25,7 +25,8 @@ VAL_ROW = {"step": 2, "val/top1": 6.25, "val/top5": 46.9, "val/loss": 2.33, "val
            "val_ema/top1": 12.5, "val_ema/top5": 56.2, "val_ema/loss": "nan", "epoch": 0,
            "diag/layer00/entropy": 1.5}
 HISTORY = {"event": "resume", "time": "2026-12-04T22:39:13+00:00", "step": 4, "note": "rebuilt",
-           "changed": {"trainer.epochs": [2, 3]}}
+           "changed": {"trainer.epochs": [2, 3]},
+           "ran": {"float32_matmul_precision": "highest", "cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}}
 RUN = {"format": "quest-run-v1", "created": "2026-12-04T22:39:13+00:00", "history": [HISTORY],
        "config": {"model": {"name": "vit_pico_patch4_16"}}, "checkpoint_step": 4}
 SUMMARY = {

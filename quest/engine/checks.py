@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from quest.attention import get_attention
 from quest.config_checks import (
     DEVICE_PATTERN,
+    MATMUL_PRECISIONS,
     PRECISIONS,
     Checks,
     ConfigError,
@@ -194,6 +195,7 @@ def _trainer(c: Checks) -> None:
     c.check("trainer.seed", lambda v: is_int(v) and 0 <= v < 2**32, "an integer in 0..2**32-1 (numpy's seeds)")
     c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
     c.one_of("trainer.precision", ("auto", *PRECISIONS))
+    c.one_of("trainer.matmul_precision", MATMUL_PRECISIONS)
     c.one_of("trainer.strategy", ("ddp", "fsdp"))
     c.one_of("trainer.compile_mode", COMPILE_MODES)
     c.one_of("trainer.compile_backend", COMPILE_BACKENDS)

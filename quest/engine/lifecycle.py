@@ -27,6 +27,7 @@ from .checks import check_train_config
 from .distributed import DistContext, barrier, init_distributed
 from .logger import RunLogger, start_log_file, start_wandb, stop_log_file
 from .loop import Evaluator, Outcome, StepLog, train_loop
+from .precision import set_matmul_precision
 from .run_dir import RunDirectory, data_record
 from .run_state import Plan, carry_out, finished_summary, survey
 from .signals import INTERRUPTED, REQUEUED, StopSignals
@@ -89,6 +90,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         torch.set_num_threads(threads)
     elif ctx.device.type == "cpu" and (hint := busy_hint(torch.get_num_threads())):
         log.warning(hint)
+    ran = set_matmul_precision(tr.matmul_precision)  # every start sets it: a process's earlier run left its own
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -120,7 +122,8 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id) if ctx.is_main and not plan.archive_all else None
     handler = _accept(directory, plan, provenance, continuing=True)
     try:
-        directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes)
+        directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes,
+                               ran)
         if ctx.is_main and plan.archive_all:
             wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id, archived=True)
         logger = RunLogger(run_dir, cfg, cfg.logger, enabled=ctx.is_main, wandb_run=wandb_run)

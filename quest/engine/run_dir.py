@@ -227,8 +227,10 @@ class RunDirectory(OwnedDirectory):
             record["checkpoint_step"] = step
             write_json_atomic(self.path / "run.json", record)
 
-    def write_record(self, config: dict[str, Any], event: str, step: int, changed: list[Difference]) -> None:
-        """run.json: the current config and one history entry per start / resume, with the keys it changed."""
+    def write_record(self, config: dict[str, Any], event: str, step: int, changed: list[Difference],
+                     ran: dict[str, Any] | None = None) -> None:
+        """run.json: the current config and one history entry per start / resume, with the keys it changed and
+        ``ran``: what this start computes with as torch reports it (quest.run_files.RanWith)."""
         if not self.is_main:
             return
         record = self.record()
@@ -237,6 +239,8 @@ class RunDirectory(OwnedDirectory):
             record = {"format": "quest-run-v1", "created": _now(), "history": []}
             if event == "resume":  # run.json was missing or damaged: the history before this start is unknown
                 entry["note"] = "run.json rebuilt from the checkpoint; earlier history unknown"
+        if ran:
+            entry["ran"] = dict(ran)
         if changed:
             entry["changed"] = {d.key: [None if d.stored is ABSENT else d.stored, None if d.new is ABSENT else d.new]
                                 for d in changed}
