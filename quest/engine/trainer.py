@@ -199,7 +199,8 @@ class Run:
             self.scaler.scale(loss / len(batches)).backward()
         grad_norm = self._unscale_and_clip()
         skip = self.guard.step(worst, grad_norm, stop)  # on the device; under DDP the step's one collective
-        metrics = {"train/loss_scale": self.scaler.get_scale()} if log and self.scaler.is_enabled() else {}
+        # the loss scale this step used, read with the log's one read (the update below changes it in place)
+        scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
         skip = self._optimizer_step(skip, grad_norm)
         p.optimizer.zero_grad(set_to_none=True)
         st.took_step()
@@ -209,8 +210,9 @@ class Run:
         self._add_skip_counts(reduce=log)
         if not log:
             return {"stop": self.guard.previous_stop() if self.ctx.distributed else stop}
-        loss_v, norm_v, *agreed = self.guard.read(st.step, loss_sum / len(batches), grad_norm, stop=True)
-        return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": agreed[0] if agreed else stop}
+        loss_v, norm_v, *rest = self.guard.read(st.step, loss_sum / len(batches), grad_norm, *scale, stop=True)
+        metrics = {"train/loss_scale": rest.pop(0)} if scale else {}
+        return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": rest[0] if rest else stop}
 
     def _unscale_and_clip(self) -> torch.Tensor:
         """The gradients' total norm (fp32, 0-d, before clipping) after unscaling them (fp16), clipping them to
