@@ -41,6 +41,12 @@ def _selectable(value: Any, device: torch.device) -> bool:
             and not (value.dim() == 0 and value.device.type == "cpu"))
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's own memory: an FSDP parameter's or state's shard (a DTensor's local tensor), else itself. The
+    select works on it in place, so a sharded tensor is never mixed with the plain skip flag."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def skippable_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
     """``optimizer.step()``, or, where ``skip`` (0-d float on the device) is 1.0, weights and optimizer state left
     bit for bit as they were (new state zero), without reading ``skip`` on the host."""
@@ -55,21 +61,27 @@ def skippable_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None
         finally:
             del optimizer.found_inf
     else:  # the copy the select restores from: the weights ("") and the state's device tensors
-        before = [{"": p.detach().clone(), **{key: value.clone() for key, value in optimizer.state[p].items()
-                                               if _selectable(value, device)}} for p in params]
+        before = [{"": _local(p.detach()).clone(),
+                   **{key: _local(value).clone() for key, value in optimizer.state[p].items()
+                      if _selectable(value, device)}} for p in params]
         optimizer.step()
     keep = skip == 0
+    zero = torch.zeros((), device=device)
     for i, p in enumerate(params):
         if before:
-            torch.where(keep, p.detach(), before[i][""], out=p.detach())
-        state = optimizer.state[p]
-        for key, value in state.items():
+            weights = _local(p.detach())
+            torch.where(keep, weights, before[i][""], out=weights)
+        for key, value in optimizer.state[p].items():
             if not _selectable(value, device):
                 continue  # counted on the host (host_counted): it cannot follow a decision on the device
             if key not in had[i]:  # created by this step: zero when the step is skipped
-                state[key] = torch.where(keep, value, torch.zeros_like(value))
+                restored = zero.to(value.dtype)
             elif before and key in before[i]:  # back to the copy, whether the step updated it in place or not
-                state[key] = torch.where(keep, value, before[i][key])
+                restored = before[i][key]
+            else:
+                continue  # a fused optimizer's existing state: its kernel skipped it
+            local = _local(value)
+            torch.where(keep, local, restored, out=local)
 
 
 def host_counted(optimizer: torch.optim.Optimizer, device: torch.device) -> list[str]:
