@@ -275,3 +275,19 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
     with counter:
         run.train_step(batches, log=True)
     assert counter.count == 1 + (processes == 2 and bad_images == "skip")
+
+
+def test_under_ddp_skipped_image_counts_wait_on_the_host_until_the_log(tmp_path, monkeypatch, one_rank_group):
+    """DDP with data.bad_images=skip: the images a step drew reach the run's state (summed over the ranks: here the
+    one real rank) at the logged step, not before; a save brings them in too (Run.sync_counts)."""
+    monkeypatch.setattr("quest.engine.builders.agree_on_sample_counts", lambda counts, ctx: None)
+    cfg = compose_cfg(*FAST, "data.bad_images=skip", "data.batch_size=4", "data.fake_train_size=64")
+    run = Run(cfg, tmp_path, {}, DistContext(rank=0, world_size=2))
+    steps = run.step_batches()
+    drawn = []
+    for log in (False, False, True, False):
+        run.train_step(next(steps), log=log)
+        drawn.append(run.state.train_drawn)
+    assert drawn == [0, 0, 12, 12]
+    run.sync_counts()
+    assert (run.state.train_drawn, run.state.train_skipped) == (16, 0)
