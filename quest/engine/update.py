@@ -61,9 +61,12 @@ def skippable_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None
         finally:
             del optimizer.found_inf
     else:  # the copy the select restores from: the weights ("") and the state's device tensors
-        before = [{"": _local(p.detach()).clone(),
-                   **{key: _local(value).clone() for key, value in optimizer.state[p].items()
-                      if _selectable(value, device)}} for p in params]
+        keys = [["", *(key for key, value in optimizer.state[p].items() if _selectable(value, device))]
+                for p in params]
+        tensors = [_local(p.detach() if key == "" else optimizer.state[p][key]) for p, names in zip(params, keys)
+                   for key in names]
+        copies = iter(torch._foreach_mul(tensors, 1))  # one multi-tensor kernel; x * 1 is x, bit for bit
+        before = [{key: next(copies) for key in names} for names in keys]
         optimizer.step()
     keep = skip == 0
     zero = torch.zeros((), device=device)
