@@ -1,6 +1,7 @@
 """A training step without a host read between log intervals (docs/training.md, "The training loop"): the counter of
-device-to-host reads, shown to catch each kind of read; the loop's reads per step; a bad step caught on the device
-(its update and every later one skipped, the divergence reported with its step) and never saved."""
+device-to-host reads, shown to catch each kind of read; the loop's reads per step; every recipe x precision x
+strategy x data.bad_images reading nothing between log intervals; a bad step caught on the device (its update and
+every later one skipped, the divergence reported with its step) and never saved."""
 from __future__ import annotations
 
 import copy
