@@ -1,6 +1,7 @@
 """A training step without a host read between log intervals (docs/training.md, "The training loop"): the counter of
-device-to-host reads, shown to catch each kind of read; the loop's reads per step; a bad step caught on the device
-(its update and every later one skipped, the divergence reported with its step) and never saved."""
+device-to-host reads, shown to catch each kind of read; the loop's reads per step; every recipe x precision x
+strategy x data.bad_images reading nothing between log intervals; a bad step caught on the device (its update and
+every later one skipped, the divergence reported with its step) and never saved."""
 from __future__ import annotations
 
 import copy
@@ -23,11 +24,12 @@ _READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nu
 class HostReads(TorchDispatchMode):
     """Counts device-to-host reads from any code (quest's, timm's, torch's): calls of the methods above, and
     ``aten._local_scalar_dense`` reached any other way (a tensor that C++ turns into a number). A read through one
-    of the methods counts once. ``on``: count only while true (the loader's batches are not the step's)."""
+    of the methods counts once. ``on``: count only while true (the loader's batches are not the step's). ``skip``:
+    tensors whose reads are not counted (host memory on every device, where a read is no synchronisation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, skip=lambda tensor: False) -> None:
         super().__init__()
-        self.count, self.on, self._inside, self._saved = 0, True, 0, {}
+        self.count, self.on, self._inside, self._saved, self.skip = 0, True, 0, {}, skip
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default and self.on and not self._inside:
@@ -36,7 +38,7 @@ class HostReads(TorchDispatchMode):
 
     def _wrap(self, original):
         def read(tensor, *args, **kwargs):
-            if self.on and not self._inside:
+            if self.on and not self._inside and not self.skip(tensor):
                 self.count += 1
             self._inside += 1
             try:
@@ -208,3 +210,85 @@ def test_under_ddp_the_stop_request_is_read_a_step_later_or_with_the_log(monkeyp
         assert guard.previous_stop() == 0.0  # and neither is read again
     finally:
         dist.destroy_process_group()
+
+
+#: each recipe at the tiniest size: DeiT-III's per-size values have no row for the 4-layer preset
+_RECIPES = {"deit": ["recipe=deit"], "light": ["recipe=light"],
+            "deit3": ["recipe=deit3", "recipe.lr=1e-3", "recipe.drop_path=0.05", "recipe.img_size=16"]}
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one process, in this process: DDP's wrapper, the guard's collective and the skip
+    counts' reduction run for real (a rank's reads are its own: a second rank would only repeat them), without
+    starting interpreters (tests/test_distributed.py runs two real ranks)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _host_resident(monkeypatch) -> set[int]:
+    """The ids of the guard's copies of the reduced stop requests, from now on: in pinned host memory on CUDA, so
+    reading them is no device synchronisation (on the CPU the copy is the tensor itself). The other tensors that
+    live in host memory on every device: timm's Lamb's step count, a CPU tensor read with .item() each step."""
+    from quest.engine.guard import StepGuard
+
+    resident: set[int] = set()
+    send = StepGuard._send_stop
+
+    def sent(self, reduced):
+        send(self, reduced)
+        resident.add(id(self._stops[-1][1]))
+
+    monkeypatch.setattr(StepGuard, "_send_stop", sent)
+    return resident
+
+
+@pytest.mark.parametrize("bad_images", ["error", "skip"])
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("recipe", sorted(_RECIPES))
+def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, monkeypatch, recipe, precision,
+                                                                    processes, bad_images, request):
+    """Every recipe (deit: fused AdamW; deit3: Lamb, BCE; light) at every precision (fp16 through the GradScaler,
+    which works on the CPU), one process and DDP, unreadable images raised or skipped: a step between log intervals
+    reads nothing from the device; the logged step reads once (twice under DDP with data.bad_images=skip: the
+    image counts, reduced where the log needs them)."""
+    if processes == 2:
+        request.getfixturevalue("one_rank_group")
+        # the construction's check that every rank sees the same data gathers from the world size the context names
+        monkeypatch.setattr("quest.engine.builders.agree_on_sample_counts", lambda counts, ctx: None)
+    ctx = DistContext(rank=0, world_size=processes)
+    cfg = compose_cfg(*FAST, *_RECIPES[recipe], f"trainer.precision={precision}", f"data.bad_images={bad_images}",
+                      "data.batch_size=4", "data.fake_train_size=32")
+    run = Run(cfg, tmp_path, {}, ctx)
+    resident = _host_resident(monkeypatch)
+    batches = next(run.step_batches())
+    run.train_step(batches, log=False)  # the first step builds the optimizer's state (Lamb's step count too)
+    resident |= {id(group["step"]) for group in run.parts.optimizer.param_groups
+                 if isinstance(group.get("step"), torch.Tensor) and group["step"].device.type == "cpu"}
+    counter = HostReads(skip=lambda tensor: id(tensor) in resident)
+    with counter:
+        run.train_step(batches, log=False)
+    assert counter.count == 0
+    with counter:
+        run.train_step(batches, log=True)
+    assert counter.count == 1 + (processes == 2 and bad_images == "skip")
+
+
+def test_under_ddp_skipped_image_counts_wait_on_the_host_until_the_log(tmp_path, monkeypatch, one_rank_group):
+    """DDP with data.bad_images=skip: the images a step drew reach the run's state (summed over the ranks: here the
+    one real rank) at the logged step, not before; a save brings them in too (Run.sync_counts)."""
+    monkeypatch.setattr("quest.engine.builders.agree_on_sample_counts", lambda counts, ctx: None)
+    cfg = compose_cfg(*FAST, "data.bad_images=skip", "data.batch_size=4", "data.fake_train_size=64")
+    run = Run(cfg, tmp_path, {}, DistContext(rank=0, world_size=2))
+    steps = run.step_batches()
+    drawn = []
+    for log in (False, False, True, False):
+        run.train_step(next(steps), log=log)
+        drawn.append(run.state.train_drawn)
+    assert drawn == [0, 0, 12, 12]
+    run.sync_counts()
+    assert (run.state.train_drawn, run.state.train_skipped) == (16, 0)

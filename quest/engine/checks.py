@@ -44,11 +44,14 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
-def _no_cuda_graphs(mode: str, device: str, world_size: int, sharded: bool) -> str | None:
+def _no_cuda_graphs(mode: str, device: str, world_size: int, sharded: bool, accum_steps: int = 1) -> str | None:
     """Why ``mode`` cannot capture the step's CUDA graphs here, or None. The CPU has none: reduce-overhead would be
     a silent no-op there (max-autotune still autotunes the CPU kernels; inductor skips its graphs itself). Several
     processes reduce gradients in DDP's hooks and FSDP's collectives during the backward, outside the graphs
-    torch.compile captures: quest does not combine the two."""
+    torch.compile captures: quest does not combine the two. Gradient accumulation replays the graphs once per
+    micro-batch: each replay overwrites the memory of the previous one's outputs (the loss the step keeps, the
+    gradients torch.compile hands back), which cannot be shown safe without a GPU (pytorch issue 169545):
+    refused on CUDA (``device`` "auto" is decided when the run starts)."""
     if mode not in CUDA_GRAPH_MODES:
         return None
     if device == "cpu" and mode == "reduce-overhead":
@@ -56,6 +59,10 @@ def _no_cuda_graphs(mode: str, device: str, world_size: int, sharded: bool) -> s
     if sharded or world_size > 1:
         return ("captures CUDA graphs, which quest does not combine with several processes (DDP's gradient hooks "
                 "and FSDP's collectives run outside the graphs); use max-autotune-no-cudagraphs or default")
+    if isinstance(accum_steps, int) and accum_steps > 1 and device.startswith("cuda"):
+        return (f"captures CUDA graphs, which quest does not combine with trainer.accum_steps={accum_steps} (each "
+                "micro-batch's replay overwrites the previous one's outputs); use max-autotune-no-cudagraphs or "
+                "default, or trainer.accum_steps=1")
     return None
 
 
@@ -65,7 +72,8 @@ def check_compile_mode(trainer: Any, ctx: Any) -> None:
     if not trainer.compile:
         return
     mode = trainer.get("compile_mode", "default")
-    why = _no_cuda_graphs(mode, ctx.device.type, ctx.world_size, trainer.strategy == "fsdp")
+    why = _no_cuda_graphs(mode, ctx.device.type, ctx.world_size, trainer.strategy == "fsdp",
+                          trainer.get("accum_steps", 1))
     if why:
         raise ConfigError(f"trainer.compile_mode={mode} {why}")
 
@@ -204,7 +212,7 @@ def _trainer(c: Checks) -> None:
                "inductor's)")
     if c.value("trainer.compile") and c.value("trainer.compile_mode") in CUDA_GRAPH_MODES:
         why = _no_cuda_graphs(c.value("trainer.compile_mode"), str(c.value("trainer.device")), 1,
-                              c.value("trainer.strategy") == "fsdp")
+                              c.value("trainer.strategy") == "fsdp", c.value("trainer.accum_steps"))
         if why:
             c.fail("trainer.compile_mode", why)
     if c.value("trainer.strategy") == "fsdp" and c.value("recipe.ema"):

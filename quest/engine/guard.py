@@ -2,7 +2,7 @@
 
 Each step folds its checks (a non-finite or too large loss, a non-finite gradient norm) into a small sticky record on
 the device, reduced across ranks under DDP together with the stop request in the step's one collective. From the
-first bad step on, :meth:`StepGuard.step` returns 1.0, the ``found_inf`` a fused optimizer skips its update on
+first bad step on, :meth:`StepGuard.step` returns 1.0, the flag every optimizer skips its update on (quest.engine.update)
 without a host read. The record is read to the host only at the log interval, before a checkpoint, at an epoch's end
 and before diagnostics: :meth:`StepGuard.read` raises :class:`Diverged` with the step that went bad and the values it
 had, so no checkpoint, validation or diagnostics sees weights from after it."""

@@ -40,6 +40,7 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
 
     def save(stop: str | None = None, best: bool = False) -> None:  # a stop request always saves first
         run.check_diverged()  # no checkpoint holds weights from after a bad step (the check stays on the device)
+        run.sync_counts()  # the image counts a step keeps on the host under DDP, into the state saved
         checkpointer.save(run.stateful, {**run.record(), **steps.logger.position()}, best=best)
         if stop:
             raise StopRequested(stop, signals.signal_name or "?")

@@ -29,6 +29,7 @@ from .guard import Diverged, StepGuard
 from .precision import autocast_for, resolve_precision
 from .progress import TrainState
 from .run_dir import check_data, data_fingerprint
+from .update import skippable_ema_update, skippable_step
 from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
@@ -198,18 +199,20 @@ class Run:
             self.scaler.scale(loss / len(batches)).backward()
         grad_norm = self._unscale_and_clip()
         skip = self.guard.step(worst, grad_norm, stop)  # on the device; under DDP the step's one collective
-        metrics = {"train/loss_scale": self.scaler.get_scale()} if log and self.scaler.is_enabled() else {}
-        self._optimizer_step(skip, grad_norm)
+        # the loss scale this step used, read with the log's one read (the update below changes it in place)
+        scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
+        skip = self._optimizer_step(skip, grad_norm)
         p.optimizer.zero_grad(set_to_none=True)
         st.took_step()
-        if p.ema is not None:  # after a bad step, skipped fused updates hold the model: the EMA stays finite
-            p.ema.update(self.model, step=st.step)
+        if p.ema is not None:  # a skipped update leaves the EMA as it was too
+            skippable_ema_update(p.ema, self.model, st.step, skip)
         p.scheduler.step_update(num_updates=st.step)
-        self._add_skip_counts()
+        self._add_skip_counts(reduce=log)
         if not log:
             return {"stop": self.guard.previous_stop() if self.ctx.distributed else stop}
-        loss_v, norm_v, *agreed = self.guard.read(st.step, loss_sum / len(batches), grad_norm, stop=True)
-        return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": agreed[0] if agreed else stop}
+        loss_v, norm_v, *rest = self.guard.read(st.step, loss_sum / len(batches), grad_norm, *scale, stop=True)
+        metrics = {"train/loss_scale": rest.pop(0)} if scale else {}
+        return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": rest[0] if rest else stop}
 
     def _unscale_and_clip(self) -> torch.Tensor:
         """The gradients' total norm (fp32, 0-d, before clipping) after unscaling them (fp16), clipping them to
@@ -221,24 +224,16 @@ class Run:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.recipe.clip_grad, grad_norm)
         return (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
 
-    def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """The optimizer's update, skipped on the device when ``skip`` is 1.0 (a bad step, or any after one) where
-        the optimizer takes a ``found_inf`` tensor (torch's fused Adam, AdamW, SGD: quest.engine.builders builds
-        them fused). Under fp16 a gradient overflow also skips it, as GradScaler.step would, and the scaler lowers
-        its scale. Other optimizers (timm's Lamb, ...) step anyway: their weights after a bad step never reach a
-        checkpoint, a validation or the diagnostics, which read the check first (docs/training.md)."""
-        optimizer = self.parts.optimizer
-        if all(group.get("fused") for group in optimizer.param_groups):
-            if self.scaler.is_enabled():
-                skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
-            optimizer.found_inf = skip  # read by the fused kernel on the device
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.found_inf
-        else:
-            self.scaler.step(optimizer)  # fp16: the scaler's own overflow check (a host read), then the step
-        self.scaler.update()
+    def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """The optimizer's update, skipped on the device as if never taken (quest.engine.update) when ``skip`` is
+        1.0 (a bad step, or any after one) or, under fp16, when a gradient overflowed (GradScaler.step's decision,
+        taken here on the device instead of with its host read); then the scaler's scale update (no host read).
+        Returns the skip flag the step used, for the EMA."""
+        if self.scaler.is_enabled():
+            skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
+        skippable_step(self.parts.optimizer, skip)
+        self.scaler.update()  # reads the found_inf that unscale_ left on the device
+        return skip
 
     def check_diverged(self) -> None:
         """Raise Diverged when a step since the last read went bad (one device-to-host read): before a checkpoint,
@@ -316,17 +311,25 @@ class Run:
         check_skipped("training", self.state.train_skipped, self.state.train_drawn,
                       self.cfg.data.get("max_skipped_fraction", 0.01))
 
-    def _add_skip_counts(self) -> None:
-        """Add this rank's skipped / drawn images since the last call to the state, summed over ranks (a collective
-        only with data.bad_images=skip, where images can be skipped)."""
-        counts, self._counts = self._counts, [0, 0]
+    def _add_skip_counts(self, reduce: bool = True) -> None:
+        """Add this rank's skipped / drawn images since the last call to the state, summed over ranks. Under DDP with
+        data.bad_images=skip (where ranks can skip different numbers) the sum takes a collective and a host read,
+        so the counts wait on the host until ``reduce``: a logged step, a save or an epoch's end, which every rank
+        reaches at the same step."""
         if self.ctx.distributed and self.cfg.data.get("bad_images") == "skip":
-            total = torch.tensor(counts, dtype=torch.int64, device=self.ctx.device)
+            if not reduce:
+                return
+            total = torch.tensor(self._counts, dtype=torch.int64, device=self.ctx.device)
             dist.all_reduce(total)
             counts = total.tolist()
         else:
-            counts = [c * self.ctx.world_size for c in counts]  # every rank draws the same number of images
+            counts = [c * self.ctx.world_size for c in self._counts]  # every rank draws the same number of images
+        self._counts = [0, 0]
         self.state.add_drawn(*counts)
+
+    def sync_counts(self) -> None:
+        """Bring the state's image counts up to date on every rank (before a save: the checkpoint holds them)."""
+        self._add_skip_counts()
 
     def validate(self, model: torch.nn.Module | None = None, prefix: str = "val/") -> tuple[dict[str, float],
                                                                                            dict[str, float]]:
