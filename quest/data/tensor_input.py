@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -25,7 +26,8 @@ from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
-__all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
+__all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "EncodedBatch", "decode_rgb", "decode_batch", "collate_bytes",
+           "RESAMPLING"]
 
 #: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
@@ -193,9 +195,10 @@ class DeviceFinish:
         return ", ".join(steps)
 
     def __call__(self, images: Any, device: torch.device) -> torch.Tensor:
-        if self.crop is not None:  # a list of encoded images
+        if self.crop is not None:  # encoded images: an EncodedBatch from the loader, or a list of byte tensors
+            files = images.files() if isinstance(images, EncodedBatch) else images
             try:
-                images = self.crop.batch(decode_batch(images, device))
+                images = self.crop.batch(decode_batch(files, device))
             except CorruptImageError as exc:
                 raise CorruptImageError(f"data.pipeline=device: {exc}; data.preflight=true (the default) finds such "
                                         "files before training, and data.bad_images=skip leaves them out") from exc
@@ -215,10 +218,38 @@ class DeviceFinish:
         return out
 
 
-def collate_bytes(batch: list) -> tuple[list[torch.Tensor], torch.Tensor, int]:
-    """A batch of encoded images (their lengths differ): the list of byte tensors, the targets, the skipped count."""
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch of encoded image files in one buffer: every file's bytes end to end (``data``, 1-d uint8) and each
+    file's length. One ordinary CPU storage per batch, whatever its size, is what a loader worker can send: the
+    tensors torchvision's ``read_file`` returns map the file (``UntypedStorage.from_file``, its descriptor closed),
+    which torch's sharing takes for shared memory and fails to pass on ("Bad file descriptor", the worker's batch
+    lost and the loader waiting for it), and a tensor per file would hold a file descriptor per image in the
+    training process (torch's ``file_descriptor`` sharing strategy, Linux's default)."""
+
+    data: torch.Tensor
+    lengths: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def files(self) -> list[torch.Tensor]:
+        """Each file's bytes: views of ``data``, contiguous (what nvJPEG takes), nothing copied."""
+        return list(torch.split(self.data, list(self.lengths))) if self.lengths else []
+
+    def pin_memory(self) -> EncodedBatch:
+        """The DataLoader's pin_memory thread calls this: one pinned buffer per batch."""
+        return EncodedBatch(self.data.pin_memory(), self.lengths)
+
+
+def collate_bytes(batch: list) -> tuple[EncodedBatch, torch.Tensor, int]:
+    """A batch of encoded images (their lengths differ): the files' bytes copied into one :class:`EncodedBatch`, the
+    targets, the skipped count."""
     good = [b for b in batch if b is not None]
-    return [b[0] for b in good], torch.tensor([b[1] for b in good], dtype=torch.long), len(batch) - len(good)
+    files = [b[0].reshape(-1) for b in good]
+    data = torch.cat(files) if files else torch.empty(0, dtype=torch.uint8)
+    return (EncodedBatch(data, tuple(int(f.numel()) for f in files)),
+            torch.tensor([b[1] for b in good], dtype=torch.long), len(batch) - len(good))
 
 
 def _crop(recipe: Any, img_size: int) -> CropFlip:
