@@ -82,8 +82,45 @@ def decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[
     """Encoded images (1-d uint8 CPU tensors) -> uint8 RGB tensors (3, H, W) on ``device``: every JPEG in one
     ``decode_jpeg`` call (one batched nvJPEG call on CUDA; torchvision decodes a list one by one on the CPU), what it
     refuses and other formats through :func:`decode_rgb` one at a time (rare: nvJPEG refuses
-    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files)."""
+    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files). On CUDA the images are
+    allocated on a stream of the decoder's own and are ready for the caller's current stream (:func:`_on_own_stream`)."""
     device = torch.device(device)
+    if device.type != "cuda":
+        return _decode_batch(encoded, device)
+    return _on_own_stream(encoded, device)
+
+
+#: per CUDA device, the stream the decoded images are allocated on (nothing else is)
+_DECODE_STREAMS: dict[str, Any] = {}
+
+
+def _on_own_stream(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """:func:`_decode_batch` on CUDA without overwriting memory queued work still reads.
+
+    torchvision's CUDA decoder allocates its outputs on the caller's current stream and writes them on a private
+    stream that waits for nothing (pytorch/vision issue 9606). The caching allocator gives a block freed on a stream
+    to that stream's next allocation at once, which is safe for work ordered on that stream only: the decoder could
+    be handed a block that kernels queued on the current stream (the previous batch's augmentation on the prefetch
+    side stream, a step on the main stream) have yet to read, and overwrite it before they run. A device-side wait
+    (an event, ``wait_stream``) cannot order the decoder's private stream, which is not ours to name; a host wait on
+    the current stream would hold the host until that queued work has run (on the main stream, the whole step).
+    So the decoder allocates on a stream of its own, on which nothing but decoded images is ever freed, each marked
+    with ``record_stream`` as used by the caller's stream: the allocator hands such a block out again only once the
+    caller's work queued before it was freed has run. The caller's stream then waits for this one, which
+    torchvision made wait for its decode."""
+    caller = torch.cuda.current_stream(device)
+    own = _DECODE_STREAMS.get(str(device))
+    if own is None:
+        own = _DECODE_STREAMS[str(device)] = torch.cuda.Stream(device)
+    with torch.cuda.stream(own):
+        images = _decode_batch(encoded, device)
+    caller.wait_stream(own)
+    for image in images:
+        image.record_stream(caller)  # freed by the caller's work: reused once that work has run
+    return images
+
+
+def _decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(encoded)
     jpegs = [i for i, e in enumerate(encoded) if e.numpy()[:2].tobytes() == _JPEG_MAGIC]
     if jpegs and device.type == "cuda":
