@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -138,7 +139,8 @@ def _exit(index: int) -> None:
 
 
 def _stall(index: int) -> None:
-    time.sleep(3600)
+    if index < 4:  # batch 0, worker 0's: the loader waits for it; worker 1 goes on
+        time.sleep(3600)
 
 
 def _collate_as_is(batch: list) -> list:
@@ -169,11 +171,17 @@ def test_an_error_raised_in_a_worker_is_one_line_naming_the_pipeline_the_worker_
                                                    "division by zero")
 
 
+def _killed(index: int) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a process
+
+
 @pytest.mark.timeout(60)
-def test_a_worker_that_dies_is_one_line_with_its_exit_code(jpegs):
-    failure = _failure(_Files(jpegs, _exit))
-    assert isinstance(failure, LoaderWorkerError)
-    assert str(failure) in {f"data.pipeline=device: loader worker {n} failed: exited with code 3" for n in (0, 1)}
+@pytest.mark.parametrize("end, cause", [(_exit, "exited with code 3"), (_killed, "killed by signal SIGKILL")],
+                         ids=["exit", "sigkill"])
+def test_a_worker_that_dies_is_one_line_with_how_it_ended(jpegs, end, cause):
+    failure = _failure(_Files(jpegs, end))
+    assert isinstance(failure, LoaderWorkerError) and is_user_error(failure)
+    assert str(failure) in {f"data.pipeline=device: loader worker {n} failed: {cause}" for n in (0, 1)}
 
 
 @pytest.mark.timeout(60)
@@ -186,3 +194,27 @@ def test_a_worker_that_sends_nothing_ends_the_loop_at_the_timeout(jpegs):
         assert str(failure).startswith("data.pipeline=device: loader worker 0 failed: sent no batch in 2 s")
     assert PipelineLoader(_Files(jpegs), num_workers=1, pipeline="device").timeout > 0  # what training gets
     assert PipelineLoader(_Files(jpegs), pipeline="device").timeout == 0  # without workers torch allows none
+
+
+@pytest.mark.timeout(120)
+def test_train_py_ends_with_the_one_line_when_a_worker_fails(jpegs, tmp_path):
+    """The whole path: an undecodable file read by split's worker (pre-flight off, data.bad_images=error) ends
+    train.py with the one error line naming the pipeline, the worker and the file, exit code 1, no traceback."""
+    import shutil
+
+    from .warm import run_app
+
+    root = tmp_path / "data"
+    shutil.copytree(jpegs, root)
+    bad = root / "train" / "n00000000" / "img0.JPEG"
+    bad.write_bytes(b"not a jpeg at all")
+    out = run_app("train.py", "data=imagefolder", f"data.root={root}", "data.num_classes=2", "data.img_size=16",
+                  "data.batch_size=12", "data.num_workers=1", "data.pipeline=split", "data.preflight=false",
+                  "model=vit_pico", "recipe=light", "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'run'}",
+                  cwd=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "0"})  # the suite's own shows tracebacks
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert errors[0].startswith(f"train.py: error: data.pipeline=split: loader worker 0 failed: CorruptImageError: "
+                                f"cannot read image {bad}: cannot decode an image of 17 bytes")
+    assert errors[0].endswith("Set data.bad_images=skip to skip such files.")

@@ -33,6 +33,7 @@ class LoaderWorkerError(UserError, RuntimeError):
 
 
 _CAUGHT = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+_TIMED_OUT = "DataLoader timed out after"
 _PIDS = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
 
 
@@ -73,6 +74,7 @@ def worker_failure(exc: BaseException, iterator: Any, pipeline: str) -> BaseExce
     if caught:
         lines = [line for line in text.splitlines() if line.strip()]
         cause = lines[-1].strip() if len(lines) > 1 else caught.group(1)  # the worker's own last line
+        cause = re.sub(r"^(?:\w+\.)+(\w+): ", r"\1: ", cause)  # the class by its name, as the user knows it
         message = f"{head} {caught.group(2)} failed: {cause}"
         return LoaderWorkerError(message) if is_user_error(exc) else RuntimeError(message)
     if not isinstance(exc, RuntimeError):
@@ -83,7 +85,7 @@ def worker_failure(exc: BaseException, iterator: Any, pipeline: str) -> BaseExce
         worker_id = _worker_of_pid(iterator, pid)
         cause = _exit_cause(iterator, worker_id, text.split(". ")[0].replace("DataLoader worker", "process"))
         return LoaderWorkerError(f"{head} {worker_id if worker_id is not None else f'(pid {pid})'} failed: {cause}")
-    if text.startswith("DataLoader timed out after"):
+    if text.startswith(_TIMED_OUT):
         worker_id = _awaited_worker(iterator)
         return LoaderWorkerError(f"{head} {worker_id if worker_id is not None else '?'} failed: sent no batch in "
                                  f"{iterator._timeout:g} s (alive, but stuck: its log may show why, e.g. a batch it "
@@ -112,5 +114,21 @@ class PipelineLoader(DataLoader):
                 failure = worker_failure(exc, iterator, self.pipeline)
                 if failure is None:
                     raise
+                stuck = _awaited_worker(iterator) if str(exc).startswith(_TIMED_OUT) else None
+                self._stop_workers(iterator, stuck)
                 raise failure from exc
             yield batch
+
+    def _stop_workers(self, iterator: Any, stuck: int | None) -> None:
+        """The workers stopped now, not when the garbage collector reaches the iterator: the exception's traceback
+        holds it in a reference cycle, whose queues may be finalised before the iterator asks its workers to stop,
+        and each worker then waits out torch's 5 s join before it is terminated. A ``stuck`` worker (the timeout's)
+        would not answer that request: it is terminated first."""
+        workers = getattr(iterator, "_workers", [])
+        if stuck is not None and stuck < len(workers) and workers[stuck].is_alive():
+            workers[stuck].terminate()
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if getattr(self, "_iterator", None) is iterator:  # persistent workers: the next epoch starts new ones
+            self._iterator = None
