@@ -109,6 +109,30 @@ def test_data_pipeline_device_trains_with_a_loader_worker(jpegs, tmp_path):
     assert summary["status"] == "completed" and summary["train_input"].startswith("device: ")
 
 
+def test_a_batch_of_files_is_one_ordinary_buffer_torch_can_send(jpegs):
+    """The cause of data.pipeline=device's failure with workers, and its fix, without a worker: torchvision's
+    read_file maps the file, and torch's sharing (what a worker's queue runs) fails on it with "Bad file descriptor";
+    collate_bytes copies a batch's files into one buffer, which it sends, and which gives back each file's bytes."""
+    import errno
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
+
+    from quest.data.tensor_input import EncodedBatch, collate_bytes
+
+    files = _Files(jpegs)
+    mapped = files[0][0]
+    with pytest.raises(OSError) as err:
+        ForkingPickler.dumps(mapped)
+    assert err.value.errno == errno.EBADF
+    batch, targets, skipped = collate_bytes([files[0], None, files[3]])
+    assert isinstance(batch, EncodedBatch) and len(batch) == 2 and targets.tolist() == [0, 3] and skipped == 1
+    ForkingPickler.dumps(batch)  # one storage, in shared memory once sent
+    assert all(torch.equal(a, b) for a, b in zip(batch.files(), (files[0][0], files[3][0])))
+    empty, _, skipped = collate_bytes([None, None])
+    assert len(empty) == 0 and empty.files() == [] and skipped == 2
+
+
 class _Files(Dataset):
     """Each item: a file's bytes as torchvision's read_file gives them and its index; ``fail(index)`` first."""
 
