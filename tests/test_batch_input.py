@@ -20,6 +20,8 @@ from quest.data import tensor_input
 from quest.data.batch_input import crop_boxes, resized_crop_batch
 from quest.data.tensor_input import CropFlip, DeviceFinish, decode_batch
 
+from .test_prefetch import FakeCuda
+
 DEIT = OmegaConf.create(dict(auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, remode="pixel", recount=1,
                              train_interpolation="bicubic", scale=[0.08, 1.0], ratio=[0.75, 1.3333333333], hflip=0.5,
                              color_jitter=None))
@@ -73,10 +75,40 @@ def test_jpegs_decode_in_one_call_on_cuda_and_the_rest_one_by_one(monkeypatch):
         calls.append((len(images), device.type))
         return [torch.full((3, 2, 2), int(i.numel() % 251), dtype=torch.uint8) for i in images]
 
+    FakeCuda(monkeypatch)
+    monkeypatch.setattr(tensor_input, "_DECODE_STREAMS", {})
     monkeypatch.setattr(tensor_input, "decode_jpeg", fake_decode_jpeg)
     files = [_jpeg(8 + i, 8, i) for i in range(5)]
     out = decode_batch(files, torch.device("cuda"))  # nothing is allocated on the GPU: the decoder is the fake's
     assert calls == [(5, "cuda")] and [int(o[0, 0, 0]) for o in out] == [f.numel() % 251 for f in files]
+
+
+def test_on_cuda_the_decoder_allocates_on_its_own_stream_and_the_caller_waits_for_it(monkeypatch):
+    """torchvision's CUDA decode_jpeg allocates its outputs on the current stream and writes them on a private stream
+    that waits for nothing, so decoding while the prefetch side stream is current could overwrite memory the
+    previous batch's queued augmentation still reads. With the streams faked: the decode runs while a stream of the
+    decoder's own is current (one per device, made once), never the caller's; afterwards the caller's stream waits
+    for it and every decoded image is recorded as used by the caller's stream, so the allocator gives its memory
+    out again only after the caller's work has run."""
+    cuda = FakeCuda(monkeypatch)
+    monkeypatch.setattr(tensor_input, "_DECODE_STREAMS", {})
+    current_at_decode = []
+
+    def fake_decode_jpeg(images, mode, device):
+        current_at_decode.append(torch.cuda.current_stream(device).name)
+        cuda.log.append("decode")
+        return [torch.zeros(3, 2, 2, dtype=torch.uint8) for _ in images]
+
+    monkeypatch.setattr(tensor_input, "decode_jpeg", fake_decode_jpeg)
+    files = [_jpeg(8 + i, 8, i) for i in range(3)]
+    side = torch.cuda.Stream(torch.device("cuda"))  # finish_ahead's: stream1
+    with torch.cuda.stream(side):
+        first = decode_batch(files, torch.device("cuda"))
+        second = decode_batch(files[:2], torch.device("cuda"))
+    assert [s.name for s in cuda.made] == ["stream1", "stream2"] and current_at_decode == ["stream2", "stream2"]
+    assert cuda.log == ["decode", "stream1 waits for stream2", *["record on stream1"] * 3,
+                        "decode", "stream1 waits for stream2", *["record on stream1"] * 2]
+    assert len(cuda.recorded) == 5 and all(t is d for (t, _), d in zip(cuda.recorded, [*first, *second]))
 
 
 @pytest.mark.parametrize("mode", ["bicubic", "bilinear", "nearest"])

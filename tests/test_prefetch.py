@@ -5,12 +5,56 @@ same generators. On the CPU only the order and the draws can be tested; the over
 stream), and the device path's counterpart is tests/test_train_input.py's resume test."""
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 import torch
 
 from quest.data.prefetch import finish_ahead
+
+
+class FakeStream:
+    """A CUDA stream that logs the waits asked of it."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+class FakeCuda:
+    """torch.cuda's streams, current stream and Tensor.record_stream replaced by objects that log what is asked of
+    them, in order (there is no CUDA here): what quest queues where, on any machine."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.log: list[str] = []
+        self.recorded: list[tuple[torch.Tensor, str]] = []
+        self.main = self.current = FakeStream("main", self.log)
+        self.made: list[FakeStream] = []
+        monkeypatch.setattr(torch.cuda, "Stream", self._new)
+        monkeypatch.setattr(torch.cuda, "stream", self._use)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.current)
+        fake = self
+
+        def record_stream(tensor: torch.Tensor, stream: FakeStream) -> None:
+            fake.recorded.append((tensor, stream.name))
+            fake.log.append(f"record on {stream.name}")
+
+        monkeypatch.setattr(torch.Tensor, "record_stream", record_stream)
+
+    def _new(self, device=None) -> FakeStream:
+        self.made.append(FakeStream(f"stream{len(self.made) + 1}", self.log))
+        return self.made[-1]
+
+    @contextlib.contextmanager
+    def _use(self, stream: FakeStream):
+        previous, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = previous
 
 
 def _finish(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -85,3 +129,32 @@ def test_a_run_finishing_ahead_trains_and_resumes_to_the_weights_of_one_that_doe
     a, b = (load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("plain", "ahead"))
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, atol=0, rtol=0, msg=key)
+
+
+def test_on_cuda_each_finished_batch_is_handed_over_and_an_empty_one_is_not(monkeypatch):
+    """The CUDA path with its streams faked: every batch is finished on the side stream, the current stream waits
+    for it and records each finished batch as used there; a batch whose every image was skipped (the loader's empty
+    CPU tensor, on which record_stream raises) is yielded untouched, never recorded. The batches are those of
+    finishing without prefetch, bit for bit."""
+    cuda = FakeCuda(monkeypatch)
+    empty = torch.empty(0)  # quest.data.folder.collate_skipping_bad's batch when every image was skipped
+    batches = [(torch.full((2, 3), float(i)), torch.arange(2), 0) for i in range(4)]
+    batches.insert(2, (empty, torch.empty(0, dtype=torch.long), 2))
+    streams = []
+
+    def finish(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+        streams.append(torch.cuda.current_stream(device).name)
+        return _finish(images, device)
+
+    random.seed(2), torch.manual_seed(2)
+    plain = list(finish_ahead(batches, finish, torch.device("cuda"), ahead=False))
+    assert cuda.log == [] and streams == ["main"] * 4
+    streams.clear()
+    random.seed(2), torch.manual_seed(2)
+    ahead = list(finish_ahead(batches, finish, torch.device("cuda")))  # ahead: CUDA's default
+    assert len(cuda.made) == 1 and streams == ["stream1"] * 4
+    assert [b[1].tolist() for b in ahead] == [b[1].tolist() for b in plain] and ahead[2][0] is empty
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ahead, plain))
+    handed = [b[0] for i, b in enumerate(ahead) if i != 2]
+    assert len(cuda.recorded) == 4 and all(t is h and on == "main" for (t, on), h in zip(cuda.recorded, handed))
+    assert cuda.log == ["main waits for stream1", "record on main"] * 4

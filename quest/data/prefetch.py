@@ -13,6 +13,10 @@ the states after its draws are restored when it is used. Should anything else dr
 between (a step on the CPU, a model of one's own), the batch is finished again from the state found: the draws
 remain in order (only the draws a loader without workers made for it, in the main process, came before that other
 draw instead of after it).
+
+data.pipeline=device decodes on the side stream too: torchvision's CUDA decoder writes on a stream of its own that
+waits for nothing, so quest.data.tensor_input.decode_batch has it allocate on a third stream on which only decoded
+images are freed, never memory the side stream's queued work (the previous batch's augmentation) still reads.
 """
 from __future__ import annotations
 
@@ -59,7 +63,9 @@ def finish_ahead(batches: Iterable[tuple[Any, Any, int]], finish: Callable[[Any,
             return finish(images, device), targets, skipped
 
     def hand_over(done: tuple[Any, Any, int]) -> tuple[Any, Any, int]:
-        if side is not None and isinstance(done[0], torch.Tensor):
+        # a batch whose every image was skipped is not finished: its images are the loader's empty CPU tensor, on
+        # which record_stream raises, and nothing of it is on the device
+        if side is not None and len(done[1]) and isinstance(done[0], torch.Tensor):
             current = torch.cuda.current_stream(device)
             current.wait_stream(side)
             done[0].record_stream(current)  # made on the side stream, used on this one: kept until it is done

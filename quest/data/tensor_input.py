@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -25,7 +26,8 @@ from .folder import CorruptImageError, collate_skipping_bad
 from .train_input import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
-__all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "decode_rgb", "decode_batch", "collate_bytes", "RESAMPLING"]
+__all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "EncodedBatch", "decode_rgb", "decode_batch", "collate_bytes",
+           "RESAMPLING"]
 
 #: recipe.train_interpolation -> the tensor resize's mode (antialiased, as PIL's resize always is)
 RESAMPLING = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR,
@@ -80,8 +82,45 @@ def decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[
     """Encoded images (1-d uint8 CPU tensors) -> uint8 RGB tensors (3, H, W) on ``device``: every JPEG in one
     ``decode_jpeg`` call (one batched nvJPEG call on CUDA; torchvision decodes a list one by one on the CPU), what it
     refuses and other formats through :func:`decode_rgb` one at a time (rare: nvJPEG refuses
-    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files)."""
+    progressive and arithmetic-coded files; ImageNet holds a few PNG and CMYK files). On CUDA the images are
+    allocated on a stream of the decoder's own and are ready for the caller's current stream (:func:`_on_own_stream`)."""
     device = torch.device(device)
+    if device.type != "cuda":
+        return _decode_batch(encoded, device)
+    return _on_own_stream(encoded, device)
+
+
+#: per CUDA device, the stream the decoded images are allocated on (nothing else is)
+_DECODE_STREAMS: dict[str, Any] = {}
+
+
+def _on_own_stream(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """:func:`_decode_batch` on CUDA without overwriting memory queued work still reads.
+
+    torchvision's CUDA decoder allocates its outputs on the caller's current stream and writes them on a private
+    stream that waits for nothing (pytorch/vision issue 9606). The caching allocator gives a block freed on a stream
+    to that stream's next allocation at once, which is safe for work ordered on that stream only: the decoder could
+    be handed a block that kernels queued on the current stream (the previous batch's augmentation on the prefetch
+    side stream, a step on the main stream) have yet to read, and overwrite it before they run. A device-side wait
+    (an event, ``wait_stream``) cannot order the decoder's private stream, which is not ours to name; a host wait on
+    the current stream would hold the host until that queued work has run (on the main stream, the whole step).
+    So the decoder allocates on a stream of its own, on which nothing but decoded images is ever freed, each marked
+    with ``record_stream`` as used by the caller's stream: the allocator hands such a block out again only once the
+    caller's work queued before it was freed has run. The caller's stream then waits for this one, which
+    torchvision made wait for its decode."""
+    caller = torch.cuda.current_stream(device)
+    own = _DECODE_STREAMS.get(str(device))
+    if own is None:
+        own = _DECODE_STREAMS[str(device)] = torch.cuda.Stream(device)
+    with torch.cuda.stream(own):
+        images = _decode_batch(encoded, device)
+    caller.wait_stream(own)
+    for image in images:
+        image.record_stream(caller)  # freed by the caller's work: reused once that work has run
+    return images
+
+
+def _decode_batch(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(encoded)
     jpegs = [i for i, e in enumerate(encoded) if e.numpy()[:2].tobytes() == _JPEG_MAGIC]
     if jpegs and device.type == "cuda":
@@ -193,9 +232,10 @@ class DeviceFinish:
         return ", ".join(steps)
 
     def __call__(self, images: Any, device: torch.device) -> torch.Tensor:
-        if self.crop is not None:  # a list of encoded images
+        if self.crop is not None:  # encoded images: an EncodedBatch from the loader, or a list of byte tensors
+            files = images.files() if isinstance(images, EncodedBatch) else images
             try:
-                images = self.crop.batch(decode_batch(images, device))
+                images = self.crop.batch(decode_batch(files, device))
             except CorruptImageError as exc:
                 raise CorruptImageError(f"data.pipeline=device: {exc}; data.preflight=true (the default) finds such "
                                         "files before training, and data.bad_images=skip leaves them out") from exc
@@ -215,10 +255,38 @@ class DeviceFinish:
         return out
 
 
-def collate_bytes(batch: list) -> tuple[list[torch.Tensor], torch.Tensor, int]:
-    """A batch of encoded images (their lengths differ): the list of byte tensors, the targets, the skipped count."""
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch of encoded image files in one buffer: every file's bytes end to end (``data``, 1-d uint8) and each
+    file's length. One ordinary CPU storage per batch, whatever its size, is what a loader worker can send: the
+    tensors torchvision's ``read_file`` returns map the file (``UntypedStorage.from_file``, its descriptor closed),
+    which torch's sharing takes for shared memory and fails to pass on ("Bad file descriptor", the worker's batch
+    lost and the loader waiting for it), and a tensor per file would hold a file descriptor per image in the
+    training process (torch's ``file_descriptor`` sharing strategy, Linux's default)."""
+
+    data: torch.Tensor
+    lengths: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def files(self) -> list[torch.Tensor]:
+        """Each file's bytes: views of ``data``, contiguous (what nvJPEG takes), nothing copied."""
+        return list(torch.split(self.data, list(self.lengths))) if self.lengths else []
+
+    def pin_memory(self) -> EncodedBatch:
+        """The DataLoader's pin_memory thread calls this: one pinned buffer per batch."""
+        return EncodedBatch(self.data.pin_memory(), self.lengths)
+
+
+def collate_bytes(batch: list) -> tuple[EncodedBatch, torch.Tensor, int]:
+    """A batch of encoded images (their lengths differ): the files' bytes copied into one :class:`EncodedBatch`, the
+    targets, the skipped count."""
     good = [b for b in batch if b is not None]
-    return [b[0] for b in good], torch.tensor([b[1] for b in good], dtype=torch.long), len(batch) - len(good)
+    files = [b[0].reshape(-1) for b in good]
+    data = torch.cat(files) if files else torch.empty(0, dtype=torch.uint8)
+    return (EncodedBatch(data, tuple(int(f.numel()) for f in files)),
+            torch.tensor([b[1] for b in good], dtype=torch.long), len(batch) - len(good))
 
 
 def _crop(recipe: Any, img_size: int) -> CropFlip:
