@@ -1,0 +1,271 @@
+"""train.py's loop on the device before any timing (bench/gpu.py's ``loop`` part): its host syncs, a bad step
+skipped, compilation with CUDA graphs and accumulation, and finishing batches ahead.
+
+- ``host_syncs``: 20 steps of quest's loop (quest.engine.fit, data=fake, ViT-pico) counting the device-to-host
+  syncs, each put in the phase it happened in: between log intervals (inside a step that logs nothing, or after it
+  until the next step), at a log step (its read of the loss, until the next step), before the first step, after the
+  last. On CUDA the counter is ``torch.cuda.set_sync_debug_mode("warn")``'s warnings; on the CPU (no syncs) a
+  dispatcher mode counting the calls that hand a tensor's values to the host. Two runs: bf16 AdamW (recipe=deit),
+  and DeiT-III's fp16 (recipe=deit3, GradScaler) with a batch of NaN images at step 3, whose weights, EMA and
+  optimizer state right after it must equal those right before it (a run stopped there), bit for bit, and which
+  must go on to its 20 steps.
+- ``compile``: trainer.compile=true with compile_mode=reduce-overhead and accum_steps=2 runs, or is refused in one
+  line by the config check (which of the two is recorded).
+- ``prefetch``: data.pipeline=device on a small JPEG folder, the next batch finished ahead and not, bit-equal weights.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import tempfile
+import traceback
+import warnings
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["HostReads", "sync_row", "compile_row", "prefetch_row"]
+
+LOOP_STEPS, LOG_EVERY, NAN_STEP = 20, 10, 3  # NAN_STEP counts from 1, as the log's steps do
+_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu")
+
+
+class HostReads(TorchDispatchMode):
+    """The CPU's stand-in for CUDA's sync debug mode: counts the calls that hand a tensor's values to the host (the
+    methods above, and ``aten._local_scalar_dense`` reached any other way), one per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self._inside, self._saved = 0, 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 (torch's signature)
+        if func is torch.ops.aten._local_scalar_dense.default and not self._inside:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+    def _wrap(self, original: Callable) -> Callable:
+        def read(tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            if not self._inside:
+                self.count += 1
+            self._inside += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._inside -= 1
+        return read
+
+    def __enter__(self) -> HostReads:
+        self._saved = {name: getattr(torch.Tensor, name) for name in _READS}
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, self._wrap(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        super().__exit__(*exc)
+
+
+@contextmanager
+def _sync_counter(device: torch.device) -> Iterator[Callable[[], int]]:
+    """A running count of host syncs (see the module's docstring), read by calling what this yields."""
+    if device.type == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            before = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield lambda: sum("synchroniz" in str(w.message) for w in caught)
+            finally:
+                torch.cuda.set_sync_debug_mode(before)
+    else:
+        with HostReads() as reads:
+            yield lambda: reads.count
+
+
+def _compose(overrides: list[str]) -> Any:
+    from bench.gpu_recipe import _compose as compose
+
+    return compose(overrides)
+
+
+def _loop_overrides(device: torch.device, recipe: str, precision: str) -> list[str]:
+    # DeiT-III's table has no row for ViT-pico's size: its base row's values
+    sized = ["recipe.lr=3e-3", "recipe.drop_path=0.2", "recipe.img_size=32"] if recipe == "deit3" else []
+    return [f"recipe={recipe}", *sized, "model=vit_pico", "data=fake", "data.img_size=32", "data.batch_size=8",
+            "data.num_classes=10", f"data.fake_train_size={8 * LOOP_STEPS}", "data.fake_val_size=8",
+            "data.num_workers=0", "trainer.epochs=1", f"trainer.max_steps={LOOP_STEPS}",
+            f"trainer.log_every_n_steps={LOG_EVERY}", f"trainer.precision={precision}",
+            f"trainer.device={device.type}", "diagnostics=disabled"]
+
+
+def _state(run: Any) -> dict[str, Any]:
+    """Copies of the weights, the EMA's and the optimizer's state (on the device: no host read)."""
+    parts = run.stateful() if callable(run.stateful) else run.stateful  # a property today
+    ema = parts.get("ema")
+    return {"model": {k: v.detach().clone() for k, v in parts["model"].state_dict().items()},
+            "ema": {k: v.detach().clone() for k, v in ema.state_dict().items()} if ema is not None else None,
+            "optimizer": copy.deepcopy(parts["optimizer"].state_dict()["state"])}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Bit for bit (NaN equal to NaN): tensors, and dicts / lists of them."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(
+            (a.view(-1) == b.view(-1)).logical_or(a.isnan().view(-1) & b.isnan().view(-1)).all()) if a.numel() else True
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
+    return a == b
+
+
+def _run_counting(overrides: list[str], device: torch.device, nan_step: int | None) -> dict[str, Any]:
+    """fit with the syncs counted per phase, and (``nan_step``) that step's images NaN and the states around it."""
+    from quest.engine import fit
+    from quest.engine.trainer import Run
+
+    original = Run.train_step
+    signature = inspect.signature(original)
+    # in_steps_between_logs: inside a step that logs nothing (the check); between_steps: from a step's end to the
+    # next step's start (the loop's code and, on the CPU, the loader's work on the host) after a step that logged
+    # nothing; at_log_steps: a step that logs, and what follows it until the next step
+    phases = {"before_first_step": 0, "in_steps_between_logs": 0, "between_steps": 0, "at_log_steps": 0,
+              "after_last_step": 0}
+    seen: dict[str, Any] = {"steps": 0, "mark": 0, "last_log": False, "states": {}}
+
+    def train_step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        bound = signature.bind(self, *args, **kwargs)
+        logged = bound.arguments.get("log", True)
+        now = count()
+        where = "before_first_step" if seen["steps"] == 0 else "at_log_steps" if seen["last_log"] else "between_steps"
+        phases[where] += now - seen["mark"]
+        seen["steps"] += 1
+        nan_here = nan_step is not None and seen["steps"] == nan_step
+        if nan_here:  # the states and the NaN images are made outside the count: they are this check's, not the loop's
+            bound.arguments["batches"] = [(torch.full_like(images, float("nan")), targets)
+                                          for images, targets in bound.arguments["batches"]]
+            seen["states"]["before"] = _state(self)
+            now = count()
+        out = original(*bound.args, **bound.kwargs)
+        after = count()
+        phases["at_log_steps" if logged else "in_steps_between_logs"] += after - now
+        if nan_here:
+            seen["states"]["after"] = _state(self)
+        seen["mark"], seen["last_log"] = count(), logged
+        return out
+
+    cfg = _compose(overrides)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        count = stack.enter_context(_sync_counter(device))
+        stack.enter_context(mock.patch.object(Run, "train_step", train_step))
+        summary = fit(cfg, Path(tmp) / "run")
+        phases["after_last_step"] = count() - seen["mark"]
+    row = {"steps": seen["steps"], "status": summary.get("status"), "syncs": phases,
+           "counter": "torch.cuda.set_sync_debug_mode('warn') warnings" if device.type == "cuda" else
+           "host reads (a dispatcher mode: item, tolist, cpu, bool, float, ..., _local_scalar_dense)"}
+    if nan_step is not None:
+        states = seen["states"]
+        if "after" in states:
+            before, after = states["before"], states["after"]
+            row["unchanged_by_nan_step"] = {key: None if before[key] is None else _equal(before[key], after[key])
+                                            for key in ("model", "ema", "optimizer")}
+        else:
+            row["unchanged_by_nan_step"] = {"model": False, "ema": False, "optimizer": False}
+        row["ending"] = summary.get("ending") or summary.get("diverged")
+    return row
+
+
+def sync_row(device: torch.device, which: str) -> dict[str, Any]:
+    """``which``: "bf16_adamw" (recipe=deit, bf16) or "fp16_nan" (recipe=deit3, fp16, NaN images at step 3)."""
+    recipe, precision, nan_step = ("deit", "bf16", None) if which == "bf16_adamw" else ("deit3", "fp16", NAN_STEP)
+    overrides = _loop_overrides(device, recipe, precision)
+    row: dict[str, Any] = {"check": f"host_syncs {which}", "overrides": overrides, "nan_step": nan_step}
+    try:
+        row.update(_run_counting(overrides, device, nan_step))
+    except Exception as exc:
+        return {**row, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500],
+                "traceback": traceback.format_exc()[-1500:]}
+    # on the CPU the loader's host work between steps reads values (no sync there): only the steps count
+    between = row["syncs"]["in_steps_between_logs"] + (row["syncs"]["between_steps"] if device.type == "cuda" else 0)
+    ok = between == 0 and row["steps"] == LOOP_STEPS and row["status"] in ("stopped", "completed")
+    if nan_step is not None:
+        ok = ok and all(v is not False for v in row["unchanged_by_nan_step"].values())
+    return {**row, "ok": ok}
+
+
+def compile_row(device: torch.device, compile_backend: str) -> dict[str, Any]:
+    """trainer.compile=true, compile_mode=reduce-overhead, accum_steps=2, four steps: ``ran`` (the run's status)
+    or ``refused`` (the config check's one line); a failure otherwise."""
+    overrides = [*_loop_overrides(device, "light", "bf16" if device.type == "cuda" else "fp32"),
+                 "trainer.compile=true", "trainer.compile_mode=reduce-overhead", "trainer.accum_steps=2",
+                 f"trainer.compile_backend={compile_backend}", "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
+    row: dict[str, Any] = {"check": "compile reduce-overhead accum_steps=2", "overrides": overrides}
+    from quest.engine import fit
+    from quest.engine.checks import check_train_config
+
+    try:
+        cfg = _compose(overrides)
+        check_train_config(cfg)
+    except Exception as exc:
+        line = str(exc).strip()
+        # refused by the config check, before any work: what the check is for (its message names the keys)
+        return {**row, "outcome": "refused", "message": line[:600], "ok": "trainer." in line}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = fit(cfg, Path(tmp) / "run")
+    except Exception as exc:
+        return {**row, "outcome": "failed", "message": f"{type(exc).__name__}: {exc}"[:400],
+                "traceback": traceback.format_exc()[-1500:], "ok": False}
+    status = summary.get("status")
+    return {**row, "outcome": "ran", "status": status, "ok": status in ("stopped", "completed")}
+
+
+def _jpeg_folder(root: Path) -> Path:
+    from bench.data import make_jpegs
+
+    for split, count in (("train", 8), ("val", 4)):
+        for c in range(2):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            make_jpegs(folder, count, seed=10 * c + len(split), size=(48, 40))
+    return root
+
+
+def prefetch_row(device: torch.device) -> dict[str, Any]:
+    """data.pipeline=device trained four steps with the next batch finished ahead and without: the same weights
+    bit for bit. Ahead or not is quest.data.prefetch.finish_ahead's ``ahead`` (its default: on CUDA only), set
+    for each run where train.py calls it."""
+    from quest.engine import fit, load_checkpoint, trainer
+
+    row: dict[str, Any] = {"check": "prefetch on/off, data.pipeline=device"}
+    try:
+        from quest.data.prefetch import finish_ahead
+    except ImportError as exc:
+        return {**row, "ok": None, "note": f"not available: {exc}"}
+    weights = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = _jpeg_folder(Path(tmp) / "data")
+            overrides = ["data=imagefolder", f"data.root={data}", "data.num_classes=2", "data.img_size=16",
+                         "data.batch_size=4", "data.num_workers=0", "data.pipeline=device", "model=vit_pico",
+                         "recipe=light", "recipe.reprob=0.25", "trainer.epochs=1", "trainer.max_steps=4",
+                         "trainer.log_every_n_steps=2", f"trainer.device={device.type}", "diagnostics=disabled"]
+            row["overrides"] = overrides
+            for ahead in (True, False):
+                with mock.patch.object(trainer, "finish_ahead",
+                                       lambda *a, _ahead=ahead, **k: finish_ahead(*a, **{**k, "ahead": _ahead})):
+                    summary = fit(_compose(overrides), Path(tmp) / f"ahead_{ahead}")
+                row[f"status_ahead_{ahead}"] = summary.get("status")
+                weights[ahead] = load_checkpoint(Path(tmp) / f"ahead_{ahead}" / "checkpoints" / "last.pt")["model"]
+    except Exception as exc:
+        return {**row, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500],
+                "traceback": traceback.format_exc()[-1500:]}
+    row["bit_equal"] = _equal(weights[True], weights[False])
+    row["ok"] = row["bit_equal"] and all(row[f"status_ahead_{a}"] in ("stopped", "completed") for a in (True, False))
+    return row
+
