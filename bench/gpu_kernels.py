@@ -116,15 +116,17 @@ def _fused_module() -> tuple[Any, str | None]:
 
 
 def kernel_rows(device: torch.device, smoke: bool, dtypes: tuple[torch.dtype, ...] = DTYPES,
-                emit: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (kernel, dtype), each handed to ``emit`` as it ends (the part writes it then). The smoke runs
-    :data:`SMOKE_WIDTHS` only (its rows say so); on the CPU the operators run forced onto the fused path (their
-    Triton kernels under ``TRITON_INTERPRET=1``, else the operators' own reference code)."""
+                emit: Callable[[dict[str, Any]], None] | None = None,
+                kernels: tuple[str, ...] = KERNELS) -> list[dict[str, Any]]:
+    """One row per (kernel, dtype) of ``kernels``, each handed to ``emit`` as it ends (the part writes it then). The
+    smoke runs :data:`SMOKE_WIDTHS` and :data:`SMOKE_TOKENS` only (its rows say so); on the CPU the operators run
+    forced onto the fused path (their Triton kernels under ``TRITON_INTERPRET=1``, else the operators' own
+    reference code)."""
     fused, missing = _fused_module()
     widths, tokens = (SMOKE_WIDTHS, SMOKE_TOKENS) if smoke else (WIDTHS, TOKENS)
     rows: list[dict[str, Any]] = []
     kernels_run = getattr(fused, "kernels_run", None)
-    for kernel in KERNELS:
+    for kernel in kernels:
         for dtype in dtypes:
             row: dict[str, Any] = {"check": "kernel", "kernel": kernel, "dtype": str(dtype).replace("torch.", ""),
                                    "widths": list(widths), "layouts": ["contiguous", "qkv-view"],

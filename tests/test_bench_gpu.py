@@ -149,7 +149,8 @@ def test_parts_option_chooses_parts_and_names_the_valid_ones(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--parts", "numerics,nope"])
     assert exc.value.code == 2
-    assert "unknown part(s) nope; expected a comma-separated choice of numerics, step_bf16," in capsys.readouterr().err
+    assert ("unknown part(s) nope; expected a comma-separated choice of environment, kernels, fused_step, loop, "
+            "numerics, step_bf16,") in capsys.readouterr().err
     # chosen parts run in priority order, whatever the order given, and no other part runs
     assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--parts", "input,numerics"], in_process=True) == 0
     assert list(json.loads((tmp_path / "gpu_check.json").read_text())["parts"]) == ["numerics", "input"]
@@ -174,3 +175,102 @@ def test_relative_differences_per_tensor_set_exact_zeros_apart():
     out = relative_differences(test, reference)
     assert out["worst"] == "a" and out["max"] == pytest.approx(1e-3, rel=1e-4)
     assert list(out["zero_in_exact_arithmetic"]) == ["z"] and out["zero_in_exact_arithmetic"]["z"] == pytest.approx(1e-8)
+
+
+def _driven_parts(monkeypatch, rows: dict[str, list[dict]]) -> None:
+    """bench/gpu.py's parts replaced by ones that only write the given rows (its bookkeeping is what is tested)."""
+    def parts(self):
+        return [Part(name, "", lambda run, name=name: [run.row(dict(r)) for r in rows.get(name, [])], (1, 1))
+                for name in gpu.PART_NAMES]
+    monkeypatch.setattr(gpu.Check, "parts", parts)
+
+
+def test_a_second_call_into_the_same_out_keeps_every_row_of_the_first(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _driven_parts(monkeypatch, {"environment": [{"x": 1}], "kernels": [{"x": 2, "ok": False}]})
+    assert gpu.main(["--cpu-smoke", "--out", str(out), "--parts", "environment,kernels"], in_process=True) == 1
+    first = (out / "gpu_check.jsonl").read_text()
+    with open(out / "gpu_check.jsonl", "a") as f:  # a call killed mid-line: its half-written line is cut off
+        f.write('{"part": "kernels", "x": ')
+    _driven_parts(monkeypatch, {"kernels": [{"x": 3}], "loop": [{"x": 4}]})
+    # this call's rows pass: the first call's failed kernel row is the first call's, not this one's
+    assert gpu.main(["--cpu-smoke", "--out", str(out), "--parts", "kernels,loop"], in_process=True) == 0
+    text = (out / "gpu_check.jsonl").read_text()
+    assert text.startswith(first) and len(text) > len(first)  # appended, never truncated
+    records = _records(out)
+    assert [r["meta"]["command"].split("--parts ")[1] for r in records if "meta" in r] == ["environment,kernels",
+                                                                                         "kernels,loop"]
+    report = json.loads((out / "gpu_check.json").read_text())  # rebuilt from both calls' rows
+    rows = {name: [(r["call"], r["x"]) for r in p["rows"]] for name, p in report["parts"].items()}
+    assert rows == {"environment": [(0, 1)], "kernels": [(0, 2), (1, 3)], "loop": [(1, 4)]}
+    assert {name: (p["status"], p["call"]) for name, p in report["parts"].items()} == {
+        "environment": ("done", 0), "kernels": ("done", 1), "loop": ("done", 1)}
+    assert report["failed"] == [] and [e["end"]["failed"] for e in report["earlier_calls"]] == [["kernels"]]
+    md = (out / "gpu_check.md").read_text()
+    assert "Earlier calls into this folder: 0: `python bench/gpu.py --cpu-smoke" in md and "this call: 1." in md
+    assert "| environment | 0 | done |" in md and "| loop | 1 | done |" in md
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "results.md"
+    target.write_text("kept\n")
+    monkeypatch.setattr(gpu, "run_parts", lambda *a: pytest.fail("a part ran"))
+    assert gpu.main(["--cpu-smoke", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bench/gpu.py: error: --out {target} is a file; expected a folder (new, or one an earlier call " \
+                  "wrote into: its rows are kept)\n"
+    assert target.read_text() == "kept\n" and [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
+def test_the_environment_row_says_what_triton_lacks(tmp_path, monkeypatch):
+    from bench.gpu_env import environment_row
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    row = environment_row(torch.device("cpu"))
+    assert row["c_compiler"] == {"cc": str(tmp_path / "no-such-cc"), "from": "CC", "found": False}
+    assert row["triton_cache"]["writable"] is False and "FileExistsError" in row["triton_cache"]["error"]
+    assert row["ok"] is False and row["torch"] == torch.__version__
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "made"))
+    row = environment_row(torch.device("cpu"))
+    assert row["ok"] is True and row["c_compiler"]["from"] == "PATH" and (tmp_path / "made").is_dir()
+    assert list((tmp_path / "made").iterdir()) == []  # the probe leaves nothing behind
+
+
+def test_opcheck_rows_say_when_no_quest_operator_is_registered(monkeypatch):
+    from bench import gpu_env
+
+    monkeypatch.setattr(gpu_env, "quest_ops", lambda: [])
+    assert gpu_env.opcheck_rows(torch.device("cpu")) == [
+        {"check": "opcheck", "op": None, "ok": True, "note": "no torch.ops.quest.* operator is registered: nothing to check"}]
+
+
+def test_the_kernel_rows_catch_a_layer_norm_that_mixes_up_gain_and_bias(monkeypatch):
+    from bench.gpu_kernels import kernel_rows
+    from quest.attention import fused
+
+    right = kernel_rows(torch.device("cpu"), True, dtypes=(torch.float32,), kernels=("layer_norm",))
+    assert [r["ok"] for r in right] == [True] and set(right[0]["max_rel"]) == {"values", "grad_x", "grad_weight",
+                                                                               "grad_bias"}
+    assert right[0]["max_rel"]["values"] < 1e-5 and right[0]["widths"] == [16, 40]
+    swapped = lambda x, norm: torch.nn.functional.layer_norm(x, norm.normalized_shape, norm.bias, norm.weight, norm.eps)
+    monkeypatch.setattr(fused, "layer_norm_fused", swapped)
+    wrong = kernel_rows(torch.device("cpu"), True, dtypes=(torch.float32,), kernels=("layer_norm",))
+    assert [r["ok"] for r in wrong] == [False] and wrong[0]["max_rel"]["values"] > 0.1
+
+
+def test_the_loop_row_counts_a_host_read_added_to_every_step(monkeypatch):
+    """The bf16 loop row on the CPU's counter: quest's steps read nothing between log intervals; a read added to
+    every optimizer step is counted in each of the 18 steps that log nothing, and fails the row."""
+    from bench.gpu_loop import LOOP_STEPS, sync_row
+    from quest.engine.trainer import Run
+
+    clean = sync_row(torch.device("cpu"), "bf16_adamw")
+    assert clean["ok"] and clean["steps"] == LOOP_STEPS and clean["syncs"]["in_steps_between_logs"] == 0, clean
+    step = Run._optimizer_step
+    monkeypatch.setattr(Run, "_optimizer_step", lambda self, skip, norm: (norm.item(), step(self, skip, norm)))
+    reading = sync_row(torch.device("cpu"), "bf16_adamw")
+    assert reading["syncs"]["in_steps_between_logs"] == 18 and reading["ok"] is False
+    assert reading["syncs"]["at_log_steps"] == clean["syncs"]["at_log_steps"] + 2
