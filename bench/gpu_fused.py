@@ -46,7 +46,6 @@ def relative_differences(test: dict[str, torch.Tensor], reference: dict[str, tor
         diff, top = float((test[name] - ref).abs().max()), float(ref.abs().max())
         if name in zero:
             zero_diffs[name] = diff
-            zero[name] = diff
         else:
             rel[name] = diff / (top if top > 0 else 1.0)
     worst = max(rel, key=rel.__getitem__)
@@ -121,8 +120,13 @@ def _fused_step(attention, name, size, batch, device, depth, steps, warmup) -> d
     images = torch.randn(batch, 3, size, size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     exact_logits, exact_grads = _float32_step(model, images, targets)
+    try:
+        from quest.attention.fused import kernels_run
+        ran = "triton kernels" if kernels_run(images) else "the operators' own PyTorch code"
+    except ImportError:
+        ran = "unknown"
     zero = zero_up_to_rounding(exact_grads)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"fused_ops_ran": ran}
     results = {}
     for enabled in (True, False):
         key = "fused" if enabled else "pytorch"

@@ -93,13 +93,14 @@ def _compose(overrides: list[str]) -> Any:
     return compose(overrides)
 
 
-def _loop_overrides(device: torch.device, recipe: str, precision: str) -> list[str]:
+def _loop_overrides(device: torch.device, recipe: str, precision: str, steps: int = LOOP_STEPS,
+                    every: int = LOG_EVERY) -> list[str]:
     # DeiT-III's table has no row for ViT-pico's size: its base row's values
     sized = ["recipe.lr=3e-3", "recipe.drop_path=0.2", "recipe.img_size=32"] if recipe == "deit3" else []
     return [f"recipe={recipe}", *sized, "model=vit_pico", "data=fake", "data.img_size=32", "data.batch_size=8",
-            "data.num_classes=10", f"data.fake_train_size={8 * LOOP_STEPS}", "data.fake_val_size=8",
-            "data.num_workers=0", "trainer.epochs=1", f"trainer.max_steps={LOOP_STEPS}",
-            f"trainer.log_every_n_steps={LOG_EVERY}", f"trainer.precision={precision}",
+            "data.num_classes=10", f"data.fake_train_size={8 * steps}", "data.fake_val_size=8",
+            "data.num_workers=0", "trainer.epochs=1", f"trainer.max_steps={steps}",
+            f"trainer.log_every_n_steps={every}", f"trainer.precision={precision}",
             f"trainer.device={device.type}", "diagnostics=disabled"]
 
 
@@ -176,14 +177,16 @@ def _run_counting(overrides: list[str], device: torch.device, nan_step: int | No
                                             for key in ("model", "ema", "optimizer")}
         else:
             row["unchanged_by_nan_step"] = {"model": False, "ema": False, "optimizer": False}
-        row["ending"] = summary.get("ending") or summary.get("diverged")
+        row["diverged_at_step"] = summary.get("diverged_at_step")
+        row["divergence_reason"] = summary.get("divergence_reason")
     return row
 
 
-def sync_row(device: torch.device, which: str) -> dict[str, Any]:
-    """``which``: "bf16_adamw" (recipe=deit, bf16) or "fp16_nan" (recipe=deit3, fp16, NaN images at step 3)."""
+def sync_row(device: torch.device, which: str, steps: int = LOOP_STEPS, every: int = LOG_EVERY) -> dict[str, Any]:
+    """``which``: "bf16_adamw" (recipe=deit, bf16) or "fp16_nan" (recipe=deit3, fp16, NaN images at step 3);
+    ``steps`` with a log every ``every`` (the CPU smoke runs fewer)."""
     recipe, precision, nan_step = ("deit", "bf16", None) if which == "bf16_adamw" else ("deit3", "fp16", NAN_STEP)
-    overrides = _loop_overrides(device, recipe, precision)
+    overrides = _loop_overrides(device, recipe, precision, steps, every)
     row: dict[str, Any] = {"check": f"host_syncs {which}", "overrides": overrides, "nan_step": nan_step}
     try:
         row.update(_run_counting(overrides, device, nan_step))
@@ -192,7 +195,7 @@ def sync_row(device: torch.device, which: str) -> dict[str, Any]:
                 "traceback": traceback.format_exc()[-1500:]}
     # on the CPU the loader's host work between steps reads values (no sync there): only the steps count
     between = row["syncs"]["in_steps_between_logs"] + (row["syncs"]["between_steps"] if device.type == "cuda" else 0)
-    ok = between == 0 and row["steps"] == LOOP_STEPS and row["status"] in ("stopped", "completed")
+    ok = between == 0 and row["steps"] == steps and row["status"] in ("stopped", "completed")
     if nan_step is not None:
         ok = ok and all(v is not False for v in row["unchanged_by_nan_step"].values())
     return {**row, "ok": ok}

@@ -198,7 +198,9 @@ def _loop(rows: list[dict[str, Any]]) -> list[str]:
                          f"intervals, {s['between_steps']} between those steps, {s['at_log_steps']} at log steps, "
                          f"{s['before_first_step']} before the first step, {s['after_last_step']} after the last; "
                          f"{r['steps']} steps, status {r['status']}"
-                         + (f"; after the NaN step {r['nan_step']} unchanged: {nan}" if nan else "") + f"; ok {r['ok']}")
+                         + (f"; after the NaN step {r['nan_step']} unchanged: {nan}" if nan else "")
+                         + (f" (diverged at step {r['diverged_at_step']}: {r['divergence_reason']})"
+                            if r.get("diverged_at_step") is not None else "") + f"; ok {r['ok']}")
         elif "outcome" in r:
             lines.append(f"- {r['check']}: {r['outcome']}" + (f", status {r['status']}" if r.get("status") else "")
                          + (f": `{' '.join(r['message'].split())[:400]}`" if r.get("message") else "") + f"; ok {r['ok']}")
