@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from bench.gpu_kernels import what_ran
 from bench.gpu_step import _model, autocast, free, sdpa_backend, time_steps
 
 __all__ = ["fused_step_row", "WORSE"]
@@ -120,11 +121,7 @@ def _fused_step(attention, name, size, batch, device, depth, steps, warmup) -> d
     images = torch.randn(batch, 3, size, size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
     exact_logits, exact_grads = _float32_step(model, images, targets)
-    try:
-        from quest.attention.fused import kernels_run
-        ran = "triton kernels" if kernels_run(images) else "the operators' own PyTorch code"
-    except ImportError:
-        ran = "unknown"
+    ran = what_ran(images)
     zero = zero_up_to_rounding(exact_grads)
     out: dict[str, Any] = {"fused_ops_ran": ran}
     results = {}

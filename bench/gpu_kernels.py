@@ -12,6 +12,7 @@ Where ``quest.attention.fused.check_kernels`` exists (the kernels' own self-chec
 more row; the rows above stand without it."""
 from __future__ import annotations
 
+import importlib
 import os
 import traceback
 from contextlib import nullcontext
@@ -115,6 +116,29 @@ def _fused_module() -> tuple[Any, str | None]:
     return fused, (f"quest.attention.fused has no {', '.join(missing)}" if missing else None)
 
 
+def triton_runs() -> Callable[[torch.Tensor], bool] | None:
+    """quest's test of whether a fused operator on a tensor runs its Triton kernel (a CUDA tensor, or Triton's
+    interpreter) rather than the PyTorch code that stands in for it: ``quest.attention.fused.kernels_run``, or
+    ``quest.attention.fused_launch.triton_runs`` where the launches have a module of their own; None where neither
+    exists."""
+    for module, name in (("quest.attention.fused", "kernels_run"), ("quest.attention.fused_launch", "triton_runs")):
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def what_ran(x: torch.Tensor) -> str:
+    """What a fused operator on ``x`` runs here (:func:`triton_runs`)."""
+    runs = triton_runs()
+    if runs is None:
+        return "unknown (quest names no test of it)"
+    return "triton kernel" if runs(x) else "operator's PyTorch code"
+
+
 def kernel_rows(device: torch.device, smoke: bool, dtypes: tuple[torch.dtype, ...] = DTYPES,
                 emit: Callable[[dict[str, Any]], None] | None = None,
                 kernels: tuple[str, ...] = KERNELS) -> list[dict[str, Any]]:
@@ -125,7 +149,6 @@ def kernel_rows(device: torch.device, smoke: bool, dtypes: tuple[torch.dtype, ..
     fused, missing = _fused_module()
     widths, tokens = (SMOKE_WIDTHS, SMOKE_TOKENS) if smoke else (WIDTHS, TOKENS)
     rows: list[dict[str, Any]] = []
-    kernels_run = getattr(fused, "kernels_run", None)
     for kernel in kernels:
         for dtype in dtypes:
             row: dict[str, Any] = {"check": "kernel", "kernel": kernel, "dtype": str(dtype).replace("torch.", ""),
@@ -138,16 +161,17 @@ def kernel_rows(device: torch.device, smoke: bool, dtypes: tuple[torch.dtype, ..
             if missing:
                 rows.append({**row, "ok": False, "error": f"not available: {missing}"})
             else:
-                rows.append({**row, **_kernel_row(kernel, fused, widths, tokens, device, dtype, kernels_run)})
+                rows.append({**row, **_kernel_row(kernel, fused, widths, tokens, device, dtype)})
             if emit is not None:
                 emit(rows[-1])
     return rows
 
 
-def _kernel_row(kernel: str, fused: Any, widths: tuple[int, ...], tokens: int, device: torch.device, dtype: torch.dtype,
-                kernels_run: Callable | None) -> dict[str, Any]:
+def _kernel_row(kernel: str, fused: Any, widths: tuple[int, ...], tokens: int, device: torch.device,
+                dtype: torch.dtype) -> dict[str, Any]:
     worst: dict[str, tuple[float, int, str]] = {}
-    forced = fused.fused_path(True) if hasattr(fused, "fused_path") and device.type != "cuda" else nullcontext()
+    # the kernel path on every device, unchecked (on CUDA too: quest's own choice may first check, or fall back)
+    forced = fused.fused_path(True) if hasattr(fused, "fused_path") else nullcontext()
     try:
         with forced:
             for d in widths:
@@ -158,10 +182,9 @@ def _kernel_row(kernel: str, fused: Any, widths: tuple[int, ...], tokens: int, d
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500], "traceback": traceback.format_exc()[-1200:]}
     tol = TOLERANCE[dtype]
-    probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
     return {"max_rel": {k: v[0] for k, v in worst.items()},
             "worst_at": {k: f"d={v[1]} {v[2]}" for k, v in worst.items()},
-            "ran": ("triton kernel" if kernels_run is not None and kernels_run(probe) else "operator's PyTorch code"),
+            "ran": what_ran(torch.empty(1, 1, 1, 1, device=device, dtype=dtype)),
             "ok": all(v[0] <= tol for v in worst.values())}
 
 
@@ -179,11 +202,17 @@ def check_kernels_rows(device: torch.device, smoke: bool, dtypes: tuple[torch.dt
         for d in SMOKE_WIDTHS if smoke else WIDTHS:
             try:
                 out = check(device, dtype, d)
-                results[str(d)] = out if isinstance(out, (bool, int, float, str, type(None))) else repr(out)[:300]
-                if out is False:
-                    errors.append(f"d={d}: False")
             except Exception as exc:
                 errors.append(f"d={d}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            # a list of per-kernel verdicts (objects with ok / kernel / reason), or one value
+            verdicts = out if isinstance(out, (list, tuple)) else [out]
+            for v in verdicts:
+                ok = getattr(v, "ok", v)
+                name = getattr(v, "kernel", "all")
+                results[f"{name} d={d}"] = ok if isinstance(ok, (bool, type(None))) else repr(ok)[:200]
+                if ok is False:
+                    errors.append(f"{name} d={d}: {getattr(v, 'reason', 'False')}"[:300])
         rows.append({"check": "check_kernels", "dtype": str(dtype).replace("torch.", ""), "results": results,
                      "ok": not errors, **({"errors": errors[:4]} if errors else {}),
                      "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"})
