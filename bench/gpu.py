@@ -144,7 +144,9 @@ class Check:
     def loop(self, run: PartRun) -> None:
         loop = (8, 4) if self.smoke else (20, 10)  # steps, and a log every so many
         for label, work in (("host syncs, bf16 AdamW", lambda: sync_row(self.device, "bf16_adamw", *loop)),
-                            ("host syncs, fp16 with a NaN step", lambda: sync_row(self.device, "fp16_nan", *loop)),
+                            ("host syncs, fp16 with NaN gradients",
+                             lambda: sync_row(self.device, "fp16_nan_grads", *loop)),
+                            ("host syncs, fp16 with a NaN loss", lambda: sync_row(self.device, "fp16_nan_loss", *loop)),
                             ("compile reduce-overhead, accum_steps=2",
                              lambda: compile_row(self.device, self.compile_backend)),
                             ("prefetch on/off", lambda: prefetch_row(self.device))):

@@ -5,10 +5,11 @@ skipped, compilation with CUDA graphs and accumulation, and finishing batches ah
   syncs, each put in the phase it happened in: between log intervals (inside a step that logs nothing, or after it
   until the next step), at a log step (its read of the loss, until the next step), before the first step, after the
   last. On CUDA the counter is ``torch.cuda.set_sync_debug_mode("warn")``'s warnings; on the CPU (no syncs) a
-  dispatcher mode counting the calls that hand a tensor's values to the host. Two runs: bf16 AdamW (recipe=deit),
-  and DeiT-III's fp16 (recipe=deit3, GradScaler) with a batch of NaN images at step 3, whose weights, EMA and
-  optimizer state right after it must equal those right before it (a run stopped there), bit for bit, and which
-  must go on to its 20 steps.
+  dispatcher mode counting the calls that hand a tensor's values to the host. Three runs: bf16 AdamW
+  (recipe=deit); DeiT-III's fp16 (recipe=deit3, GradScaler) with NaN gradients at step 3 and a finite loss (the
+  scaler's overflow), whose weights, EMA and optimizer state right after it must equal those right before it (a run
+  stopped there), bit for bit, and which must go on to its 20 steps; the same with NaN images at step 3 (a NaN
+  loss): the same states unchanged, and the run stopped as diverged at that step.
 - ``compile``: trainer.compile=true with compile_mode=reduce-overhead and accum_steps=2 runs, or is refused in one
   line by the config check (which of the two is recorded).
 - ``prefetch``: data.pipeline=device on a small JPEG folder, the next batch finished ahead and not, bit-equal weights.
@@ -125,8 +126,26 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _run_counting(overrides: list[str], device: torch.device, nan_step: int | None) -> dict[str, Any]:
-    """fit with the syncs counted per phase, and (``nan_step``) that step's images NaN and the states around it."""
+def _poison_gradients(run: Any) -> Callable[[], None]:
+    """Make the next step's gradients NaN with a finite loss (fp16's overflow: the GradScaler's case): a hook on
+    the scaled loss the step backpropagates. Returns the undo."""
+    scaler = run.scaler
+    scale = scaler.scale
+
+    def poisoned(outputs: Any) -> Any:
+        scaled = scale(outputs)
+        scaled.register_hook(lambda g: torch.full_like(g, float("nan")))
+        poisoned.used = True
+        return scaled
+
+    poisoned.used = False
+    scaler.scale = poisoned
+    return lambda: (vars(scaler).pop("scale", None), poisoned.used)[1]
+
+
+def _run_counting(overrides: list[str], device: torch.device, fault: str | None) -> dict[str, Any]:
+    """fit with the syncs counted per phase; ``fault`` ("nan_grads": NaN gradients, a finite loss; "nan_images":
+    NaN images, so a NaN loss) at step :data:`NAN_STEP`, with the states just before and after it."""
     from quest.engine import fit
     from quest.engine.trainer import Run
 
@@ -137,7 +156,7 @@ def _run_counting(overrides: list[str], device: torch.device, nan_step: int | No
     # nothing; at_log_steps: a step that logs, and what follows it until the next step
     phases = {"before_first_step": 0, "in_steps_between_logs": 0, "between_steps": 0, "at_log_steps": 0,
               "after_last_step": 0}
-    seen: dict[str, Any] = {"steps": 0, "mark": 0, "last_log": False, "states": {}}
+    seen: dict[str, Any] = {"steps": 0, "mark": 0, "last_log": False, "states": {}, "injected": False}
 
     def train_step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         bound = signature.bind(self, *args, **kwargs)
@@ -146,16 +165,25 @@ def _run_counting(overrides: list[str], device: torch.device, nan_step: int | No
         where = "before_first_step" if seen["steps"] == 0 else "at_log_steps" if seen["last_log"] else "between_steps"
         phases[where] += now - seen["mark"]
         seen["steps"] += 1
-        nan_here = nan_step is not None and seen["steps"] == nan_step
-        if nan_here:  # the states and the NaN images are made outside the count: they are this check's, not the loop's
-            bound.arguments["batches"] = [(torch.full_like(images, float("nan")), targets)
-                                          for images, targets in bound.arguments["batches"]]
+        here = fault is not None and seen["steps"] == NAN_STEP
+        undo = None
+        if here:  # the states and the fault are made outside the count: they are this check's, not the loop's
+            if fault == "nan_images":
+                bound.arguments["batches"] = [(torch.full_like(images, float("nan")), targets)
+                                              for images, targets in bound.arguments["batches"]]
+                seen["injected"] = True
+            else:
+                undo = _poison_gradients(self)
             seen["states"]["before"] = _state(self)
             now = count()
-        out = original(*bound.args, **bound.kwargs)
+        try:
+            out = original(*bound.args, **bound.kwargs)
+        finally:
+            if undo is not None:
+                seen["injected"] = undo()
         after = count()
         phases["at_log_steps" if logged else "in_steps_between_logs"] += after - now
-        if nan_here:
+        if here:
             seen["states"]["after"] = _state(self)
         seen["mark"], seen["last_log"] = count(), logged
         return out
@@ -168,36 +196,49 @@ def _run_counting(overrides: list[str], device: torch.device, nan_step: int | No
         phases["after_last_step"] = count() - seen["mark"]
     row = {"steps": seen["steps"], "status": summary.get("status"), "syncs": phases,
            "counter": "torch.cuda.set_sync_debug_mode('warn') warnings" if device.type == "cuda" else
-           "host reads (a dispatcher mode: item, tolist, cpu, bool, float, ..., _local_scalar_dense)"}
-    if nan_step is not None:
+           "host reads (a dispatcher mode: item, tolist, cpu, bool, float, ..., _local_scalar_dense)",
+           "diverged_at_step": summary.get("diverged_at_step"), "divergence_reason": summary.get("divergence_reason")}
+    if fault is not None:
         states = seen["states"]
+        row["fault_injected"] = seen["injected"]
         if "after" in states:
             before, after = states["before"], states["after"]
             row["unchanged_by_nan_step"] = {key: None if before[key] is None else _equal(before[key], after[key])
                                             for key in ("model", "ema", "optimizer")}
         else:
             row["unchanged_by_nan_step"] = {"model": False, "ema": False, "optimizer": False}
-        row["diverged_at_step"] = summary.get("diverged_at_step")
-        row["divergence_reason"] = summary.get("divergence_reason")
     return row
 
 
+#: the loop rows: recipe, precision, fault at step NAN_STEP
+LOOP_RUNS = {"bf16_adamw": ("deit", "bf16", None), "fp16_nan_grads": ("deit3", "fp16", "nan_grads"),
+             "fp16_nan_loss": ("deit3", "fp16", "nan_images")}
+
+
 def sync_row(device: torch.device, which: str, steps: int = LOOP_STEPS, every: int = LOG_EVERY) -> dict[str, Any]:
-    """``which``: "bf16_adamw" (recipe=deit, bf16) or "fp16_nan" (recipe=deit3, fp16, NaN images at step 3);
-    ``steps`` with a log every ``every`` (the CPU smoke runs fewer)."""
-    recipe, precision, nan_step = ("deit", "bf16", None) if which == "bf16_adamw" else ("deit3", "fp16", NAN_STEP)
+    """``which`` (:data:`LOOP_RUNS`): "bf16_adamw" (recipe=deit, bf16); "fp16_nan_grads" (recipe=deit3, fp16, NaN
+    gradients at step 3 with a finite loss: the scaler's overflow, its update skipped, the run goes on);
+    "fp16_nan_loss" (the same with NaN images at step 3, so a NaN loss: its update skipped, and the run stops as
+    diverged at that step when the check is next read). ``steps`` with a log every ``every`` (the CPU smoke runs
+    fewer)."""
+    recipe, precision, fault = LOOP_RUNS[which]
     overrides = _loop_overrides(device, recipe, precision, steps, every)
-    row: dict[str, Any] = {"check": f"host_syncs {which}", "overrides": overrides, "nan_step": nan_step}
+    row: dict[str, Any] = {"check": f"host_syncs {which}", "overrides": overrides,
+                           "nan_step": NAN_STEP if fault else None}
     try:
-        row.update(_run_counting(overrides, device, nan_step))
+        row.update(_run_counting(overrides, device, fault))
     except Exception as exc:
         return {**row, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:500],
                 "traceback": traceback.format_exc()[-1500:]}
     # on the CPU the loader's host work between steps reads values (no sync there): only the steps count
     between = row["syncs"]["in_steps_between_logs"] + (row["syncs"]["between_steps"] if device.type == "cuda" else 0)
-    ok = between == 0 and row["steps"] == steps and row["status"] in ("stopped", "completed")
-    if nan_step is not None:
-        ok = ok and all(v is not False for v in row["unchanged_by_nan_step"].values())
+    if fault == "nan_images":  # stopped as diverged, naming the NaN step (counted from 0 in the summary)
+        ended = row["status"] == "diverged" and row["diverged_at_step"] == NAN_STEP - 1
+    else:
+        ended = row["steps"] == steps and row["status"] in ("stopped", "completed")
+    ok = between == 0 and ended
+    if fault is not None:
+        ok = ok and row["fault_injected"] and all(v is not False for v in row["unchanged_by_nan_step"].values())
     return {**row, "ok": ok}
 
 
