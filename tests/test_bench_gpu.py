@@ -2,8 +2,9 @@
 first time a GPU is lent it runs as one command (docs/benchmarks.md). Here in this process: the apps it runs (train.py,
 one-process torchrun jobs, quest.toy) as calls through quest's Python API rather than child interpreters, one timed
 step per row, and the compiled rows traced by dynamo and AOTAutograd without inductor's code generation (inductor
-compiles every formulation in tests/test_models.py and tests/test_elliptical.py). The budget and the row-by-row
-report are checked on a driven clock with parts that only advance it."""
+compiles every formulation in tests/test_models.py and tests/test_elliptical.py). The budget, the row-by-row report
+and a second call into the same folder are checked with parts that only write rows. The first-minute rows (the
+environment, the kernels against float64, the host reads of the loop) are each shown to catch what they check."""
 from __future__ import annotations
 
 import importlib.util
