@@ -199,6 +199,7 @@ def _loop(rows: list[dict[str, Any]]) -> list[str]:
                          f"{s['before_first_step']} before the first step, {s['after_last_step']} after the last; "
                          f"{r['steps']} steps, status {r['status']}"
                          + (f"; after the NaN step {r['nan_step']} unchanged: {nan}" if nan else "")
+                         + ("; the fault was NOT injected" if r.get("fault_injected") is False else "")
                          + (f" (diverged at step {r['diverged_at_step']}: {r['divergence_reason']})"
                             if r.get("diverged_at_step") is not None else "") + f"; ok {r['ok']}")
         elif "outcome" in r:
