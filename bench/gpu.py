@@ -3,7 +3,16 @@ docs/benchmarks.md's GPU section lists, writing every row the moment it ends.
 
 Its parts, in priority order (``--parts`` chooses; each part, and each row within it, starts only when its estimated
 time fits in what the budget leaves, else a row says it was skipped and why; a child process is ended at the
-budget):
+budget). The first four prove the GPU path before any timing (the first minute):
+
+- ``environment``: torch, Triton, CUDA, the GPU, the C compiler Triton builds with, Python's headers, a writable
+  Triton cache; then torch.library.opcheck on every ``torch.ops.quest.*`` operator (bench/gpu_env.py);
+- ``kernels``: each fused q/k kernel against float64 over head widths x dtypes x layouts (bench/gpu_kernels.py);
+- ``fused_step``: per formulation one ViT-B bf16 step with the fused operators and without (bench/gpu_fused.py);
+- ``loop``: train.py's loop: host syncs between log intervals, a NaN step skipped under fp16, compile with CUDA
+  graphs and accumulation, finishing batches ahead bit-equal (bench/gpu_loop.py);
+
+then the measurements:
 
 - ``numerics``: every formulation's logits and gradients (ViT-Ti at 64 px) on the GPU in float32 against the CPU in
   float64 (bench/gpu_numerics.py);
@@ -25,8 +34,9 @@ budget):
     python bench/gpu.py --out /tmp/gpu --parts step_compiled --budget-s 480   # the compiled rows the first left out
     python bench/gpu.py --cpu-smoke --out /tmp/gpu-smoke   # every part's code path, tiny shapes, on the CPU
 
-It writes into ``--out``: gpu_check.jsonl (one JSON line per row, appended as each ends), gpu_check.json and
-gpu_check.md (the report so far, rewritten after each row). Exit 0 when every part that ran passed its checks
+It writes into ``--out``: gpu_check.jsonl (one JSON line per row, appended as each ends; a second call into the
+same folder appends its rows after the first's), gpu_check.json and gpu_check.md (the report of every call's rows so
+far, rebuilt after each row). Exit 0 when every part that ran passed its checks
 (children exited 0, numerics within tolerance, the device's RandAugment equal to the CPU's), 1 otherwise.
 
 The test (tests/test_bench_gpu.py) calls main(..., in_process=True, compile_backend="aot_eager"): train.py, the
@@ -50,12 +60,17 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
+from unittest import mock  # noqa: E402
 
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.gpu_apps import input_on_device, toy_chunk, toy_quick, train_run  # noqa: E402
+from bench.gpu_env import environment_row, opcheck_rows  # noqa: E402
+from bench.gpu_fused import fused_step_row  # noqa: E402
+from bench.gpu_kernels import check_kernels_rows, kernel_rows  # noqa: E402
+from bench.gpu_loop import compile_row, prefetch_row, sync_row  # noqa: E402
 from bench.gpu_markdown import render  # noqa: E402
 from bench.gpu_numerics import numerics_row  # noqa: E402
 from bench.gpu_recipe import train_vs_bare  # noqa: E402
@@ -102,6 +117,41 @@ class Check:
                 slow = slow if (row["proxy"].get("seconds") or 0) <= PROXY_MAX_S else row["proxy"]["seconds"]
             run.row(row)
             print(json.dumps(row, default=str), flush=True)
+
+    def environment(self, run: PartRun) -> None:
+        run.row(environment_row(self.device))
+        for row in opcheck_rows(self.device):
+            run.row(row)
+
+    def kernels(self, run: PartRun) -> None:
+        kernel_rows(self.device, self.smoke, emit=run.row)
+        for row in check_kernels_rows(self.device, self.smoke):
+            run.row(row)
+
+    def fused_step(self, run: PartRun) -> None:
+        # a check, not the step tables' timing
+        steps, warmup = (1, 0) if self.smoke else (5, 1)
+        # the smoke's fused operators run their own PyTorch code: the kernels part ran them in Triton's interpreter,
+        # which would make each step here a second or more
+        interpreter = {"TRITON_INTERPRET": "0"} if self.smoke else {}
+        for attention in table_order():
+            if run.afford(attention):
+                with mock.patch.dict(os.environ, interpreter):
+                    row = fused_step_row(attention, self.name, self.size, self.batch, self.device, self.depth, steps,
+                                         warmup)
+                run.row(row)
+
+    def loop(self, run: PartRun) -> None:
+        loop = (8, 4) if self.smoke else (20, 10)  # steps, and a log every so many
+        for label, work in (("host syncs, bf16 AdamW", lambda: sync_row(self.device, "bf16_adamw", *loop)),
+                            ("host syncs, fp16 with NaN gradients",
+                             lambda: sync_row(self.device, "fp16_nan_grads", *loop)),
+                            ("host syncs, fp16 with a NaN loss", lambda: sync_row(self.device, "fp16_nan_loss", *loop)),
+                            ("compile reduce-overhead, accum_steps=2",
+                             lambda: compile_row(self.device, self.compile_backend)),
+                            ("prefetch on/off", lambda: prefetch_row(self.device))):
+            if run.afford(label, 5.0 if self.smoke else 20.0):
+                run.row(work())
 
     def numerics(self, run: PartRun) -> None:
         name, size, batch = ("vit_pico_patch4_16", 16, 2) if self.smoke else ("vit_tiny_patch16_224", 64, 4)
@@ -152,6 +202,10 @@ class Check:
         up) and in the smoke, and the compiled tables' cap."""
         step = functools.partial
         return [
+            Part("environment", "versions, compiler, headers, Triton cache, opcheck", self.environment, (10.0, 5.0)),
+            Part("kernels", "fused kernels against float64", self.kernels, (60.0, 10.0)),
+            Part("fused_step", "one step fused and unfused per formulation", self.fused_step, (10.0, 3.0)),
+            Part("loop", "host syncs, a NaN step, compile, prefetch", self.loop, (20.0, 5.0)),
             Part("numerics", "logits and gradients against float64", self.numerics, (20.0, 5.0)),
             Part("step_bf16", "training step, eager, bf16", step(self.steps_table, dtype=torch.bfloat16,
                                                                  compiled=False), (10.0, 3.0)),
@@ -192,9 +246,10 @@ def _meta(check: Check, budget_s: float, argv: list[str]) -> dict[str, Any]:
 
 
 def failures(report: Report) -> list[str]:
-    """The parts that raised or whose rows failed a check (a row with ``ok`` False)."""
-    return [name for name, entry in report.parts.items()
-            if entry["status"] == "failed" or any(r.get("ok") is False for r in entry["rows"])]
+    """The parts of this call that raised or whose rows failed a check (a row with ``ok`` False); an earlier call's
+    into the same folder are its own."""
+    return [name for name, entry in report.parts.items() if entry.get("call") == report.call
+            and (entry["status"] == "failed" or any(r.get("ok") is False for r in report.rows(name)))]
 
 
 def main(argv: list[str] | None = None, *, in_process: bool = False, compile_backend: str = "inductor",
@@ -217,6 +272,10 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
     if unknown or not chosen:
         parser.error(f"--parts: unknown part(s) {', '.join(unknown) or '(none given)'}; expected a comma-separated "
                      f"choice of {', '.join(PART_NAMES)}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():  # before any work: nothing written, nothing run
+        print(f"bench/gpu.py: error: --out {args.out} is a file; expected a folder (new, or one an earlier call "
+              "wrote into: its rows are kept)", file=sys.stderr)
+        return 2
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not smoke:

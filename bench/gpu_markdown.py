@@ -118,23 +118,133 @@ def _input(rows: list[dict[str, Any]]) -> list[str]:
     return lines + _skipped(rows)
 
 
+def _sci(value: Any) -> str:
+    return f"{value:.1e}" if isinstance(value, (int, float)) else "n/a"
+
+
+def _environment(rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for r in (r for r in rows if r.get("check") == "environment"):
+        cc, headers, cache = r["c_compiler"], r["python_headers"], r["triton_cache"]
+        gpu = (f"{r['gpu']}, {r['gpu_memory_gib']:.0f} GiB, compute capability {r['compute_capability']}"
+               if r.get("gpu") else "no GPU")
+        lines += [f"- torch {r['torch']}, CUDA {r['cuda']}, Triton {r['triton']}, Python {r['python']}; {gpu}",
+                  f"- C compiler ({cc['from']}): {cc['cc'] or 'none found'}; Python.h: "
+                  f"{'found' if headers['found'] else 'missing'} in {headers['include']}; Triton cache {cache['dir']}: "
+                  f"{'writable' if cache['writable'] else 'NOT writable: ' + cache.get('error', '')}"
+                  + ("; TRITON_INTERPRET=1" if r.get("triton_interpret") else "") + f"; ok: {r['ok']}"]
+    ops = [r for r in rows if r.get("check") == "opcheck"]
+    for r in ops:
+        what = r.get("op") or "no operator"
+        detail = r.get("note") or "; ".join(r.get("failures", [])) or f"{r.get('samples')} sample(s)"
+        lines.append(f"- torch.library.opcheck {what}: {r['ok']} ({detail[:300]})")
+    return lines + _skipped(rows)
+
+
+def _kernels(rows: list[dict[str, Any]]) -> list[str]:
+    done = [r for r in rows if r.get("check") == "kernel"]
+    lines: list[str] = []
+    if done:
+        first = done[0]
+        lines += [f"batch {first['batch']}, {first['heads']} heads, {first['tokens']} tokens, head widths "
+                  f"{', '.join(map(str, first['widths']))}, contiguous and qkv-view inputs; worst max |a - b| / max |b| "
+                  f"against {first['reference']}" + (f" ({first['note']})" if first.get("note") else ""), "",
+                  "| kernel | dtype | values | gradients (worst) | worst at | tolerance | ran | ok |",
+                  "|---|---|---|---|---|---|---|---|"]
+    for r in done:
+        rel = r.get("max_rel") or {}
+        grads = {k: v for k, v in rel.items() if k.startswith("grad")}
+        worst = max(grads, key=grads.__getitem__) if grads else None
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {_sci(rel.get('values'))} | "
+                     f"{_sci(grads[worst]) + ' (' + worst + ')' if worst else '-'} | "
+                     f"{(r.get('worst_at') or {}).get('values', '')} | {r['tolerance']:.0e} | {r.get('ran', '')} | "
+                     f"{r['ok']}{' ' + r['error'] if r.get('error') else ''} |")
+    for r in (r for r in rows if r.get("check") == "check_kernels"):
+        lines.append(f"- check_kernels{' ' + r['dtype'] if r.get('dtype') else ''}: {r['ok']} "
+                     f"({r.get('note') or '; '.join(r.get('errors', [])) or 'every width'})")
+    return lines + _skipped(rows)
+
+
+def _fused(rows: list[dict[str, Any]]) -> list[str]:
+    done = [r for r in rows if r.get("check") == "fused step"]
+    lines: list[str] = []
+    if done:
+        lines += [f"{done[0]['model']}, {done[0]['img_size']} px, batch {done[0]['batch']}, bf16 autocast: the fused "
+                  "operators on and off; differences max |a - b| / max |b| per tensor (fp32: the same step in float32)",
+                  "", "| attention | logits fused vs PyTorch | grads fused vs PyTorch | grads vs fp32, fused / PyTorch "
+                  "| ms fused / PyTorch (x) | peak GiB fused / PyTorch | SDPA | ok |", "|---|---|---|---|---|---|---|---|"]
+    for r in done:
+        if "fused" not in r:
+            lines.append(f"| {r['attention']} | {r.get('note') or r.get('error', '')} | | | | | | {r['ok']} |")
+            continue
+        f, p = r["fused"], r["pytorch"]
+        mem = (f"{f['peak_memory_gib']:.2f} / {p['peak_memory_gib']:.2f}" if f.get("peak_memory_gib") is not None
+               else "n/a")
+        lines.append(f"| {r['attention']} | {_sci(r['logits_fused_vs_pytorch'])} | {_sci(r['grads_fused_vs_pytorch'])} "
+                     f"| {_sci(f['grads_vs_fp32'])} / {_sci(p['grads_vs_fp32'])} | {1e3 * f['step_s']:.1f} / "
+                     f"{1e3 * p['step_s']:.1f} ({r['step_ratio']:.3f}) | {mem} | {f['sdpa_backend']} | {r['ok']} |")
+    return lines + _skipped(rows)
+
+
+def _loop(rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for r in (r for r in rows if "check" in r):
+        if r.get("error"):
+            lines.append(f"- {r['check']}: ok {r['ok']}; error: `{r['error'][:300]}`")
+        elif "syncs" in r:
+            s = r["syncs"]
+            nan = r.get("unchanged_by_nan_step")
+            lines.append(f"- {r['check']} ({r['counter']}): {s['in_steps_between_logs']} in the steps between log "
+                         f"intervals, {s['between_steps']} between those steps, {s['at_log_steps']} at log steps, "
+                         f"{s['before_first_step']} before the first step, {s['after_last_step']} after the last; "
+                         f"{r['steps']} steps, status {r['status']}"
+                         + (f"; after the NaN step {r['nan_step']} unchanged: {nan}" if nan else "")
+                         + ("; the fault was NOT injected" if r.get("fault_injected") is False else "")
+                         + (f" (diverged at step {r['diverged_at_step']}: {r['divergence_reason']})"
+                            if r.get("diverged_at_step") is not None else "") + f"; ok {r['ok']}")
+        elif "outcome" in r:
+            lines.append(f"- {r['check']}: {r['outcome']}" + (f", status {r['status']}" if r.get("status") else "")
+                         + (f": `{' '.join(r['message'].split())[:400]}`" if r.get("message") else "") + f"; ok {r['ok']}")
+        elif "bit_equal" in r:
+            lines.append(f"- {r['check']}: bit-equal weights {r['bit_equal']}; ok {r['ok']}")
+        else:
+            lines.append(f"- {r['check']}: {r.get('note', '')}; ok {r['ok']}")
+    return lines + _skipped(rows)
+
+
+FIRST_MINUTE = {"environment": ("Environment and opcheck", _environment),
+                "kernels": ("Fused kernels against float64", _kernels),
+                "fused_step": ("One step per formulation, fused and unfused", _fused),
+                "loop": ("The loop: host syncs, a NaN step, compile, prefetch", _loop)}
+
+
 def render(report: Any) -> str:
     """The whole markdown of ``report`` (a bench.gpu_report.Report) as it stands."""
     m = report.meta
     lines = [f"# GPU check: {m['device']} (torch {m['torch']}, timm {m['timm']})"
              f"{' — CPU smoke, not a measurement' if m['smoke'] else ''}", "",
              f"`{m['command']}`; budget {m['budget_s']:.0f} s; commit {m.get('commit') or 'unknown'}; "
-             f"started {m['started']}", "", "| part | status | s | note |", "|---|---|---|---|"]
+             f"started {m['started']}", ""]
+    earlier = getattr(report, "earlier", [])
+    if earlier:  # the folder's earlier calls: their rows are kept below, marked with their call's number
+        lines += ["Earlier calls into this folder: " + "; ".join(
+            f"{i}: `{e.get('command')}` started {e.get('started')}" + ("" if "end" in e else " (cut short)")
+            for i, e in enumerate(earlier)) + f"; this call: {len(earlier)}.", ""]
+    lines += ["| part | call | status | s | note |", "|---|---|---|---|---|"]
     for name, entry in report.parts.items():
         note = (entry.get("reason") or "").strip().splitlines()
-        failed = [r for r in entry["rows"] if r.get("ok") is False]
+        failed = [r for r in entry["rows"] if r.get("ok") is False and r.get("call") == entry.get("call")]
         status = entry["status"] + (f"; {len(failed)} row(s) failed a check" if failed else "")
-        lines.append(f"| {name} | {status} | {entry.get('seconds', 0):.0f} | {note[-1][:200] if note else ''} |")
+        lines.append(f"| {name} | {entry.get('call', '')} | {status} | {entry.get('seconds', 0):.0f} | "
+                     f"{note[-1][:200] if note else ''} |")
     for name, entry in report.parts.items():
         rows = entry["rows"]
         if not rows:
             continue
-        if name in STEP_TITLES:
+        if name in FIRST_MINUTE:
+            title, lines_of = FIRST_MINUTE[name]
+            lines += ["", f"## {title}", "", *lines_of(rows)]
+        elif name in STEP_TITLES:
             lines += ["", f"## {STEP_TITLES[name]}", "", *_step_table(rows, m)]
         elif name == "numerics":
             lines += ["", "## Numerics: every formulation against float64", "", *_numerics(rows)]

@@ -2,9 +2,14 @@
 
 Every row is on disk as soon as it ends: one JSON line appended to ``gpu_check.jsonl``, and ``gpu_check.json`` and
 ``gpu_check.md`` rewritten whole (a temporary file, then os.replace), so that a call cut short (a time limit, a
-killed machine) leaves every row it finished, readable."""
+killed machine) leaves every row it finished, readable.
+
+A second call into the same folder (the compiled rows the first left out, say) appends to ``gpu_check.jsonl`` after
+the first call's lines and never truncates it; the .json and .md are rebuilt from every call's rows, each row
+carrying ``call`` (0 for the first call's). A part run again keeps its earlier rows and takes the later status."""
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from dataclasses import dataclass
@@ -50,15 +55,38 @@ class Part:
 
 
 class Report:
-    """The rows of every part so far, on disk after each one (the module's docstring says how)."""
+    """The rows of every part so far, this call's and the earlier calls' into the same folder, on disk after each
+    one (the module's docstring says how). ``earlier``: the earlier calls' meta (with their ``end`` where they
+    ended); ``call``: this call's number."""
 
     def __init__(self, out_dir: Path, meta: dict[str, Any], render: Callable[[Report], str]):
         self.out_dir, self.meta, self.render = out_dir, meta, render
         self.parts: dict[str, dict[str, Any]] = {}
+        self.earlier: list[dict[str, Any]] = []
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "gpu_check.jsonl").unlink(missing_ok=True)  # this call's rows only
-        self._lines = open_records(out_dir / "gpu_check.jsonl")
+        self._lines = open_records(out_dir / "gpu_check.jsonl")  # appends (after cutting a half-written last line)
+        self._load(out_dir / "gpu_check.jsonl")
+        self.call = len(self.earlier)
         self._line({"meta": meta})
+
+    def _load(self, path: Path) -> None:
+        """The earlier calls' rows and part ends from ``path``, as they were added."""
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if "meta" in record:
+                self.earlier.append(record["meta"])
+            elif "end" in record and self.earlier:
+                self.earlier[-1] = {**self.earlier[-1], "end": record["end"]}
+            elif "part" in record and "part_status" in record:
+                entry = self.part(record["part"])
+                entry.update(status=record["part_status"], seconds=record.get("seconds", 0.0),
+                             call=len(self.earlier) - 1)
+                entry.pop("reason", None)
+                if record.get("reason"):
+                    entry["reason"] = record["reason"]
+            elif "part" in record:
+                row = {k: v for k, v in record.items() if k != "part"}
+                self.part(record["part"])["rows"].append({"call": len(self.earlier) - 1, **row})
 
     def _line(self, record: dict[str, Any]) -> None:
         self._lines.write(json_text(plain(record)).strip().replace("\n", " ") + "\n")
@@ -68,21 +96,33 @@ class Report:
         return self.parts.setdefault(name, {"status": "running", "rows": []})
 
     def add(self, name: str, row: dict[str, Any]) -> None:
+        row = {"call": self.call, **row}
         self.part(name)["rows"].append(row)
         self._line({"part": name, **row})
         self.write()
 
+    def start(self, name: str) -> None:
+        """``name`` on disk as running in this call (a call cut short shows where it was)."""
+        entry = self.part(name)
+        entry.pop("reason", None)
+        entry.update(status="running", call=self.call)
+        self.write()
+
     def end(self, name: str, status: str, seconds: float, reason: str = "") -> None:
         entry = self.part(name)
-        entry.update(status=status, seconds=seconds, **({"reason": reason} if reason else {}))
+        entry.pop("reason", None)
+        entry.update(status=status, seconds=seconds, call=self.call, **({"reason": reason} if reason else {}))
         self._line({"part": name, "part_status": status, "seconds": seconds, **({"reason": reason} if reason else {})})
         self.write()
 
-    def rows(self, name: str) -> list[dict[str, Any]]:
-        return self.parts.get(name, {}).get("rows", [])
+    def rows(self, name: str, this_call: bool = True) -> list[dict[str, Any]]:
+        """``name``'s rows: this call's (``this_call``), else every call's."""
+        rows = self.parts.get(name, {}).get("rows", [])
+        return [r for r in rows if r.get("call") == self.call] if this_call else rows
 
     def write(self) -> None:
-        write_text_atomic(self.out_dir / "gpu_check.json", json_text(plain({**self.meta, "parts": self.parts})))
+        whole = {**self.meta, "earlier_calls": self.earlier, "parts": self.parts}
+        write_text_atomic(self.out_dir / "gpu_check.json", json_text(plain(whole)))
         write_text_atomic(self.out_dir / "gpu_check.md", self.render(self))
 
     def close(self, ending: dict[str, Any] | None = None) -> None:
@@ -142,8 +182,7 @@ def run_parts(parts: list[Part], report: Report, budget: Budget, smoke: bool) ->
                                                   f"the {budget.total_s:.0f} s budget")
             continue
         run = PartRun(part, report, budget, smoke, capped=index < len(parts) - 1)
-        report.part(part.name)  # on disk as running: a call cut short shows where it was
-        report.write()
+        report.start(part.name)
         print(f"== {part.name}: {part.what} ({budget.left():.0f} s left)", flush=True)
         try:
             part.run(run)

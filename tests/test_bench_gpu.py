@@ -2,12 +2,14 @@
 first time a GPU is lent it runs as one command (docs/benchmarks.md). Here in this process: the apps it runs (train.py,
 one-process torchrun jobs, quest.toy) as calls through quest's Python API rather than child interpreters, one timed
 step per row, and the compiled rows traced by dynamo and AOTAutograd without inductor's code generation (inductor
-compiles every formulation in tests/test_models.py and tests/test_elliptical.py). The budget and the row-by-row
-report are checked on a driven clock with parts that only advance it."""
+compiles every formulation in tests/test_models.py and tests/test_elliptical.py). The budget, the row-by-row report
+and a second call into the same folder are checked with parts that only write rows. The first-minute rows (the
+environment, the kernels against float64, the host reads of the loop) are each shown to catch what they check."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -17,9 +19,11 @@ from bench import gpu
 from bench.gpu_numerics import relative_differences
 from bench.gpu_recipe import RECIPE_STEPS, steady_intervals
 from bench.gpu_report import Budget, Part, Report, run_parts
+from bench.gpu_step import PROXY_MODULES, table_order
 from quest.attention import list_attentions
 
-PROXY = importlib.util.find_spec("quest.attention.proxy") is not None  # quest's CPU proxy of a step's GPU cost
+# the CPU proxy of a step's GPU cost, in bench/ or (older) in quest.attention
+PROXY = any(importlib.util.find_spec(name) is not None for name in PROXY_MODULES)
 
 
 def _records(out) -> list[dict]:
@@ -39,11 +43,43 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
     fsdp = parts["fsdp"]["rows"][0]
     assert fsdp["backend"] == "gloo" and fsdp["seconds"] > 0
     assert fsdp["returncode"] == 0, fsdp
-    assert report["failed"] == [] and code == 0, report["failed"]
+    # the fp16 runs with a fault at step 3 (NaN gradients with a finite loss; NaN images) pass once a skipped update
+    # leaves the EMA as it was too and DeiT-III's Lamb reads nothing between log intervals; where the trainer does
+    # not yet, those rows are the only ones to fail, and they say what moved
+    loop = {r["check"]: r for r in parts["loop"]["rows"]}
+    grads, loss = loop["host_syncs fp16_nan_grads"], loop["host_syncs fp16_nan_loss"]
+    assert report["failed"] == ([] if grads["ok"] and loss["ok"] else ["loop"]), report["failed"]
+    assert code == (1 if report["failed"] else 0)
+    for r in (grads, loss):
+        unchanged = r["unchanged_by_nan_step"]
+        assert r["fault_injected"] and unchanged["model"] and unchanged["optimizer"], r
+        assert r["ok"] == (unchanged["ema"] is not False and r["syncs"]["in_steps_between_logs"] == 0), r
+    assert grads["status"] == "stopped" and grads["steps"] == 8  # the scaler's overflow: the run goes on
+    assert loss["status"] == "diverged" and loss["diverged_at_step"] == 2 and "nan" in loss["divergence_reason"]
     # the caller's process as it was: its thread count, and no process group left by the torchrun runs
     assert torch.get_num_threads() == threads and not dist.is_initialized()
 
     formulations = set(list_attentions())
+    # the first minute: the environment, then opcheck on each quest operator with sample inputs
+    environment, *ops = parts["environment"]["rows"]
+    assert environment["check"] == "environment" and environment["ok"] and environment["gpu"] is None
+    checked = {r["op"]: r["ok"] for r in ops if r["ok"] is not None}
+    assert checked == {"quest::l2_normalize": True, "quest::layer_norm": True, "quest::elliptical_m": True}, ops
+    kernels = [r for r in parts["kernels"]["rows"] if r["check"] == "kernel"]  # every kernel x dtype, each passing
+    assert len(kernels) == 15 and all(r["ok"] and "CPU smoke" in r["note"] for r in kernels), kernels
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert {r["ran"] for r in kernels} == {"triton kernel" if interpreted else "operator's PyTorch code"}
+    assert [r["check"] for r in parts["kernels"]["rows"][15:]] in (["check_kernels"], ["check_kernels"] * 3)
+    fused = parts["fused_step"]["rows"]  # per formulation; standard attention has no fused operator: equal paths
+    assert [r["attention"] for r in fused] == table_order() and all(r["ok"] for r in fused), fused
+    assert fused[0]["logits_fused_vs_pytorch"] == 0 and fused[0]["grads_fused_vs_pytorch"] == 0
+    assert {r["fused"]["sdpa_backend"] for r in fused} == {"cpu"}
+    assert {r["fused_ops_ran"] for r in fused} == {"operator's PyTorch code"}  # the kernels part interprets them
+    assert loop["host_syncs bf16_adamw"]["ok"] and loop["host_syncs bf16_adamw"]["steps"] == 8  # the smoke's 8
+    # reduce-overhead's CUDA graphs: refused on the CPU by the config check, in its own words
+    compiled = loop["compile reduce-overhead accum_steps=2"]
+    assert compiled["outcome"] == "refused" and "trainer.compile_mode needs a CUDA device" in compiled["message"]
+    assert loop["prefetch on/off, data.pipeline=device"]["bit_equal"] is True
     for part, dtype in (("step_bf16", "bfloat16"), ("step_fp16", "float16")):
         rows = parts[part]["rows"]  # timm's own ViT is the anchor row, then standard, then the rest
         assert [r["attention"] for r in rows[:2]] == ["timm", "standard"]
@@ -55,7 +91,7 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
             if PROXY:
                 assert proxy["launches"] > 0 and proxy["bytes"] > 0, proxy
             else:
-                assert proxy["launches"] is None and "No module named 'quest.attention.proxy'" in proxy["reason"]
+                assert proxy["launches"] is None and f"No module named '{PROXY_MODULES[-1]}'" in proxy["reason"]
     # the compiled path ran in both dtypes (fp16 adds the GradScaler)
     compiled = [r for part in ("step_compiled", "step_compiled_fp16") for r in parts[part]["rows"]]
     assert {r["dtype"] for r in compiled if r["compiled"]} == {"bfloat16", "float16"}
@@ -88,13 +124,15 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
     assert inputs["rand_augment_equals_cpu"] is True and len(inputs["img_per_s"]) == 2
 
     # every row is one line of the .jsonl, in the order the rows ended, and the markdown shows them
-    rows = [(r["part"], r.get("attention") or r.get("step")) for r in _records(tmp_path) if "part" in r
-            and "part_status" not in r]
-    assert rows == [(name, r.get("attention") or r.get("step")) for name, p in parts.items() for r in p["rows"]]
+    rows = [(r["part"], r.get("attention") or r.get("step") or r.get("check")) for r in _records(tmp_path)
+            if "part" in r and "part_status" not in r]
+    assert rows == [(name, r.get("attention") or r.get("step") or r.get("check")) for name, p in parts.items()
+                    for r in p["rows"]]
     assert _records(tmp_path)[-1] == {"end": {"elapsed_s": report["elapsed_s"], "failed": report["failed"]}}
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| timm's own |" in md and "the loop's cost (train.py over the recipe's whole step)" in md
     assert "## Numerics: every formulation against float64" in md and "## FSDP, one process" in md
+    assert "## Fused kernels against float64" in md and "| layer_norm | bfloat16 |" in md
 
 
 def test_parts_run_in_priority_order_within_the_budget_and_each_row_is_on_disk_when_it_ends(tmp_path):
@@ -149,7 +187,8 @@ def test_parts_option_chooses_parts_and_names_the_valid_ones(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--parts", "numerics,nope"])
     assert exc.value.code == 2
-    assert "unknown part(s) nope; expected a comma-separated choice of numerics, step_bf16," in capsys.readouterr().err
+    assert ("unknown part(s) nope; expected a comma-separated choice of environment, kernels, fused_step, loop, "
+            "numerics, step_bf16,") in capsys.readouterr().err
     # chosen parts run in priority order, whatever the order given, and no other part runs
     assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--parts", "input,numerics"], in_process=True) == 0
     assert list(json.loads((tmp_path / "gpu_check.json").read_text())["parts"]) == ["numerics", "input"]
@@ -174,3 +213,102 @@ def test_relative_differences_per_tensor_set_exact_zeros_apart():
     out = relative_differences(test, reference)
     assert out["worst"] == "a" and out["max"] == pytest.approx(1e-3, rel=1e-4)
     assert list(out["zero_in_exact_arithmetic"]) == ["z"] and out["zero_in_exact_arithmetic"]["z"] == pytest.approx(1e-8)
+
+
+def _driven_parts(monkeypatch, rows: dict[str, list[dict]]) -> None:
+    """bench/gpu.py's parts replaced by ones that only write the given rows (its bookkeeping is what is tested)."""
+    def parts(self):
+        return [Part(name, "", lambda run, name=name: [run.row(dict(r)) for r in rows.get(name, [])], (1, 1))
+                for name in gpu.PART_NAMES]
+    monkeypatch.setattr(gpu.Check, "parts", parts)
+
+
+def test_a_second_call_into_the_same_out_keeps_every_row_of_the_first(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _driven_parts(monkeypatch, {"environment": [{"x": 1}], "kernels": [{"x": 2, "ok": False}]})
+    assert gpu.main(["--cpu-smoke", "--out", str(out), "--parts", "environment,kernels"], in_process=True) == 1
+    first = (out / "gpu_check.jsonl").read_text()
+    with open(out / "gpu_check.jsonl", "a") as f:  # a call killed mid-line: its half-written line is cut off
+        f.write('{"part": "kernels", "x": ')
+    _driven_parts(monkeypatch, {"kernels": [{"x": 3}], "loop": [{"x": 4}]})
+    # this call's rows pass: the first call's failed kernel row is the first call's, not this one's
+    assert gpu.main(["--cpu-smoke", "--out", str(out), "--parts", "kernels,loop"], in_process=True) == 0
+    text = (out / "gpu_check.jsonl").read_text()
+    assert text.startswith(first) and len(text) > len(first)  # appended, never truncated
+    records = _records(out)
+    assert [r["meta"]["command"].split("--parts ")[1] for r in records if "meta" in r] == ["environment,kernels",
+                                                                                         "kernels,loop"]
+    report = json.loads((out / "gpu_check.json").read_text())  # rebuilt from both calls' rows
+    rows = {name: [(r["call"], r["x"]) for r in p["rows"]] for name, p in report["parts"].items()}
+    assert rows == {"environment": [(0, 1)], "kernels": [(0, 2), (1, 3)], "loop": [(1, 4)]}
+    assert {name: (p["status"], p["call"]) for name, p in report["parts"].items()} == {
+        "environment": ("done", 0), "kernels": ("done", 1), "loop": ("done", 1)}
+    assert report["failed"] == [] and [e["end"]["failed"] for e in report["earlier_calls"]] == [["kernels"]]
+    md = (out / "gpu_check.md").read_text()
+    assert "Earlier calls into this folder: 0: `python bench/gpu.py --cpu-smoke" in md and "this call: 1." in md
+    assert "| environment | 0 | done |" in md and "| loop | 1 | done |" in md
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "results.md"
+    target.write_text("kept\n")
+    monkeypatch.setattr(gpu, "run_parts", lambda *a: pytest.fail("a part ran"))
+    assert gpu.main(["--cpu-smoke", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bench/gpu.py: error: --out {target} is a file; expected a folder (new, or one an earlier call " \
+                  "wrote into: its rows are kept)\n"
+    assert target.read_text() == "kept\n" and [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
+def test_the_environment_row_says_what_triton_lacks(tmp_path, monkeypatch):
+    from bench.gpu_env import environment_row
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    row = environment_row(torch.device("cpu"))
+    assert row["c_compiler"] == {"cc": str(tmp_path / "no-such-cc"), "from": "CC", "found": False}
+    assert row["triton_cache"]["writable"] is False and "FileExistsError" in row["triton_cache"]["error"]
+    assert row["ok"] is False and row["torch"] == torch.__version__
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "made"))
+    row = environment_row(torch.device("cpu"))
+    assert row["ok"] is True and row["c_compiler"]["from"] == "PATH" and (tmp_path / "made").is_dir()
+    assert list((tmp_path / "made").iterdir()) == []  # the probe leaves nothing behind
+
+
+def test_opcheck_rows_say_when_no_quest_operator_is_registered(monkeypatch):
+    from bench import gpu_env
+
+    monkeypatch.setattr(gpu_env, "quest_ops", lambda: [])
+    assert gpu_env.opcheck_rows(torch.device("cpu")) == [
+        {"check": "opcheck", "op": None, "ok": True, "note": "no torch.ops.quest.* operator is registered: nothing to check"}]
+
+
+def test_the_kernel_rows_catch_a_layer_norm_that_mixes_up_gain_and_bias(monkeypatch):
+    from bench.gpu_kernels import kernel_rows
+    from quest.attention import fused
+
+    right = kernel_rows(torch.device("cpu"), True, dtypes=(torch.float32,), kernels=("layer_norm",))
+    assert [r["ok"] for r in right] == [True] and set(right[0]["max_rel"]) == {"values", "grad_x", "grad_weight",
+                                                                               "grad_bias"}
+    assert right[0]["max_rel"]["values"] < 1e-5 and right[0]["widths"] == [16, 40]
+    swapped = lambda x, norm: torch.nn.functional.layer_norm(x, norm.normalized_shape, norm.bias, norm.weight, norm.eps)
+    monkeypatch.setattr(fused, "layer_norm_fused", swapped)
+    wrong = kernel_rows(torch.device("cpu"), True, dtypes=(torch.float32,), kernels=("layer_norm",))
+    assert [r["ok"] for r in wrong] == [False] and wrong[0]["max_rel"]["values"] > 0.1
+
+
+def test_the_loop_row_counts_a_host_read_added_to_every_step(monkeypatch):
+    """The bf16 loop row on the CPU's counter: quest's steps read nothing between log intervals; a read added to
+    every optimizer step is counted in each of the 18 steps that log nothing, and fails the row."""
+    from bench.gpu_loop import LOOP_STEPS, sync_row
+    from quest.engine.trainer import Run
+
+    clean = sync_row(torch.device("cpu"), "bf16_adamw")
+    assert clean["ok"] and clean["steps"] == LOOP_STEPS and clean["syncs"]["in_steps_between_logs"] == 0, clean
+    step = Run._optimizer_step
+    monkeypatch.setattr(Run, "_optimizer_step", lambda self, skip, norm: (norm.item(), step(self, skip, norm)))
+    reading = sync_row(torch.device("cpu"), "bf16_adamw")
+    assert reading["syncs"]["in_steps_between_logs"] == 18 and reading["ok"] is False
+    assert reading["syncs"]["at_log_steps"] == clean["syncs"]["at_log_steps"] + 2
