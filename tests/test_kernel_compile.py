@@ -193,8 +193,10 @@ def test_every_kernel_dtype_head_width_layout_and_arch_compiles(compiled):
             for layout in kc.LAYOUTS for arch in (80, 90)}
     programs = _programs(compiled)
     got = {(c["kernel"], c["dtype"], c["width"], c["layout"], c["arch"]) for c in compiled["cases"]
-           if c["program"] in programs}
+           if c["program"] in programs and c["d_align"]}
     assert got == want
+    without = {(c["kernel"], c["width"]) for c in compiled["cases"] if not c["d_align"]}
+    assert without == {(k, w) for k in kernels for w in kc.DEFAULT_ALIGN_CASES["widths"]}
     # each program compiled once, for the cases Triton's specialisation makes one (80 and 128 share BLOCK_D 128)
     assert len(programs) < len(compiled["cases"])
 

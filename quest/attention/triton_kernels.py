@@ -50,12 +50,16 @@ def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h,
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
-    col_ok = (cols // D_ALIGN) < (D // D_ALIGN)  # cols < D, in runs of D_ALIGN the compiler can see
+    col_ok = cols < D
+    if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
+        col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
     b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
     h = ((rows // N) % H).to(tl.int64)
     n = (rows % N).to(tl.int64)
-    x_off = tl.multiple_of(b * xs_b + h * xs_h + n * xs_n, D_ALIGN)
+    x_off = b * xs_b + h * xs_h + n * xs_n
+    if D_ALIGN > 1:
+        x_off = tl.multiple_of(x_off, D_ALIGN)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
     factor = inv
@@ -63,7 +67,9 @@ def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h,
         factor = inv * tl.load(SCALE).to(tl.float32)
     elif SCALE_KIND == 2:
         factor = inv * tl.load(SCALE + h, mask=row_ok, other=0.0).to(tl.float32)
-    y_off = tl.multiple_of(b * ys_b + h * ys_h + n * ys_n, D_ALIGN)
+    y_off = b * ys_b + h * ys_h + n * ys_n
+    if D_ALIGN > 1:
+        y_off = tl.multiple_of(y_off, D_ALIGN)
     tl.store(Y + y_off[:, None] + cols[None, :], (x * factor[:, None]).to(Y.dtype.element_ty), mask=mask)
     tl.store(INV + rows, inv, mask=row_ok)
 
@@ -77,13 +83,19 @@ def l2_normalize_bwd(G, X, INV, SCALE, GX, DOT, R, H, N, D, gs_b, gs_h, gs_n, xs
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
-    col_ok = (cols // D_ALIGN) < (D // D_ALIGN)  # cols < D, in runs of D_ALIGN the compiler can see
+    col_ok = cols < D
+    if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
+        col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
     b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
     h = ((rows // N) % H).to(tl.int64)
     n = (rows % N).to(tl.int64)
-    g_off = tl.multiple_of(b * gs_b + h * gs_h + n * gs_n, D_ALIGN)
-    x_off = tl.multiple_of(b * xs_b + h * xs_h + n * xs_n, D_ALIGN)
+    g_off = b * gs_b + h * gs_h + n * gs_n
+    if D_ALIGN > 1:
+        g_off = tl.multiple_of(g_off, D_ALIGN)
+    x_off = b * xs_b + h * xs_h + n * xs_n
+    if D_ALIGN > 1:
+        x_off = tl.multiple_of(x_off, D_ALIGN)
     g = tl.load(G + g_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     inv = tl.load(INV + rows, mask=row_ok, other=0.0)
@@ -96,7 +108,9 @@ def l2_normalize_bwd(G, X, INV, SCALE, GX, DOT, R, H, N, D, gs_b, gs_h, gs_n, xs
     elif SCALE_KIND == 2:
         factor = inv * tl.load(SCALE + h, mask=row_ok, other=0.0).to(tl.float32)
     gx = (g - u * tl.where(above, dot, 0.0)[:, None]) * factor[:, None]
-    o_off = tl.multiple_of(b * os_b + h * os_h + n * os_n, D_ALIGN)
+    o_off = b * os_b + h * os_h + n * os_n
+    if D_ALIGN > 1:
+        o_off = tl.multiple_of(o_off, D_ALIGN)
     tl.store(GX + o_off[:, None] + cols[None, :], gx.to(GX.dtype.element_ty), mask=mask)
     tl.store(DOT + rows, dot, mask=row_ok)
 
@@ -109,12 +123,16 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, R, H, N, D, xs_b, xs_h, xs_n, ys_b, y
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
-    col_ok = (cols // D_ALIGN) < (D // D_ALIGN)  # cols < D, in runs of D_ALIGN the compiler can see
+    col_ok = cols < D
+    if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
+        col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
     b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
     h = ((rows // N) % H).to(tl.int64)
     n = (rows % N).to(tl.int64)
-    x_off = tl.multiple_of(b * xs_b + h * xs_h + n * xs_n, D_ALIGN)
+    x_off = b * xs_b + h * xs_h + n * xs_n
+    if D_ALIGN > 1:
+        x_off = tl.multiple_of(x_off, D_ALIGN)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=1) / D
     centred = tl.where(mask, x - mean[:, None], 0.0)
@@ -122,7 +140,9 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, R, H, N, D, xs_b, xs_h, xs_n, ys_b, y
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     bias = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = centred * rstd[:, None] * w[None, :] + bias[None, :]
-    y_off = tl.multiple_of(b * ys_b + h * ys_h + n * ys_n, D_ALIGN)
+    y_off = b * ys_b + h * ys_h + n * ys_n
+    if D_ALIGN > 1:
+        y_off = tl.multiple_of(y_off, D_ALIGN)
     tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + rows, mean, mask=row_ok)
     tl.store(RSTD + rows, rstd, mask=row_ok)
@@ -137,13 +157,19 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, GX, GW, GB, R, H, N, D, gs_b, gs_h, gs_n
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     row_ok = rows < R
-    col_ok = (cols // D_ALIGN) < (D // D_ALIGN)  # cols < D, in runs of D_ALIGN the compiler can see
+    col_ok = cols < D
+    if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
+        col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
     b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
     h = ((rows // N) % H).to(tl.int64)
     n = (rows % N).to(tl.int64)
-    g_off = tl.multiple_of(b * gs_b + h * gs_h + n * gs_n, D_ALIGN)
-    x_off = tl.multiple_of(b * xs_b + h * xs_h + n * xs_n, D_ALIGN)
+    g_off = b * gs_b + h * gs_h + n * gs_n
+    if D_ALIGN > 1:
+        g_off = tl.multiple_of(g_off, D_ALIGN)
+    x_off = b * xs_b + h * xs_h + n * xs_n
+    if D_ALIGN > 1:
+        x_off = tl.multiple_of(x_off, D_ALIGN)
     g = tl.load(G + g_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
@@ -154,9 +180,13 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, GX, GW, GB, R, H, N, D, gs_b, gs_h, gs_n
     c1 = tl.sum(gw * xhat, axis=1) / D
     c2 = tl.sum(gw, axis=1) / D
     gx = (gw - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-    o_off = tl.multiple_of(b * os_b + h * os_h + n * os_n, D_ALIGN)
+    o_off = b * os_b + h * os_h + n * os_n
+    if D_ALIGN > 1:
+        o_off = tl.multiple_of(o_off, D_ALIGN)
     tl.store(GX + o_off[:, None] + cols[None, :], gx.to(GX.dtype.element_ty), mask=mask)
-    block_off = tl.multiple_of(pid.to(tl.int64) * D, D_ALIGN)
+    block_off = pid.to(tl.int64) * D
+    if D_ALIGN > 1:
+        block_off = tl.multiple_of(block_off, D_ALIGN)
     tl.store(GW + block_off + cols, tl.sum(g * xhat, axis=0), mask=col_ok)
     tl.store(GB + block_off + cols, tl.sum(g, axis=0), mask=col_ok)
 
@@ -172,17 +202,26 @@ def elliptical_m(V, P, M, H, N, D, vs_b, vs_h, vs_n, ps_b, ps_h, ps_n, eps, BLOC
     v_base = b * vs_b + h * vs_h
     p_base = b * ps_b + h * ps_h
     cols = tl.arange(0, BLOCK_D)
-    col_ok = (cols // D_ALIGN) < (D // D_ALIGN)  # cols < D, in runs of D_ALIGN the compiler can see
+    col_ok = cols < D
+    if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
+        col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     total = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         mask = (tokens < N)[:, None] & col_ok[None, :]
         token = tokens.to(tl.int64)
-        v_off = tl.multiple_of(v_base + token * vs_n, D_ALIGN)
-        p_off = tl.multiple_of(p_base + token * ps_n, D_ALIGN)
+        v_off = v_base + token * vs_n
+        if D_ALIGN > 1:
+            v_off = tl.multiple_of(v_off, D_ALIGN)
+        p_off = p_base + token * ps_n
+        if D_ALIGN > 1:
+            p_off = tl.multiple_of(p_off, D_ALIGN)
         v = tl.load(V + v_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         p = tl.load(P + p_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         total += tl.sum(tl.abs(v - p), axis=0)
     m = total / N
     m = m / tl.maximum(tl.max(tl.where(col_ok, m, 0.0), axis=0), eps)
-    tl.store(M + tl.multiple_of(bh.to(tl.int64) * D, D_ALIGN) + cols, m.to(M.dtype.element_ty), mask=col_ok)
+    m_off = bh.to(tl.int64) * D
+    if D_ALIGN > 1:
+        m_off = tl.multiple_of(m_off, D_ALIGN)
+    tl.store(M + m_off + cols, m.to(M.dtype.element_ty), mask=col_ok)
