@@ -13,10 +13,11 @@ Addresses are 64-bit where they can pass 2^31 elements (a qkv buffer of ViT-L/16
 about 1,200, ViT-H/14 at 518 px from about 400): a row's coordinates (b, h, n) stay 32-bit, where division is cheap
 and each is below R (an i32 row count), and are widened before they multiply a stride; the per-program bases
 (``pid * D``, ``bh * D``, a block's tokens times their stride) likewise. ``D_ALIGN`` (a power of two dividing d and
-every row stride, :func:`column_alignment`; 1 by default) tells the compiler so: rows then load and store in
-16-byte vectors where d is not a multiple of 16 (40, 88), which Triton's own specialisation (divisibility by 16)
-does not see. tests/test_kernel_compile.py compiles every kernel offline for sm_80 and sm_90 and reads both facts
-from the compiled code.
+every row stride, :func:`column_alignment`, which the launcher passes) tells the compiler how the rows are aligned:
+they then load and store in 16-byte vectors where d is not a multiple of 16 (40, 88), which Triton's own
+specialisation (divisibility by 16) does not see. At 1, the default, the kernels give no hint and Triton's own
+specialisation stands (a hint of 1 would override its divisibility by 16). tests/test_kernel_compile.py compiles
+every kernel offline for sm_80 and sm_90 and reads both facts from the compiled code.
 
 Imported only when a fused operator runs its kernel (a CUDA tensor, or the interpreter in the tests).
 """
