@@ -254,7 +254,7 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
                                                                     processes, bad_images, request):
     """Every recipe (deit: fused AdamW; deit3: Lamb, BCE; light) at every precision (fp16 through the GradScaler,
     which works on the CPU), one process and DDP, unreadable images raised or skipped: a step between log intervals
-    reads nothing from the device; the logged step reads once (twice under DDP with data.bad_images=skip: the
+    reads nothing from the device (but deit3's Lamb under fp16: its skip decision, below); the logged step reads once (twice under DDP with data.bad_images=skip: the
     image counts, reduced where the log needs them)."""
     if processes == 2:
         request.getfixturevalue("one_rank_group")
@@ -270,12 +270,17 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
     resident |= {id(group["step"]) for group in run.parts.optimizer.param_groups
                  if isinstance(group.get("step"), torch.Tensor) and group["step"].device.type == "cpu"}
     counter = HostReads(skip=lambda tensor: id(tensor) in resident)
+    # the one exception, stated in docs/training.md: under fp16 an optimizer that counts its steps on the host
+    # (deit3's Lamb) reads the skip decision each step, as torch's GradScaler.step does, so that an overflow's
+    # skipped step is never counted (tests/test_skipped_update.py)
+    decided_on_host = int(recipe == "deit3" and precision == "fp16")
     with counter:
         run.train_step(batches, log=False)
-    assert counter.count == 0
+    assert counter.count == decided_on_host
+    counter.count = 0
     with counter:
         run.train_step(batches, log=True)
-    assert counter.count == 1 + (processes == 2 and bad_images == "skip")
+    assert counter.count == 1 + (processes == 2 and bad_images == "skip") + decided_on_host
 
 
 def test_under_ddp_skipped_image_counts_wait_on_the_host_until_the_log(tmp_path, monkeypatch, one_rank_group):

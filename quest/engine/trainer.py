@@ -29,7 +29,7 @@ from .guard import Diverged, StepGuard
 from .precision import autocast_for, resolve_precision
 from .progress import TrainState
 from .run_dir import check_data, data_fingerprint
-from .update import skippable_ema_update, skippable_step
+from .update import decided_on_host, skippable_ema_update, skippable_step
 from .validation_pass import evaluate
 
 log = logging.getLogger("quest.train")
@@ -227,11 +227,12 @@ class Run:
     def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """The optimizer's update, skipped on the device as if never taken (quest.engine.update) when ``skip`` is
         1.0 (a bad step, or any after one) or, under fp16, when a gradient overflowed (GradScaler.step's decision,
-        taken here on the device instead of with its host read); then the scaler's scale update (no host read).
+        taken on the device, except by an optimizer that counts its steps on the host: quest.engine.update); then
+        the scaler's scale update (no host read).
         Returns the skip flag the step used, for the EMA."""
         if self.scaler.is_enabled():
             skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
-        skippable_step(self.parts.optimizer, skip)
+        skippable_step(self.parts.optimizer, skip, decided_on_host(self.parts.optimizer, self.scaler.is_enabled()))
         self.scaler.update()  # reads the found_inf that unscale_ left on the device
         return skip
 

@@ -17,9 +17,12 @@ tensor on the device, 1.0 to skip, and nothing here reads it on the host:
   continues as 0 x momentum + gradient, the buffer a first step starts with). Fused SGD would otherwise keep the
   uninitialised memory its skipped first step allocated.
 - what an optimizer counts on the host (timm's Lamb keeps its step count in the param group, a CPU tensor; some
-  timm optimizers count in Python ints) cannot follow a decision that stays on the device: it counts a skipped step.
-  The weights and state tensors are restored; the count, and with it the next bias correction, runs one ahead per
-  skipped step (docs/training.md lists the optimizers).
+  timm optimizers count in Python ints) cannot follow a decision that stays on the device. Where a skipped step is
+  part of training that goes on (fp16's overflows: the loss scaler's calibration skips a few steps at the start of
+  every DeiT-III run, whose Lamb counts on the host), such an optimizer reads the decision on the host, as torch's
+  GradScaler.step does, and steps only when it is 0 (:func:`decided_on_host`): one read per step, the price of its
+  count being the authors' (a skipped step never counted), stated in docs/training.md. Elsewhere a skip is a
+  divergence, which ends the run at the next read before anything is saved: the count one ahead is never seen.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["skippable_step", "skippable_ema_update", "host_counted"]
+__all__ = ["skippable_step", "skippable_ema_update", "host_counted", "decided_on_host"]
 
 
 def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
@@ -48,9 +51,21 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def skippable_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+def decided_on_host(optimizer: torch.optim.Optimizer, overflow_skips: bool) -> bool:
+    """Whether ``optimizer``'s skip decision is read on the host (module docstring): where skipped steps are part of
+    training (``overflow_skips``: fp16's loss scaler) and the optimizer cannot skip itself on the device (any but
+    torch's fused ones), so that a count it keeps on the host never counts a skipped step."""
+    return overflow_skips and not _is_fused(optimizer)
+
+
+def skippable_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor, on_host: bool = False) -> None:
     """``optimizer.step()``, or, where ``skip`` (0-d float on the device) is 1.0, weights and optimizer state left
-    bit for bit as they were (new state zero), without reading ``skip`` on the host."""
+    bit for bit as they were (new state zero), without reading ``skip`` on the host; ``on_host``
+    (:func:`decided_on_host`): ``skip`` read, and the step taken only when it is 0, everything untouched otherwise."""
+    if on_host:
+        if not skip.item():  # the one read per step of an optimizer that counts on the host, under fp16
+            optimizer.step()
+        return
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     device, fused = skip.device, _is_fused(optimizer)
     had = [set(optimizer.state[p]) for p in params]  # host-side: the state that exists before the step
