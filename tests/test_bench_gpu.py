@@ -43,17 +43,15 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
     fsdp = parts["fsdp"]["rows"][0]
     assert fsdp["backend"] == "gloo" and fsdp["seconds"] > 0
     assert fsdp["returncode"] == 0, fsdp
-    # the fp16 runs with a fault at step 3 (NaN gradients with a finite loss; NaN images) pass once a skipped update
-    # leaves the EMA as it was too and DeiT-III's Lamb reads nothing between log intervals; where the trainer does
-    # not yet, those rows are the only ones to fail, and they say what moved
+    # the fp16 runs with a fault at step 3 (NaN gradients with a finite loss; NaN images): the weights, EMA and
+    # optimizer state unchanged by it, and between log intervals only DeiT-III's Lamb's one read per step of its
+    # skip decision (the stated exception: docs/training.md)
     loop = {r["check"]: r for r in parts["loop"]["rows"]}
     grads, loss = loop["host_syncs fp16_nan_grads"], loop["host_syncs fp16_nan_loss"]
-    assert report["failed"] == ([] if grads["ok"] and loss["ok"] else ["loop"]), report["failed"]
-    assert code == (1 if report["failed"] else 0)
+    assert report["failed"] == [] and code == 0, report["failed"]
     for r in (grads, loss):
-        unchanged = r["unchanged_by_nan_step"]
-        assert r["fault_injected"] and unchanged["model"] and unchanged["optimizer"], r
-        assert r["ok"] == (unchanged["ema"] is not False and r["syncs"]["in_steps_between_logs"] == 0), r
+        assert r["fault_injected"] and all(r["unchanged_by_nan_step"].values()), r
+        assert r["syncs"]["in_steps_between_logs"] == r["expected_between_logs"] > 0, r
     assert grads["status"] == "stopped" and grads["steps"] == 8  # the scaler's overflow: the run goes on
     assert loss["status"] == "diverged" and loss["diverged_at_step"] == 2 and "nan" in loss["divergence_reason"]
     # the caller's process as it was: its thread count, and no process group left by the torchrun runs

@@ -8,56 +8,13 @@ import copy
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.host_reads import HostReads
 from quest.engine import fit, load_checkpoint
 from quest.engine.distributed import DistContext
 from quest.engine.trainer import Diverged, Run
 
 from .helpers import FAST, compose_cfg
-
-#: the Python methods that hand a tensor's values to the host; on the CPU, tolist / numpy / cpu / __float__ never
-#: reach the dispatcher, so they are counted where they are called
-_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu")
-
-
-class HostReads(TorchDispatchMode):
-    """Counts device-to-host reads from any code (quest's, timm's, torch's): calls of the methods above, and
-    ``aten._local_scalar_dense`` reached any other way (a tensor that C++ turns into a number). A read through one
-    of the methods counts once. ``on``: count only while true (the loader's batches are not the step's). ``skip``:
-    tensors whose reads are not counted (host memory on every device, where a read is no synchronisation)."""
-
-    def __init__(self, skip=lambda tensor: False) -> None:
-        super().__init__()
-        self.count, self.on, self._inside, self._saved, self.skip = 0, True, 0, {}, skip
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and self.on and not self._inside:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-    def _wrap(self, original):
-        def read(tensor, *args, **kwargs):
-            if self.on and not self._inside and not self.skip(tensor):
-                self.count += 1
-            self._inside += 1
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                self._inside -= 1
-        return read
-
-    def __enter__(self):
-        self._saved = {name: getattr(torch.Tensor, name) for name in _READS}
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, self._wrap(original))
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
-        return super().__exit__(*exc)
-
 
 def _reading(action) -> int:
     with HostReads() as reads:
