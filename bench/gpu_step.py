@@ -1,6 +1,6 @@
 """The training-step rows of bench/gpu.py: one step of a ViT (quest's formulations, and timm's own ViT as the anchor)
 timed on the device, its FLOPs (torch.utils.flop_counter) and MFU, the SDPA kernel it reaches, its peak memory, and
-beside it the CPU-side proxy of the step's cost (quest.attention.proxy, when present)."""
+beside it the CPU-side proxy of the step's cost (bench/dispatch_proxy.py, when present)."""
 from __future__ import annotations
 
 import gc
@@ -150,7 +150,7 @@ _PROXY_CACHE: dict[tuple[str, str, str], dict[str, Any]] = {}
 
 
 def proxy_cost(attention: str, dtype: torch.dtype, smoke: bool) -> dict[str, Any]:
-    """quest.attention.proxy.step_cost(attention): the kernels one training step launches on the GPU path and the
+    """bench.dispatch_proxy.step_cost(attention): the kernels one training step launches on the GPU path and the
     bytes its non-matmul operations move, counted on the CPU under CUDA's autocast rules (ViT-Ti at 224 px, batch 2;
     the CPU smoke: vit_pico at 16 px). Imported here, not at the top: where that module is missing (or fails) the
     figures are None and ``reason`` says why, and the check goes on."""
@@ -161,9 +161,9 @@ def proxy_cost(attention: str, dtype: torch.dtype, smoke: bool) -> dict[str, Any
     if key in _PROXY_CACHE:
         return _PROXY_CACHE[key]
     try:
-        from quest.attention.proxy import step_cost
-    except Exception as exc:  # ImportError before it lands; anything it raises on import after
-        return {"launches": None, "bytes": None, "reason": f"quest.attention.proxy: {type(exc).__name__}: {exc}"}
+        from bench.dispatch_proxy import step_cost
+    except Exception as exc:  # ImportError where it is missing; anything it raises on import
+        return {"launches": None, "bytes": None, "reason": f"bench.dispatch_proxy: {type(exc).__name__}: {exc}"}
     tic = time.perf_counter()
     try:
         cost = step_cost(attention, model=model, batch=2, img_size=size, dtype=dtype)

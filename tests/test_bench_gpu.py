@@ -19,7 +19,7 @@ from bench.gpu_recipe import RECIPE_STEPS, steady_intervals
 from bench.gpu_report import Budget, Part, Report, run_parts
 from quest.attention import list_attentions
 
-PROXY = importlib.util.find_spec("quest.attention.proxy") is not None  # quest's CPU proxy of a step's GPU cost
+PROXY = importlib.util.find_spec("bench.dispatch_proxy") is not None  # quest's CPU proxy of a step's GPU cost
 
 
 def _records(out) -> list[dict]:
@@ -55,7 +55,7 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
             if PROXY:
                 assert proxy["launches"] > 0 and proxy["bytes"] > 0, proxy
             else:
-                assert proxy["launches"] is None and "No module named 'quest.attention.proxy'" in proxy["reason"]
+                assert proxy["launches"] is None and "No module named 'bench.dispatch_proxy'" in proxy["reason"]
     # the compiled path ran in both dtypes (fp16 adds the GradScaler)
     compiled = [r for part in ("step_compiled", "step_compiled_fp16") for r in parts[part]["rows"]]
     assert {r["dtype"] for r in compiled if r["compiled"]} == {"bfloat16", "float16"}
