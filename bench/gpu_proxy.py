@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from quest.attention import list_attentions  # noqa: E402
 from bench.dispatch_proxy import step_cost  # noqa: E402
+from quest.attention import list_attentions  # noqa: E402
 
 
 def table(model: str, batch: int, img_size: int, dtype: torch.dtype | None, depth: int | None) -> list[list[str]]:

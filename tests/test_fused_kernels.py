@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import quest.attention.recompute as recompute
+from bench.dispatch_proxy import cuda_autocast_rules, step_cost
 from quest.attention import fused, fused_reference, list_attentions
 from quest.attention.elliptical import elliptical_weights
 from quest.attention.fused_launch import triton_runs
-from bench.dispatch_proxy import cuda_autocast_rules, step_cost
 from quest.models.factory import create_model
 from tests.test_attention_memory import _kept_by_forward
 

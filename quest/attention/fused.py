@@ -33,8 +33,12 @@ from torch import Tensor
 
 from . import fused_launch as launch
 from .fused_check import MODES, SETTINGS, KernelCheck, check_kernels, configure, kernels_allowed, record
-from .fused_reference import (elliptical_m_reference, l2_normalize_backward_reference, l2_normalize_reference,
-                              layer_norm_backward_reference, layer_norm_reference)
+from .fused_reference import (
+    elliptical_m_reference,
+    l2_normalize_backward_reference,
+    l2_normalize_reference,
+    layer_norm_reference,
+)
 
 __all__ = ["fused_path", "fused_applies", "l2_normalize_fused", "layer_norm_fused", "layer_norm_applies",
            "elliptical_m_fused", "L2Normalize", "check_kernels", "KernelCheck", "configure", "record",

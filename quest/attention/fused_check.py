@@ -197,7 +197,9 @@ def record() -> dict[str, Any]:
     """Which path the formulations' q/k transforms took since :func:`configure`, and why: ``path`` is ``fused``
     (every kernel used passed its check), ``pytorch`` or ``fused until a check failed``; ``checks`` lists them."""
     checks = [asdict(c) for c in SETTINGS.checks]
-    if SETTINGS.mode == "off":
+    if SETTINGS.forced is not None:
+        path, why = ("fused" if SETTINGS.forced else "pytorch"), f"forced by fused_path({SETTINGS.forced})"
+    elif SETTINGS.mode == "off":
         path, why = "pytorch", "attention.fused=off"
     elif SETTINGS.failed:
         path = "fused until a check failed" if any(c["ok"] for c in checks) else "pytorch"
