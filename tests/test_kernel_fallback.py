@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ import quest.attention
 from quest.attention import fused, fused_check, fused_launch
 from quest.engine import fit
 from quest.models.factory import create_model
+from quest.report.runs import RunResult
+from quest.report.tables import kernel_note
 from tests.helpers import FAST, compose_cfg
 from tests.tree_state import tree_state
 from tests.warm import run_app
@@ -202,3 +205,16 @@ def test_on_is_refused_on_the_cpu_before_the_run_directory_is_made(tmp_path):
 def test_a_bad_setting_is_refused_naming_the_key(tmp_path):
     out = run_app("train.py", *FAST, "attention.fused=maybe", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 1 and "attention.fused" in out.stderr and "auto, on, off" in out.stderr, out.stderr
+
+
+def _run(path: str | None, reason: str = "") -> RunResult:
+    summary = {"attention_kernels.path": path, "attention_kernels.reason": reason} if path else {}
+    return RunResult(Path("run"), "completed", summary, None, {})
+
+
+def test_the_report_says_which_path_ran_where_kernels_were_near():
+    """quest-report's notes: the kernels' path where a run used them or fell back, nothing for CPU runs."""
+    failed = "attention.fused=auto: the fused l2_normalize kernel on cuda:0 (float32, head width 64) failed its check"
+    assert kernel_note([_run("pytorch", "no kernel was used"), _run(None)]) == ""
+    assert kernel_note([_run("fused", "every kernel used passed"), _run("fused")]) == "kernels: 2 fused"
+    assert kernel_note([_run("fused"), _run("pytorch", failed)]) == f"kernels: 1 fused, 1 pytorch ({failed})"
