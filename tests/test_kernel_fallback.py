@@ -18,10 +18,11 @@ import torch
 import quest.attention
 from quest.attention import fused, fused_check, fused_launch
 from quest.engine import fit
+from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models.factory import create_model
 from quest.report.runs import RunResult
 from quest.report.tables import kernel_note
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg, eval_cfg
 from tests.tree_state import tree_state
 from tests.warm import run_app
 
@@ -218,3 +219,25 @@ def test_the_report_says_which_path_ran_where_kernels_were_near():
     assert kernel_note([_run("pytorch", "no kernel was used"), _run(None)]) == ""
     assert kernel_note([_run("fused", "every kernel used passed"), _run("fused")]) == "kernels: 2 fused"
     assert kernel_note([_run("fused"), _run("pytorch", failed)]) == f"kernels: 1 fused, 1 pytorch ({failed})"
+
+
+register_eval_configs()
+EVAL = ("model.name=vit_pico_patch4_16", "model.img_size=16", "attention=quest", "data=digits", "eval=clean")
+
+
+def test_an_evaluation_follows_the_setting_and_records_the_path(tmp_path, monkeypatch, caplog):
+    """eval.py's evaluations take attention.fused as training does: a failing kernel, one warning, the PyTorch
+    path, and eval_results.json says so."""
+    _inject(monkeypatch, "launch")
+    with fused.fused_path("auto"), caplog.at_level(logging.WARNING):
+        report = run_evaluation(eval_cfg(*EVAL), tmp_path / "out")
+    assert len(_fallback_warnings(caplog)) == 1
+    stored = json.loads((tmp_path / "out" / "eval_results.json").read_text())["attention_kernels"]
+    assert stored == report["attention_kernels"] and stored["path"] == "pytorch", stored
+    assert "Failed to find C compiler" in stored["reason"]
+
+
+def test_an_evaluation_with_on_is_refused_on_the_cpu_before_its_directory(tmp_path):
+    with pytest.raises(ValueError, match="^attention.fused=on: the fused kernels run on CUDA devices only"):
+        run_evaluation(eval_cfg(*EVAL, "attention.fused=on"), tmp_path / "out")
+    assert tree_state(tmp_path) == {}
