@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
 
-from .fused import L2Normalize, fused_applies
+from .fused import fused_applies, l2_normalize_apply
 from .fused_reference import times_inverse
 from .recompute import attention_recomputing, recalled_factor, recompute_applies, remember_factor
 
@@ -59,11 +59,11 @@ def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tens
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: record the operators
         return _l2_normalize_ops(x, eps, scale)
     if fused_applies(x):  # one kernel each way on a GPU; the backward's recompute reruns it
-        return L2Normalize.apply(x, eps, scale, True)[0]
+        return l2_normalize_apply(x, eps, scale, True)[0]
     inv = recalled_factor(x, eps)  # the backward recomputing this layer's q', k': the forward's 1/max(||x||, eps)
     if inv is not None:
         return times_inverse(x, inv, scale)
-    out, inv, _ = L2Normalize.apply(x, eps, scale, False)
+    out, inv, _ = l2_normalize_apply(x, eps, scale, False)
     remember_factor(x, eps, inv)
     return out
 

@@ -41,7 +41,7 @@ from .fused_reference import (
 )
 
 __all__ = ["fused_path", "fused_applies", "l2_normalize_fused", "layer_norm_fused", "layer_norm_applies",
-           "elliptical_m_fused", "L2Normalize", "check_kernels", "KernelCheck", "configure", "record",
+           "elliptical_m_fused", "L2Normalize", "l2_normalize_apply", "check_kernels", "KernelCheck", "configure", "record",
            "l2_normalize_reference", "layer_norm_reference", "elliptical_m_reference", "MAX_HEAD_DIM"]
 
 MAX_HEAD_DIM = 256  # one row per kernel program: a head dimension beyond this takes the PyTorch path
@@ -120,29 +120,52 @@ class L2Normalize(torch.autograd.Function):
         return gx, None, gscale, None
 
 
+def _bound(cls: type) -> type:
+    """``cls`` (a Function with ``setup_context``) as a Function with the same forward, setup and backward in the
+    ``forward(ctx, ...)`` form: torch binds a setup_context Function's arguments to its signature at every call
+    (``inspect``, about 60 us of the 117 us a tiny forward took), which this form skips. functorch transforms need
+    ``cls`` itself (:func:`l2_normalize_apply`)."""
+    def forward(ctx, *args):  # noqa: ANN001, ANN002, ANN202
+        out = cls.forward(*args)
+        cls.setup_context(ctx, args, out)
+        return out
+    return type(f"{cls.__name__}Bound", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(cls.backward), "__doc__": cls.__doc__})
+
+
+_L2NormalizeBound = _bound(L2Normalize)
+
+
+@torch.jit.unused
+def l2_normalize_apply(x: Tensor, eps: float, scale: Optional[Tensor], kernel: bool) -> tuple:
+    """:class:`L2Normalize` of ``x`` by the kernel (``kernel``: :func:`fused_applies` said so) or the reference:
+    (y, 1 / max(||x||, eps), ||x|| >= eps or None)."""
+    if torch._C._are_functorch_transforms_active():  # vmap / grad: the generated vmap rule needs setup_context
+        return L2Normalize.apply(x, eps, scale, kernel)
+    return _L2NormalizeBound.apply(x, eps, scale, kernel)
+
+
 @torch.jit.unused
 def l2_normalize_fused(x: Tensor, eps: float, scale: Optional[Tensor] = None) -> Tensor:
     """x * scale / max(||x||, eps) over the last dimension of a (B, H, N, d) tensor in one kernel each way;
     ``scale`` one value or one per head ((H, 1, 1) or any shape of that many elements), in x's dtype."""
     if scale is not None and scale.numel() == x.shape[1] and scale.dim() < 3:
         scale = scale.reshape(-1, 1, 1)  # the reference broadcasts: one per head lines up with dimension 1
-    return L2Normalize.apply(x, eps, scale, True)[0]
+    return l2_normalize_apply(x, eps, scale, True)[0]
 
 
 # --- LayerNorm ---------------------------------------------------------------------------------------------------
 class _LayerNorm(torch.autograd.Function):
-    """LayerNorm over the last dimension by its kernel, forward and backward (CUDA only: :func:`layer_norm_applies`)."""
+    """LayerNorm over the last dimension by its kernel, forward and backward (where :func:`layer_norm_applies`: never
+    under functorch, so the ``forward(ctx, ...)`` form, which torch calls without binding a signature)."""
 
     @staticmethod
-    def forward(x: Tensor, weight: Tensor, bias: Tensor, eps: float):  # type: ignore[override]
-        return launch.layer_norm_forward(x, weight, bias, eps)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]  # noqa: ANN001
-        x, weight, _, _ = inputs
-        ctx.mark_non_differentiable(output[1], output[2])
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float):  # type: ignore[override]  # noqa: ANN001
+        out = launch.layer_norm_forward(x, weight, bias, eps)
+        ctx.mark_non_differentiable(out[1], out[2])
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, output[1], output[2])
+        ctx.save_for_backward(x, weight, out[1], out[2])
+        return out
 
     @staticmethod
     def backward(ctx, g: Optional[Tensor], *_: Optional[Tensor]):  # type: ignore[override]  # noqa: ANN001
