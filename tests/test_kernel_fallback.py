@@ -18,6 +18,7 @@ import torch
 import quest.attention
 from quest.attention import fused, fused_check, fused_launch
 from quest.engine import fit
+from quest.errors import is_user_error
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models.factory import create_model
 from quest.report.runs import RunResult
@@ -116,9 +117,10 @@ def test_a_passing_check_runs_the_kernels_and_is_made_once(monkeypatch):
 
 def test_on_stops_at_a_failing_kernel_in_one_line(monkeypatch):
     _inject(monkeypatch, "launch")
-    with fused.fused_path("on"), pytest.raises(RuntimeError, match="^attention.fused=on: the fused l2_normalize") as err:
+    refused = pytest.raises(fused_check.KernelUnavailable, match="^attention.fused=on: the fused l2_normalize")
+    with fused.fused_path("on"), refused as err:
         _step(_model("quest"))
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and is_user_error(err.value)  # printed as one line, no traceback
 
 
 def test_off_launches_nothing(monkeypatch):

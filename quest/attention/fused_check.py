@@ -16,17 +16,19 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
+from quest.errors import UserError
+
 from . import fused_launch as launch
 from . import fused_reference as ref
 
-__all__ = ["MODES", "KernelCheck", "KERNELS", "check_kernel", "check_kernels", "configure", "kernels_allowed",
-           "record", "Settings", "SETTINGS"]
+__all__ = ["MODES", "KernelCheck", "KernelUnavailable", "KERNELS", "check_kernel", "check_kernels", "configure",
+           "kernels_allowed", "record", "Settings", "SETTINGS"]
 
 log = logging.getLogger("quest.attention")
 
@@ -48,6 +50,10 @@ class KernelCheck:
     max_abs_error: Optional[float]
 
 
+class KernelUnavailable(UserError, RuntimeError):
+    """Under ``attention.fused=on``, a kernel failed its check where the run uses it (one line, no traceback)."""
+
+
 @dataclass
 class Settings:
     """The process's fused-path state: the run's setting, the verdicts so far, and the overrides of
@@ -57,12 +63,9 @@ class Settings:
     mode: str = "auto"
     forced: Optional[bool] = None
     cpu: bool = False
-    verdicts: dict = None  # (device, dtype, head width, kernel) -> bool
-    checks: list = None  # every KernelCheck run since configure, in order
-    failed: dict = None  # device -> the warning said when its first check failed
-
-    def __post_init__(self) -> None:
-        self.reset()
+    verdicts: dict[tuple, bool] = field(default_factory=dict)  # (device, dtype, head width, kernel) -> verdict
+    checks: list[KernelCheck] = field(default_factory=list)  # every check run since configure, in order
+    failed: dict[str, str] = field(default_factory=dict)  # device -> the warning said when its first check failed
 
     def reset(self) -> None:
         self.verdicts, self.checks, self.failed = {}, [], {}
@@ -185,7 +188,7 @@ def _verdict(device: torch.device, dtype: torch.dtype, d: int, kernel: str) -> b
         return True
     where = f"{check.kernel} kernel on {check.device} ({check.dtype}, head width {d})"
     if SETTINGS.mode == "on":
-        raise RuntimeError(f"attention.fused=on: the fused {where} failed its check: {check.reason}")
+        raise KernelUnavailable(f"attention.fused=on: the fused {where} failed its check: {check.reason}")
     SETTINGS.failed[check.device] = message = (
         f"attention.fused=auto: the fused {where} failed its check ({check.reason}); the PyTorch path runs instead "
         f"on {check.device}")
