@@ -74,7 +74,7 @@ def fused_applies(x: Tensor, kernel: str = "l2_normalize") -> bool:
         return False
     # vmap / grad hand the transform batched wrappers, which have no memory of their own to launch on (the toy study
     # trains its models as one vmapped computation); functorch names no public test for them
-    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if torch._C._are_functorch_transforms_active():
         return False
     return (x.dim() == 4 and 0 < x.shape[-1] <= MAX_HEAD_DIM and x.dtype in _KERNEL_DTYPES
             and kernels_allowed(x, kernel))
@@ -120,20 +120,20 @@ class L2Normalize(torch.autograd.Function):
         return gx, None, gscale, None
 
 
-def _bound(cls: type) -> type:
+def _ctx_form(cls: type) -> type:
     """``cls`` (a Function with ``setup_context``) as a Function with the same forward, setup and backward in the
-    ``forward(ctx, ...)`` form: torch binds a setup_context Function's arguments to its signature at every call
-    (``inspect``, about 60 us of the 117 us a tiny forward took), which this form skips. functorch transforms need
-    ``cls`` itself (:func:`l2_normalize_apply`)."""
+    ``forward(ctx, ...)`` form: torch binds a setup_context Function's arguments to its signature with ``inspect`` at
+    every call (about half the host time of a tiny call, docs/benchmarks.md), which this form skips. functorch
+    transforms need ``cls`` itself (:func:`l2_normalize_apply`)."""
     def forward(ctx, *args):  # noqa: ANN001, ANN002, ANN202
         out = cls.forward(*args)
         cls.setup_context(ctx, args, out)
         return out
-    return type(f"{cls.__name__}Bound", (torch.autograd.Function,),
+    return type(f"{cls.__name__}CtxForm", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(cls.backward), "__doc__": cls.__doc__})
 
 
-_L2NormalizeBound = _bound(L2Normalize)
+_L2NormalizeCtxForm = _ctx_form(L2Normalize)
 
 
 @torch.jit.unused
@@ -142,7 +142,7 @@ def l2_normalize_apply(x: Tensor, eps: float, scale: Optional[Tensor], kernel: b
     (y, 1 / max(||x||, eps), ||x|| >= eps or None)."""
     if torch._C._are_functorch_transforms_active():  # vmap / grad: the generated vmap rule needs setup_context
         return L2Normalize.apply(x, eps, scale, kernel)
-    return _L2NormalizeBound.apply(x, eps, scale, kernel)
+    return _L2NormalizeCtxForm.apply(x, eps, scale, kernel)
 
 
 @torch.jit.unused
