@@ -49,8 +49,7 @@ def l2_normalize(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor] = No
 
 
 def _l2_normalize_ops(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    inv = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
+    inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
     return times_inverse(x, inv, scale)
 
 

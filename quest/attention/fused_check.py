@@ -86,8 +86,10 @@ def _l2(x: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
     for scale in (None, torch.linspace(0.5, 2.0, x.shape[1], device=x.device, dtype=x.dtype).view(-1, 1, 1)):
         y, inv, _ = launch.l2_normalize_forward(x, 1e-6, scale)
         gx, dot = launch.l2_normalize_backward(g, x, inv, scale, 1e-6)
-        y_ref, inv_ref, above = ref.l2_normalize_reference(x, 1e-6, scale)
-        gx_ref, dot_ref = ref.l2_normalize_backward_reference(g, x, inv_ref, scale, above)
+        # the reference in float64: the formula's value, which the kernel's float32 arithmetic must come close to
+        xd, gd, sd = x.double(), g.double(), None if scale is None else scale.double()
+        y_ref, inv_ref, above = ref.l2_normalize_reference(xd, 1e-6, sd)
+        gx_ref, dot_ref = ref.l2_normalize_backward_reference(gd, xd, inv_ref, sd, above)
         pairs += [(y, y_ref), (inv, inv_ref), (gx, gx_ref), (dot, dot_ref)]
     return pairs
 

@@ -104,15 +104,21 @@ def _laid_out(reference: Callable[..., tuple], x_at: int = 0) -> Callable[..., t
     return stand_in
 
 
+def _work(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(ref.work_dtype(t.dtype))
+
+
 def _l2_forward_reference(x: Tensor, eps: float, scale: Optional[Tensor]) -> tuple[Tensor, Tensor, None]:
-    y, inv, _ = ref.l2_normalize_reference(x, eps, scale)
+    # the kernel's arithmetic: the formula in float32, written in x's dtype
+    y, inv, _ = ref.l2_normalize_reference(_work(x), eps, _work(scale))
     return _rows_like(x).copy_(y), inv, None
 
 
 def _l2_backward_reference(g: Tensor, x: Tensor, inv: Tensor, scale: Optional[Tensor],
                            eps: float) -> tuple[Tensor, Tensor]:
-    above = torch.linalg.vector_norm(x.to(inv.dtype), dim=-1, keepdim=True) >= eps  # as the kernel: recomputed
-    gx, dot = ref.l2_normalize_backward_reference(g, x, inv, scale, above)
+    xf = _work(x)
+    above = torch.linalg.vector_norm(xf, dim=-1, keepdim=True) >= eps  # as the kernel: recomputed
+    gx, dot = ref.l2_normalize_backward_reference(_work(g), xf, inv, _work(scale), above)
     return _rows_like(x).copy_(gx), dot
 
 

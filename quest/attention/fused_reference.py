@@ -1,10 +1,14 @@
 """The PyTorch references of the fused q/k transforms: what each Triton kernel (quest.attention.triton_kernels) must
-equal, and what the formulations compute wherever the kernels do not run (quest.attention.fused).
+equal, and, for the l2 normalisation, what the formulations compute wherever the kernels do not run
+(quest.attention.fused; LayerNorm's PyTorch path is ``nn.LayerNorm``, elliptical's m ``elliptical_weights``).
 
-Each computes in float32 (float64 where the input is) and writes in the input's dtype, as the kernels do; for a
-float32 or float64 input every cast is a no-op, so these are the plain formulas there. The backwards are written out
-(the l2 normalisation's three passes where autograd's derivative of ``F.normalize`` takes about ten), once for both
-paths: tests/test_fused_kernels.py holds each against autograd's derivative of the formula in float64.
+The l2 normalisation computes in the precision its inputs and autocast give (the PyTorch path's own: under CUDA's
+bf16 autocast its norm comes out in float32 and so does its result); the kernels compute the same formula in float32
+and write the input's dtype, so their checks run the reference on float32 (float64) copies (:func:`work_dtype`).
+LayerNorm and elliptical's m compute in the work precision and write the input's dtype, as their kernels do. The
+backwards are written out (the l2 normalisation's three passes where autograd's derivative of ``F.normalize`` takes
+about ten), once for both paths: tests/test_fused_kernels.py holds each against autograd's derivative of the formula
+in float64.
 """
 from __future__ import annotations
 
@@ -23,20 +27,19 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _factor(inv: Tensor, scale: Optional[Tensor]) -> Tensor:
-    return inv if scale is None else inv * scale.to(inv.dtype)
+    return inv if scale is None else inv * scale
 
 
 def times_inverse(x: Tensor, inv: Tensor, scale: Optional[Tensor]) -> Tensor:
-    """x * inv * scale in the work precision, written in x's dtype: the one expression of every path (eager, the
-    recompute, TorchScript / FX), so that they agree to the bit."""
-    return (x.to(inv.dtype) * _factor(inv, scale)).to(x.dtype)
+    """x * inv * scale: the one expression of every path (eager, the recompute, TorchScript / FX), so that they agree
+    to the bit."""
+    return x * _factor(inv, scale)
 
 
 def l2_normalize_reference(x: Tensor, eps: float, scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """(x * scale / max(||x||, eps), 1 / max(||x||, eps), ||x|| >= eps) over the last dimension; ``scale`` broadcasts
     against x (one value, or (H, 1, 1) per head). The last two are what the backward needs."""
-    xf = x.to(work_dtype(x.dtype))
-    norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     inv = norm.clamp_min(eps).reciprocal()
     return times_inverse(x, inv, scale), inv, norm >= eps
 
@@ -44,13 +47,11 @@ def l2_normalize_reference(x: Tensor, eps: float, scale: Optional[Tensor] = None
 def l2_normalize_backward_reference(g: Tensor, x: Tensor, inv: Tensor, scale: Optional[Tensor],
                                     above: Tensor) -> tuple[Tensor, Tensor]:
     """(dL/dx, g . u per row) for y = s u, u = x * inv: dL/dx = s inv (g - u (g . u)) where ``above`` (||x|| >= eps),
-    s inv g below (there the norm is the constant eps); the caller sums g . u into the scale's gradient."""
-    work = inv.dtype
-    u = x.to(work) * inv
-    gf = g.to(work)
-    dot = (gf * u).sum(-1, keepdim=True)
-    gx = torch.addcmul(gf, u, dot * above, value=-1).mul_(_factor(inv, scale))
-    return gx.to(x.dtype), dot
+    s inv g below (there the norm is the constant eps); the caller sums g . u into the scale's gradient. In the
+    promoted dtype of its inputs (autograd casts dL/dx to x's)."""
+    u = x * inv
+    dot = (g * u).sum(-1, keepdim=True)
+    return torch.addcmul(g, u, dot * above, value=-1).mul_(_factor(inv, scale)), dot
 
 
 def layer_norm_reference(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
