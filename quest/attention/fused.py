@@ -140,7 +140,9 @@ _L2NormalizeCtxForm = _ctx_form(L2Normalize)
 def l2_normalize_apply(x: Tensor, eps: float, scale: Optional[Tensor], kernel: bool) -> tuple:
     """:class:`L2Normalize` of ``x`` by the kernel (``kernel``: :func:`fused_applies` said so) or the reference:
     (y, 1 / max(||x||, eps), ||x|| >= eps or None)."""
-    if torch._C._are_functorch_transforms_active():  # vmap / grad: the generated vmap rule needs setup_context
+    # vmap / grad: the generated vmap rule needs setup_context; torch.compile traces the Function as written, and
+    # decides this test at trace time, without calling into functorch
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return L2Normalize.apply(x, eps, scale, kernel)
     return _L2NormalizeCtxForm.apply(x, eps, scale, kernel)
 
