@@ -24,6 +24,7 @@ from quest.models.factory import create_model
 from quest.report.runs import RunResult
 from quest.report.tables import kernel_note
 from tests.helpers import FAST, compose_cfg, eval_cfg
+from tests.test_fused_kernels import DEVICE, kernels
 from tests.tree_state import tree_state
 from tests.warm import run_app
 
@@ -245,20 +246,24 @@ def test_an_evaluation_with_on_is_refused_on_the_cpu_before_its_directory(tmp_pa
     assert tree_state(tmp_path) == {}
 
 
+@kernels
 def test_check_kernels_reports_every_kernel(monkeypatch):
-    """The public check (bench/gpu.py's): every kernel ok on the interpreter; a wrong one named, with its error."""
-    checks = fused.check_kernels("cpu", torch.float32, 16)
+    """The public check (bench/gpu.py's): every kernel ok (on the GPU, or in Triton's interpreter); a wrong one named,
+    with its error."""
+    checks = fused.check_kernels(DEVICE, torch.float32, 16)
     assert [c.kernel for c in checks] == ["l2_normalize", "layer_norm", "elliptical_m"]
-    assert all(c.ok and c.max_abs_error < 1e-4 and c.device == "cpu" and c.head_dim == 16 for c in checks), checks
+    assert all(c.ok and c.max_abs_error < 1e-4 and c.device.startswith(DEVICE) and c.head_dim == 16
+               for c in checks), checks
     _inject(monkeypatch, "wrong")
-    l2, layer_norm, _ = fused.check_kernels("cpu", torch.bfloat16, 16)
+    l2, layer_norm, _ = fused.check_kernels(DEVICE, torch.bfloat16, 16)
     assert not l2.ok and not layer_norm.ok and l2.max_abs_error > 0.02
     assert "differs from its PyTorch reference" in l2.reason and l2.dtype == "bfloat16"
 
 
+@kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("head_dim", [24, 256])
 def test_the_kernels_pass_their_check_in_every_dtype(dtype, head_dim):
     """The check's tolerance lets the right kernels through (a false failure would turn them off on a GPU)."""
-    checks = fused.check_kernels("cpu", dtype, head_dim)
+    checks = fused.check_kernels(DEVICE, dtype, head_dim)
     assert all(c.ok for c in checks), [c.reason for c in checks if not c.ok]
