@@ -267,3 +267,17 @@ def test_the_kernels_pass_their_check_in_every_dtype(dtype, head_dim):
     """The check's tolerance lets the right kernels through (a false failure would turn them off on a GPU)."""
     checks = fused.check_kernels(DEVICE, dtype, head_dim)
     assert all(c.ok for c in checks), [c.reason for c in checks if not c.ok]
+
+
+def test_after_a_failing_check_no_kernel_runs_on_that_device(monkeypatch, caplog):
+    """qknorm_ds's LayerNorm passes, then elliptical's m fails: from then on neither runs, said once, recorded."""
+    x = torch.randn(1, 2, 4, 8)
+    with fused.fused_path("auto"), caplog.at_level(logging.WARNING):
+        assert fused.fused_applies(x, "layer_norm")
+        monkeypatch.setattr(fused_launch, "elliptical_m", lambda *a: _no_compiler())
+        assert not fused.fused_applies(x, "elliptical_m")
+        assert not fused.fused_applies(x, "layer_norm") and not fused.fused_applies(x, "l2_normalize")
+        record = fused.record()
+    assert len(_fallback_warnings(caplog)) == 1
+    assert record["path"] == "fused until a check failed"
+    assert [(c["kernel"], c["ok"]) for c in record["checks"]] == [("layer_norm", True), ("elliptical_m", False)]

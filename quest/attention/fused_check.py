@@ -193,6 +193,9 @@ def _verdict(device: torch.device, dtype: torch.dtype, d: int, kernel: str) -> b
     where = f"{check.kernel} kernel on {check.device} ({check.dtype}, head width {d})"
     if SETTINGS.mode == "on":
         raise KernelUnavailable(f"attention.fused=on: the fused {where} failed its check: {check.reason}")
+    for key in SETTINGS.verdicts:  # kernels that passed on this device stop too: one path per device from here
+        if key[0] == device:
+            SETTINGS.verdicts[key] = False
     SETTINGS.failed[check.device] = message = (
         f"attention.fused=auto: the fused {where} failed its check ({check.reason}); the PyTorch path runs instead "
         f"on {check.device}")
