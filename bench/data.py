@@ -343,7 +343,7 @@ def device_share(batch: int, size: int, rounds: int) -> dict[str, dict[str, floa
 
     from omegaconf import OmegaConf
 
-    from quest.attention.proxy import DispatchCost
+    from bench.dispatch_proxy import DispatchCost
     from quest.data.tensor_input import CropFlip, DeviceFinish, decode_rgb
 
     recipe = OmegaConf.create({"auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "remode": "pixel",

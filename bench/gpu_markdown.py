@@ -30,7 +30,7 @@ def _step_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     depth = f" at depth {meta['depth']}" if meta.get("depth") else ""
     counted = next((p["model"] for r in done if (p := r.get("proxy") or {}).get("model")), "ViT-Ti")
     lines = [f"{meta['model']}{depth}, {meta['img_size']} px, batch {meta['batch']}, median of {meta['steps']} steps; "
-             "(x std): over quest's standard in this table; proxy: quest.attention.proxy's count of one eager "
+             "(x std): over quest's standard in this table; proxy: bench.dispatch_proxy's count of one eager "
              f"training step of {counted} (batch 2, the GPU path) on the CPU under CUDA's autocast rules", "",
              "| attention | ms (x std) | img/s | MFU | SDPA | peak GiB (x std) | first step s | proxy launches (x std) "
              "| proxy MB moved (x std) |", "|---|---|---|---|---|---|---|---|---|"]

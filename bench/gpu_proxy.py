@@ -1,4 +1,4 @@
-"""The GPU proxy per formulation (quest.attention.proxy): the kernels one training step launches and the bytes its
+"""The GPU proxy per formulation (bench/dispatch_proxy.py): the kernels one training step launches and the bytes its
 non-matmul kernels move, counted on the CPU under bf16 autocast with CUDA's rules, on the PyTorch path (what ran on
 the GPU before the fused operators) and on the fused path (quest.attention.fused), each against standard attention.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.dispatch_proxy import step_cost  # noqa: E402
 from quest.attention import list_attentions  # noqa: E402
-from quest.attention.proxy import step_cost  # noqa: E402
 
 
 def table(model: str, batch: int, img_size: int, dtype: torch.dtype | None, depth: int | None) -> list[list[str]]:

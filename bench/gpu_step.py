@@ -1,7 +1,6 @@
 """The training-step rows of bench/gpu.py: one step of a ViT (quest's formulations, and timm's own ViT as the anchor)
 timed on the device, its FLOPs (torch.utils.flop_counter) and MFU, the SDPA kernel it reaches, its peak memory, and
-beside it the CPU-side proxy of the step's cost (bench/dispatch_proxy.py, or quest.attention.proxy before it moved
-there; when present)."""
+beside it the CPU-side proxy of the step's cost (bench/dispatch_proxy.py, when present)."""
 from __future__ import annotations
 
 import gc
@@ -18,7 +17,7 @@ from quest.engine.telemetry import peak_tflops
 from quest.models import create_model
 
 __all__ = ["TIMM", "device_peak", "sdpa_backend", "step_flops", "time_steps", "train_throughput", "proxy_cost",
-           "table_order", "autocast", "PROXY_MODULES"]
+           "table_order", "autocast"]
 
 #: the attention name of timm's own ViT (``timm.create_model(name)``, timm's Attention): the tables' anchor row
 TIMM = "timm"
@@ -148,26 +147,10 @@ def _train_throughput(name, attention, size, batch, dtype, compiled, steps, devi
 
 
 _PROXY_CACHE: dict[tuple[str, str, str], dict[str, Any]] = {}
-#: where the proxy's step_cost lives, first found first: a benchmarking tool in bench/, or quest's older module
-PROXY_MODULES = ("bench.dispatch_proxy", "quest.attention.proxy")
-
-
-def _step_cost() -> Callable[..., dict[str, Any]]:
-    """The proxy's ``step_cost`` from the first of :data:`PROXY_MODULES` there is (the last one's ImportError
-    where none is)."""
-    import importlib
-
-    for name in PROXY_MODULES[:-1]:
-        try:
-            return importlib.import_module(name).step_cost
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # the module is there and lacks something it imports: that is the error to see
-                raise
-    return importlib.import_module(PROXY_MODULES[-1]).step_cost
 
 
 def proxy_cost(attention: str, dtype: torch.dtype, smoke: bool) -> dict[str, Any]:
-    """The proxy's step_cost(attention) (:data:`PROXY_MODULES`): the kernels one training step launches on the GPU path and the
+    """bench.dispatch_proxy.step_cost(attention): the kernels one training step launches on the GPU path and the
     bytes its non-matmul operations move, counted on the CPU under CUDA's autocast rules (ViT-Ti at 224 px, batch 2;
     the CPU smoke: vit_pico at 16 px). Imported here, not at the top: where that module is missing (or fails) the
     figures are None and ``reason`` says why, and the check goes on."""
@@ -178,9 +161,9 @@ def proxy_cost(attention: str, dtype: torch.dtype, smoke: bool) -> dict[str, Any
     if key in _PROXY_CACHE:
         return _PROXY_CACHE[key]
     try:
-        step_cost = _step_cost()
+        from bench.dispatch_proxy import step_cost
     except Exception as exc:  # ImportError where it is missing; anything it raises on import
-        return {"launches": None, "bytes": None, "reason": f"the step-cost proxy: {type(exc).__name__}: {exc}"}
+        return {"launches": None, "bytes": None, "reason": f"bench.dispatch_proxy: {type(exc).__name__}: {exc}"}
     tic = time.perf_counter()
     try:
         cost = step_cost(attention, model=model, batch=2, img_size=size, dtype=dtype)

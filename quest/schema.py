@@ -28,6 +28,10 @@ class AttentionConfig:
     name: str = "quest"  # the attention formulation (configs/attention/*.yaml; quest.attention.list_attentions)
     # initial values of learnable scales and other formulation options (see docs/attention.md)
     options: Dict[str, Any] = field(default_factory=dict)
+    # the q/k transforms' fused Triton kernels on CUDA (docs/attention.md, "Fused kernels"): auto (each checked once
+    # against its PyTorch reference on the device; a failure warns once and the PyTorch path runs), on (refused where
+    # they cannot run), off
+    fused: str = "auto"
 
 
 @dataclass
@@ -192,7 +196,7 @@ class TrainConfig:
 OPERATIONAL_KEYS = (
     "data.num_workers", "data.pin_memory", "data.eval_batch_size", "data.download",
     "trainer.device", "trainer.compile", "trainer.compile_mode", "trainer.compile_backend",
-    "trainer.torch_threads", "trainer.log_every_n_steps",
+    "trainer.torch_threads", "trainer.log_every_n_steps", "attention.fused",
     "trainer.checkpoint_every_n_steps", "trainer.resume", "trainer.overwrite", "trainer.max_steps",
     "trainer.max_loss_factor", "trainer.data_wait_warning", "trainer.low_mfu_warning", "data.max_skipped_fraction",
     "data.preflight", "logger.*", "model.pretrained_download",

@@ -15,7 +15,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from quest.attention.proxy import DispatchCost
+from bench.dispatch_proxy import DispatchCost
 from quest.data import tensor_input
 from quest.data.batch_input import crop_boxes, resized_crop_batch
 from quest.data.tensor_input import CropFlip, DeviceFinish, decode_batch

@@ -405,8 +405,8 @@ def test_the_stacked_statistics_equal_each_layer_s_own(attention):
 
 def test_the_statistics_launch_as_many_kernels_whatever_the_depth():
     """A diagnostics step's statistics are a fixed number of batched operations (counted at the dispatcher, the
-    GPU proxy of quest.attention.proxy): 2 layers and 6 layers dispatch the same count, per layer they would not."""
-    from quest.attention.proxy import DispatchCost
+    GPU proxy of bench/dispatch_proxy.py): 2 layers and 6 layers dispatch the same count, per layer they would not."""
+    from bench.dispatch_proxy import DispatchCost
 
     counts = []
     for depth in (2, 6):

@@ -2,7 +2,7 @@
 interpreter, equals its PyTorch reference in values and gradients; each reference's hand-written backward equals
 autograd's derivative of the plain formula in float64; a model on the fused path equals the PyTorch path, keeps for
 backward at most 5% more than standard attention under bf16 autocast with CUDA's rules, and moves (the proxy of
-quest.attention.proxy) at most a few percent more than standard attention on a GPU."""
+bench/dispatch_proxy.py) at most a few percent more than standard attention on a GPU."""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import quest.attention.recompute as recompute
-from quest.attention import fused, list_attentions
+from bench.dispatch_proxy import cuda_autocast_rules, step_cost
+from quest.attention import fused, fused_reference, list_attentions
 from quest.attention.elliptical import elliptical_weights
-from quest.attention.proxy import cuda_autocast_rules, step_cost
+from quest.attention.fused_launch import triton_runs
 from quest.models.factory import create_model
 from tests.test_attention_memory import _kept_by_forward
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.numerics
 #: where the kernels run: the GPU, or the CPU in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
 #: before Triton is imported, on a machine without an NVIDIA GPU)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_runnable = pytest.mark.skipif(not fused.kernels_run(torch.empty(0, device=DEVICE)),
+_runnable = pytest.mark.skipif(not triton_runs(torch.empty(0, device=DEVICE)),
                                reason="no GPU and TRITON_INTERPRET is not 1 (set it before Triton is imported)")
 
 
@@ -72,7 +73,7 @@ def test_the_l2_kernel_equals_its_reference(shape, dtype, kind, tiny):
         x = x * 1e-8
     scale = _scale(kind, h, dtype)
     out, grads = _grads(lambda x_, s_: fused.l2_normalize_fused(x_, 1e-6, s_), x, scale)
-    ref, ref_grads = _grads(lambda x_, s_: fused._l2_normalize_reference(x_, 1e-6, s_)[0], x, scale)
+    ref, ref_grads = _grads(lambda x_, s_: fused.l2_normalize_reference(x_, 1e-6, s_)[0], x, scale)
     assert out.dtype == x.dtype and out.shape == x.shape
     torch.testing.assert_close(out, ref, atol=TOL[dtype], rtol=TOL[dtype])
     for got, want in zip(grads, ref_grads):
@@ -89,10 +90,10 @@ def test_the_layer_norm_kernel_equals_its_reference(shape, dtype):
     weight, bias = torch.randn(d, device=DEVICE), torch.randn(d, device=DEVICE)
 
     def kernel(x_, w_, b_):
-        return fused._layer_norm_op(x_, w_, b_, 1e-5)[0]
+        return fused._LayerNorm.apply(x_, w_, b_, 1e-5)[0]
 
     def reference(x_, w_, b_):
-        return fused._layer_norm_reference(x_, w_, b_, 1e-5)[0]
+        return fused.layer_norm_reference(x_, w_, b_, 1e-5)[0]
 
     out, grads = _grads(kernel, x, weight, bias)
     ref, ref_grads = _grads(reference, x, weight, bias)
@@ -121,13 +122,13 @@ def test_the_l2_backward_is_autograds_derivative_of_the_formula(kind):
     x = _projection_view(2, 3, 7, 16, torch.float64, device=DEVICE)
     x = torch.cat([x[:, :, :6], x[:, :, 6:] * 1e-9], dim=2)  # one token below the floor
     scale = _scale(kind, 3, torch.float64)
-    _, grads = _grads(lambda x_, s_: fused._l2_normalize_reference(x_, 1e-6, s_)[0], x, scale)
+    _, grads = _grads(lambda x_, s_: fused.L2Normalize.apply(x_, 1e-6, s_, False)[0], x, scale)
     _, want = _grads(lambda x_, s_: F.normalize(x_, dim=-1, eps=1e-6) * (1 if s_ is None else s_), x, scale)
     for got, ref in zip(grads, want):
         if ref is not None:
             torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
     # the kernel computes in float32: the same derivative to float32's precision
-    _, kernel_grads = _grads(lambda x_, s_: fused._l2_normalize_op(x_, 1e-6, s_)[0], x.float(),
+    _, kernel_grads = _grads(lambda x_, s_: fused.L2Normalize.apply(x_, 1e-6, s_, True)[0], x.float(),
                              None if scale is None else scale.float())
     for got, ref in zip(kernel_grads, want):
         if ref is not None:
@@ -138,13 +139,28 @@ def test_the_l2_backward_is_autograds_derivative_of_the_formula(kind):
 def test_the_layer_norm_backward_is_autograds_derivative_of_the_formula():
     x = _projection_view(2, 3, 7, 16, torch.float64, device=DEVICE)
     weight, bias = (torch.randn(16, dtype=torch.float64, device=DEVICE) for _ in range(2))
-    _, grads = _grads(lambda *a: fused._layer_norm_op(*a, 1e-5)[0], x, weight, bias)  # float64: the reference
+    _, grads = _grads(lambda *a: LayerNormReference.apply(*a, 1e-5), x, weight, bias)
     _, want = _grads(lambda x_, w_, b_: F.layer_norm(x_, (16,), w_, b_, 1e-5), x, weight, bias)
     for got, ref in zip(grads, want):
         torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
-    _, kernel_grads = _grads(lambda *a: fused._layer_norm_op(*a, 1e-5)[0], x.float(), weight.float(), bias.float())
+    _, kernel_grads = _grads(lambda *a: fused._LayerNorm.apply(*a, 1e-5)[0], x.float(), weight.float(), bias.float())
     for got, ref in zip(kernel_grads, want):
         torch.testing.assert_close(got, ref.float(), atol=1e-4, rtol=1e-5)
+
+
+class LayerNormReference(torch.autograd.Function):
+    """The LayerNorm reference's forward with its hand-written backward, as an autograd function: what the kernel's
+    backward must equal."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = fused.layer_norm_reference(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return (*fused_reference.layer_norm_backward_reference(g, *ctx.saved_tensors), None)
 
 
 def _model(attention: str, depth: int = 2, img_size: int = 32) -> torch.nn.Module:
@@ -235,7 +251,7 @@ def proxies() -> dict[tuple[str, bool], dict]:
 
 @pytest.mark.parametrize("attention", list_attentions())
 def test_on_the_gpu_path_a_formulation_moves_little_more_than_standard(attention, proxies):
-    """The proxy of a GPU step (quest.attention.proxy): bytes moved by non-matmul kernels at most 1.10x standard's
+    """The proxy of a GPU step (bench/dispatch_proxy.py): bytes moved by non-matmul kernels at most 1.10x standard's
     and kernels over 64 KiB at most 1.12x (the fused transform, its backward and the recompute's rerun: about 3 per
     transformed tensor and layer); on the PyTorch path the l2 formulations moved 1.2-1.5x (docs/benchmarks.md)."""
     std, cost = proxies[("standard", True)], proxies[(attention, True)]

@@ -16,6 +16,7 @@ from quest.engine.trainer import Diverged, Run
 
 from .helpers import FAST, compose_cfg
 
+
 def _reading(action) -> int:
     with HostReads() as reads:
         action()
@@ -211,8 +212,8 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
                                                                     processes, bad_images, request):
     """Every recipe (deit: fused AdamW; deit3: Lamb, BCE; light) at every precision (fp16 through the GradScaler,
     which works on the CPU), one process and DDP, unreadable images raised or skipped: a step between log intervals
-    reads nothing from the device (but deit3's Lamb under fp16: its skip decision, below); the logged step reads once (twice under DDP with data.bad_images=skip: the
-    image counts, reduced where the log needs them)."""
+    reads nothing from the device (but deit3's Lamb under fp16: its skip decision, below); the logged step reads
+    once (twice under DDP with data.bad_images=skip: the image counts, reduced where the log needs them)."""
     if processes == 2:
         request.getfixturevalue("one_rank_group")
         # the construction's check that every rank sees the same data gathers from the world size the context names

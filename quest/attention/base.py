@@ -23,7 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
 
-from .fused import fused_applies, l2_normalize_fused
+from .fused import fused_applies, l2_normalize_apply
+from .fused_reference import times_inverse
 from .recompute import attention_recomputing, recalled_factor, recompute_applies, remember_factor
 
 __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"]
@@ -33,45 +34,9 @@ __all__ = ["QKAttention", "CrossAttentionMixin", "l2_normalize", "AttentionHook"
 AttentionHook = Callable[[nn.Module, torch.Tensor, torch.Tensor], None]
 
 
-class _L2Normalize(torch.autograd.Function):
-    """scale * x / max(||x||, eps) with a hand-written backward.
-
-    ``F.normalize`` (and a separate multiply by a learnable scale) runs about ten element-wise kernels backward; this
-    runs three, which is most of the difference between QUEST/QNorm/QKNorm and standard attention in a CPU ViT step
-    (docs/benchmarks.md). With n = max(||x||, eps), u = x / n and output y = s u: dL/dx = s (g - u (g . u)) / n where
-    ||x|| >= eps, s g / n below (there n is the constant eps); dL/ds = sum of g . u over what s broadcasts to.
-    """
-
-    # forward/setup_context split with a generated vmap rule, so torch.func.vmap can batch it (the toy study trains
-    # hundreds of models as one vmapped computation).
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor, eps: float, scale: torch.Tensor | None):  # type: ignore[override]
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        inv = norm.clamp_min(eps).reciprocal()
-        return _times_inverse(x, inv, scale), norm, inv  # norm and inv: saved for backward only
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        x, eps, scale = inputs
-        _, norm, inv = output
-        ctx.mark_non_differentiable(norm, inv)
-        ctx.save_for_backward(x, inv, norm >= eps, scale)
-        ctx.has_scale = scale is not None
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor, _g_norm: torch.Tensor, _g_inv: torch.Tensor):  # type: ignore[override]
-        x, inv, above, scale = ctx.saved_tensors
-        u = x * inv
-        gu = (g * u).sum(-1, keepdim=True)
-        gx = torch.addcmul(g, u, gu * above, value=-1).mul_(inv if not ctx.has_scale else inv * scale)
-        gscale = gu.sum_to_size(scale.shape) if ctx.has_scale and ctx.needs_input_grad[2] else None
-        return gx, None, gscale
-
-
 def l2_normalize(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass.
+    """x / max(||x||_2, eps) along the head dimension, times ``scale`` (broadcast) when given, in one pass each way
+    (quest.attention.fused.L2Normalize: its Triton kernel where it applies, its PyTorch reference elsewhere).
 
     TorchScript and torch.fx (and so torchvision's create_feature_extractor) record the same formula in plain
     operators, whose backward autograd derives: neither can enter the autograd.Function. Eager code, torch.compile
@@ -85,24 +50,19 @@ def l2_normalize(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor] = No
 
 def _l2_normalize_ops(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
     inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps).reciprocal()
-    return _times_inverse(x, inv, scale)
-
-
-def _times_inverse(x: torch.Tensor, inv: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
-    # the one expression of every path (eager, the backward's recompute, TorchScript / FX), so they agree to the bit
-    return x * (inv if scale is None else inv * scale)
+    return times_inverse(x, inv, scale)
 
 
 @torch.jit.unused
 def _l2_normalize_python(x: torch.Tensor, eps: float, scale: Optional[torch.Tensor]) -> torch.Tensor:
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: record the operators
         return _l2_normalize_ops(x, eps, scale)
-    if fused_applies(x):  # one kernel each way on a GPU (quest.attention.fused); the recompute reruns it
-        return l2_normalize_fused(x, eps, scale)
+    if fused_applies(x):  # one kernel each way on a GPU; the backward's recompute reruns it
+        return l2_normalize_apply(x, eps, scale, True)[0]
     inv = recalled_factor(x, eps)  # the backward recomputing this layer's q', k': the forward's 1/max(||x||, eps)
     if inv is not None:
-        return _times_inverse(x, inv, scale)
-    out, _, inv = _L2Normalize.apply(x, eps, scale)
+        return times_inverse(x, inv, scale)
+    out, inv, _ = l2_normalize_apply(x, eps, scale, False)
     remember_factor(x, eps, inv)
     return out
 

@@ -43,7 +43,7 @@ def elliptical_weights(
     The ``eps`` floor only matters when the values did not change at all, and then m = 0 (uniform attention).
     """
     if not torch.jit.is_scripting():
-        if estimator == "mean" and fused_applies(v):  # one kernel reading each value tensor once, on a GPU
+        if estimator == "mean" and fused_applies(v, "elliptical_m"):  # one kernel reading each value tensor once, on a GPU
             return elliptical_m_fused(v, v_prev, eps)
     work = torch.promote_types(v.dtype, torch.float32)
     # Detached inputs, so m is a constant to autograd (the released code computes it under no_grad too).

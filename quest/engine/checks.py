@@ -14,6 +14,7 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
+from quest.attention.fused_check import MODES
 from quest.config_checks import (
     DEVICE_PATTERN,
     MATMUL_PRECISIONS,
@@ -254,6 +255,7 @@ def _rest(c: Checks) -> None:
 
 
 def _attention(c: Checks) -> None:
+    c.one_of("attention.fused", MODES)
     name = c.value("attention.name")
     if name == PATH_PLACEHOLDER:  # configs/attention/path.yaml: the schema's default (quest) must not stand in
         c.fail("attention.name", "must be set with attention=path: attention.name=<package.module:Class> (the import "

@@ -17,6 +17,8 @@ import torch
 from omegaconf import OmegaConf
 from timm.utils import random_seed
 
+from quest.attention.fused_check import configure as configure_fused
+from quest.attention.fused_check import record as fused_record
 from quest.io import write_text_atomic
 from quest.owned_dir import Difference
 
@@ -58,6 +60,8 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
     check_train_config(cfg)
     run_dir = Path(run_dir)
     ctx = init_distributed(cfg.trainer.device)
+    # attention.fused=on checks the kernels on this device here, before the run directory is made
+    configure_fused(cfg.attention.get("fused", "auto"), ctx.device)
     directory = RunDirectory(run_dir, ctx.is_main)
     if ctx.is_main:
         directory.writable(cfg.logger)
@@ -209,6 +213,8 @@ def _summary(run: Run, out: Outcome, wall_s: float, resumed: bool, changes: list
                            "val": val.get("val/skipped"), "val_scored": val.get("val/images")},
         # files the pre-flight left out before the first step (data.bad_images=skip): per split, count and reasons
         "left_out_by_preflight": run.left_out,
+        # which path the q/k transforms took (the fused Triton kernels or PyTorch's operators) and why
+        "attention_kernels": fused_record(),
     }
     if changes:
         summary["changed_on_resume"] = {d.key: [d.stored, d.new] for d in changes}

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from quest.attention.fused_check import configure as configure_fused
+from quest.attention.fused_check import record as fused_record
 from quest.config_checks import ConfigError
 from quest.data.registry import training_only_data_keys
 from quest.engine.distributed import DistContext, init_distributed
@@ -142,6 +144,8 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     ctx = init_distributed(settings.device)
+    # attention.fused as in training: on checks the kernels on this device here, before the results directory
+    configure_fused(cfg.attention.get("fused", "auto"), ctx.device)
     start = time.perf_counter()
     directory = EvalDirectory(output_dir, ctx.is_main)
     handler = None
@@ -201,7 +205,7 @@ def _save(directory: EvalDirectory, report: dict[str, Any], run: EvalRun, start:
           ctx: DistContext) -> dict[str, Path]:
     """The report so far (its status, the finished results), on the main process."""
     report.update(results={n: r for n, r in run.results.items() if n in report["evaluations"]},
-                  wall_time_s=time.perf_counter() - start)
+                  wall_time_s=time.perf_counter() - start, attention_kernels=fused_record())
     return write_reports(directory.path, report) if ctx.is_main else {}
 
 

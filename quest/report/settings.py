@@ -56,6 +56,8 @@ NEUTRAL_KEYS: dict[str, str] = {
     "trainer.compile_mode": "torch.compile's tuning of the same computation",
     "trainer.compile_backend": "torch.compile's code generator for the same computation",
     "trainer.torch_threads": "the CPU threads of the same computation",
+    "attention.fused": "the same q/k transforms by quest's Triton kernels or PyTorch's operators (summary.json's "
+                       "attention_kernels says which ran)",
     "data.num_workers": "the loader's processes: the same images and transforms, each worker drawing from its own "
                         "random stream (another count draws other augmentations, as another seed would)",
     "data.pin_memory": "how batches are copied to the GPU",

@@ -7,6 +7,7 @@ docs/report.md.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -116,8 +117,22 @@ class Row:
         parts = [f"includes {stopped} stopped" if stopped else "",
                  f"{len(self.excluded)} stopped (excluded)" if self.excluded else "",
                  f"{len(self.incomplete)} incomplete (no summary.json)" if self.incomplete else "",
-                 f"{len(self.duplicates)} duplicate seed (counted once)" if self.duplicates else ""]
+                 f"{len(self.duplicates)} duplicate seed (counted once)" if self.duplicates else "",
+                 kernel_note(self.runs)]
         return "; ".join(p for p in parts if p)
+
+
+def kernel_note(runs: list[RunResult]) -> str:
+    """Which path the q/k transforms took (summary.json's ``attention_kernels``), where any run used the fused
+    kernels or fell back from them; nothing where none came near them (the CPU)."""
+    paths = [(r.summary.get("attention_kernels.path"), r.summary.get("attention_kernels.reason")) for r in runs]
+    checked = [(p, why) for p, why in paths if p and (p != "pytorch" or "failed its check" in str(why))]
+    if not checked:
+        return ""
+    counts = Counter(p for p, _ in checked)
+    fell_back = next((why for p, why in checked if p != "fused"), None)
+    return ("kernels: " + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
+            + (f" ({fell_back})" if fell_back else ""))
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What a training step costs a GPU, counted on the CPU: the kernels it launches and the bytes its element-wise work
-moves, per formulation (tests/test_gpu_proxy.py holds each against standard attention; docs/benchmarks.md says how
-well it predicts the H200's step times).
+moves, per formulation (tests/test_fused_kernels.py holds each against standard attention; docs/benchmarks.md says
+how well it predicts the H200's step times). A benchmarking tool: bench/gpu_proxy.py prints its counts.
 
 On a GPU a ViT step's matmuls run near the tensor cores' peak, and what a formulation adds is element-wise passes
 over (B, H, N, d) tensors: each a kernel launch and a read and write of the tensor. Those are counted here at torch's
@@ -10,7 +10,8 @@ softmax in float32 (casts and float32 tensors that the CPU's autocast, which kee
 :func:`cuda_autocast_rules` re-registers those operators' CPU autocast kernels with CUDA's policy while counting.
 
 - a launch: every operator that runs a kernel (views, reshapes, allocations and host reads are not kernels);
-  a quest fused operator (``torch.ops.quest.*``) is one launch, as its Triton kernel is on a GPU; those moving
+  a quest fused operator is one launch (``quest.<kernel>``), as its Triton kernel is on a GPU, whatever stands in
+  for it on the CPU (quest.attention.fused_launch.STAND_IN, replaced while counting); those moving
   under :data:`SMALL_BYTES` (a learnable scale, a loss) are also counted apart, as ``small_launches``;
 - bytes: what the non-matmul operators read and write (each tensor argument and result, its own elements once);
   matmuls, convolutions and attention kernels are left out: their cost is their FLOPs, the same for every
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -72,20 +73,35 @@ class DispatchCost(TorchDispatchMode):
         self.small_launches = 0  # of those, kernels moving under SMALL_BYTES (a scale, a norm per row, a loss)
         self.bytes = 0
         self.by_op: Counter[str] = Counter()
+        self._paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         out = func(*args, **(kwargs or {}))
         name = str(func)
-        if _is_view(func) or name.startswith(_NO_KERNEL):
+        if self._paused or _is_view(func) or name.startswith(_NO_KERNEL):
             return out
+        self._count(name, (args, kwargs, out))
+        return out
+
+    def fused_kernel(self, name: str, reference: Callable[..., Any], args: tuple) -> Any:
+        """A quest fused kernel's stand-in (quest.attention.fused_launch.STAND_IN): its reference computed
+        uncounted, then one launch moving its arguments and results, as the Triton kernel on a GPU."""
+        self._paused = True
+        try:
+            out = reference(*args)
+        finally:
+            self._paused = False
+        self._count(f"quest.{name}", (args, out))
+        return out
+
+    def _count(self, name: str, everything: Any) -> None:
         self.launches += 1
         self.by_op[name] += 1
-        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        tensors = [t for t in tree_flatten(everything)[0] if isinstance(t, torch.Tensor)]
         moved = sum(_own_bytes(t) for t in tensors)
         self.small_launches += moved < SMALL_BYTES
         if not name.startswith(_MATMUL):
             self.bytes += moved
-        return out
 
     def summary(self) -> dict[str, Any]:
         return {"launches": self.launches, "small_launches": self.small_launches, "bytes": self.bytes,
@@ -148,10 +164,9 @@ def step_cost(attention: str, model: str = "vit_tiny_patch16_224", batch: int = 
     (quest.attention.recompute skips tensors under 1 MiB, which the small batch here would be)."""
     from unittest import mock
 
+    from quest.attention import fused_launch, recompute
+    from quest.attention.fused import fused_path
     from quest.models import create_model
-
-    from . import recompute
-    from .fused import fused_path
 
     torch.manual_seed(0)
     net = create_model(model, attention=attention, num_classes=10, img_size=img_size, **model_kwargs).train()
@@ -162,7 +177,8 @@ def step_cost(attention: str, model: str = "vit_tiny_patch16_224", batch: int = 
     # the fused operators count as one kernel each whatever computes them: their PyTorch reference here (no
     # Triton interpreter: its values would be the same, at many times the time)
     with mock.patch.object(recompute, "MIN_BYTES", 0), mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}), \
-            fused_path(gpu_path), cuda_autocast_rules(), counter:
+            mock.patch.object(fused_launch, "STAND_IN", counter.fused_kernel), fused_path(gpu_path), \
+            cuda_autocast_rules(), counter:
         with autocast:
             loss = F.cross_entropy(net(images), targets)
         loss.backward()
