@@ -26,6 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from quest.attention.fused_launch import column_alignment
+
 KERNELS_FILE = Path(__file__).resolve().parent.parent / "quest" / "attention" / "triton_kernels.py"
 ARCHS = (80, 90)  # A100 and H100/H200: the GPUs quest's runs use (sm_90 compiles as sm_90a)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -185,7 +187,7 @@ def launch_arguments(module: ModuleType, case: Case) -> tuple[list[Any], dict[st
     constexprs = {p.name: CONSTEXPRS[p.name] for p in fn.params if p.is_constexpr and p.name in CONSTEXPRS}
     constexprs["BLOCK_D"] = block_d(case.width)
     if "D_ALIGN" in fn.arg_names and case.d_align:
-        constexprs["D_ALIGN"] = module.column_alignment(case.width, *row_strides)
+        constexprs["D_ALIGN"] = column_alignment(case.width, *row_strides)
     return positional, constexprs
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from quest.attention import fused
+from quest.attention import fused, fused_launch
 from tests import kernel_compile as kc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_the_compiled_widths_are_those_of_the_configured_models():
 
 # --- the kernels' D_ALIGN path, in Triton's interpreter ------------------------------------------------------------
 class _Aligned:
-    """A kernel launched as quest.attention.fused launches it, with D_ALIGN from its d and row strides
+    """A kernel launched as quest.attention.fused_launch launches it, with D_ALIGN from its d and row strides
     (``column_alignment``) where the launch leaves it out; records the D_ALIGN of every launch."""
 
     def __init__(self, kernel) -> None:  # noqa: ANN001 (a Triton kernel)
@@ -127,19 +127,17 @@ class _Aligned:
 
 
 def _column_alignment(*sizes: int) -> int:
-    from quest.attention.triton_kernels import column_alignment  # imports Triton: only where a test needs it
-
-    return column_alignment(*sizes)
+    return fused_launch.column_alignment(*sizes)
 
 
 @pytest.mark.kernels
-@pytest.mark.skipif(not fused.kernels_run(torch.empty(0)), reason="TRITON_INTERPRET is not 1 (tests/conftest.py)")
+@pytest.mark.skipif(not fused_launch.triton_runs(torch.empty(0)), reason="TRITON_INTERPRET is not 1 (tests/conftest.py)")
 @pytest.mark.parametrize("width", [24, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypatch):
     from quest.attention import triton_kernels as tk
 
-    launched = {name: _Aligned(getattr(tk, name)) for name in tk.__all__ if name != "column_alignment"}
+    launched = {name: _Aligned(getattr(tk, name)) for name in tk.__all__}
     for name, kernel in launched.items():
         monkeypatch.setattr(tk, name, kernel)
     tol = {torch.float32: 2e-6, torch.bfloat16: 2e-2}[dtype]
@@ -150,9 +148,9 @@ def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypat
     torch.nn.init.normal_(norm.weight)
     torch.nn.init.normal_(norm.bias)
     for fn, reference in ((lambda x: fused.l2_normalize_fused(x, 1e-6, scale),
-                           lambda x: fused._l2_normalize_reference(x, 1e-6, scale)[0]),
+                           lambda x: fused.l2_normalize_reference(x, 1e-6, scale)[0]),
                           (lambda x: fused.layer_norm_fused(x, norm),
-                           lambda x: fused._layer_norm_reference(x, norm.weight, norm.bias, norm.eps)[0])):
+                           lambda x: fused.layer_norm_reference(x, norm.weight, norm.bias, norm.eps)[0])):
         x = q.detach().requires_grad_(True)
         x_ref = q.detach().requires_grad_(True)
         out, want = fn(x), reference(x_ref)

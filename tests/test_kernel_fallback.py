@@ -281,3 +281,11 @@ def test_after_a_failing_check_no_kernel_runs_on_that_device(monkeypatch, caplog
     assert len(_fallback_warnings(caplog)) == 1
     assert record["path"] == "fused until a check failed"
     assert [(c["kernel"], c["ok"]) for c in record["checks"]] == [("layer_norm", True), ("elliptical_m", False)]
+
+
+def test_a_tensor_past_the_kernels_row_index_takes_the_pytorch_path():
+    """The kernels' addresses are 64-bit, their row index 32-bit: a tensor of 2^31 rows or more never reaches them,
+    whatever the setting (meta tensors: the shapes without the memory)."""
+    with fused.fused_path(True):
+        assert fused.fused_applies(torch.empty(1, 1, 2 ** 31 - 1, 16, device="meta"))
+        assert not fused.fused_applies(torch.empty(1, 1, 2 ** 31, 16, device="meta"))

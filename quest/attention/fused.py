@@ -45,6 +45,9 @@ __all__ = ["fused_path", "fused_applies", "l2_normalize_fused", "layer_norm_fuse
            "l2_normalize_reference", "layer_norm_reference", "elliptical_m_reference", "MAX_HEAD_DIM"]
 
 MAX_HEAD_DIM = 256  # one row per kernel program: a head dimension beyond this takes the PyTorch path
+# the kernels index rows in 32 bits (their addresses are 64-bit): beyond 2^31 rows of one tensor (q alone at 64 GiB
+# and more) the PyTorch path runs
+MAX_ROWS = 2 ** 31
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 keeps the PyTorch path: exact references
 
 
@@ -77,7 +80,7 @@ def fused_applies(x: Tensor, kernel: str = "l2_normalize") -> bool:
     if torch._C._are_functorch_transforms_active():
         return False
     return (x.dim() == 4 and 0 < x.shape[-1] <= MAX_HEAD_DIM and x.dtype in _KERNEL_DTYPES
-            and kernels_allowed(x, kernel))
+            and x.numel() < MAX_ROWS * x.shape[-1] and kernels_allowed(x, kernel))
 
 
 # --- l2 normalisation -------------------------------------------------------------------------------------------

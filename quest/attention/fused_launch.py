@@ -19,7 +19,7 @@ from torch import Tensor
 from . import fused_reference as ref
 
 __all__ = ["l2_normalize_forward", "l2_normalize_backward", "layer_norm_forward", "layer_norm_backward",
-           "elliptical_m", "device_guard", "triton_runs", "STAND_IN"]
+           "elliptical_m", "device_guard", "triton_runs", "column_alignment", "STAND_IN"]
 
 _ROWS = 16  # rows per program (a (16, d) tile: d = 64 fills four warps)
 
@@ -65,6 +65,25 @@ def _block(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
+_MAX_ALIGN = 16  # elements: 16 bytes (one vector access) hold at most 8 half-precision or 4 float32 values
+
+
+def column_alignment(*sizes: int) -> int:
+    """The largest power of two (at most 16) dividing every one of ``sizes`` (d and the row strides, in elements):
+    the kernels' ``D_ALIGN``, so every row starts on that many elements and d ends on it."""
+    align = _MAX_ALIGN
+    for size in sizes:
+        while size % align:
+            align //= 2
+    return align
+
+
+def _align(d: int, *tensors: Tensor) -> int:
+    """The kernels' ``D_ALIGN`` for these tensors' rows: a compile-time fact that gives widths such as 40 and 88
+    vector loads (quest.attention.triton_kernels), where Triton's own specialisation sees multiples of 16 only."""
+    return column_alignment(d, *(stride for t in tensors for stride in t.stride()[:3]))
+
+
 def _unit_stride(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -91,7 +110,8 @@ def l2_normalize_forward(x: Tensor, eps: float, scale: Optional[Tensor]) -> tupl
     with device_guard(x.device):
         _kernels().l2_normalize_fwd[_grid(b * h * n)](
             x, out, inv, scale if scale is not None else inv, b * h * n, h, n, d, *x.stride()[:3],
-            *out.stride()[:3], eps, SCALE_KIND=kind, ROWS=_ROWS, BLOCK_D=_block(d))
+            *out.stride()[:3], eps, SCALE_KIND=kind, ROWS=_ROWS, BLOCK_D=_block(d),
+            D_ALIGN=_align(d, x, out))
     return out, inv, None
 
 
@@ -134,7 +154,7 @@ def l2_normalize_backward(g: Tensor, x: Tensor, inv: Tensor, scale: Optional[Ten
         _kernels().l2_normalize_bwd[_grid(b * h * n)](
             g, x, inv, scale if scale is not None else inv, out, dot, b * h * n, h, n, d, *g.stride()[:3],
             *x.stride()[:3], *out.stride()[:3], eps, SCALE_KIND=_scale_kind(scale, h), ROWS=_ROWS,
-            BLOCK_D=_block(d))
+            BLOCK_D=_block(d), D_ALIGN=_align(d, g, x, out))
     return out, dot
 
 
@@ -149,7 +169,7 @@ def layer_norm_forward(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> t
     with device_guard(x.device):
         _kernels().layer_norm_fwd[_grid(b * h * n)](
             x, weight, bias, out, mean, rstd, b * h * n, h, n, d, *x.stride()[:3], *out.stride()[:3], eps,
-            ROWS=_ROWS, BLOCK_D=_block(d))
+            ROWS=_ROWS, BLOCK_D=_block(d), D_ALIGN=_align(d, x, out))
     return out, mean, rstd
 
 
@@ -167,7 +187,7 @@ def layer_norm_backward(g: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
     with device_guard(x.device):
         _kernels().layer_norm_bwd[(blocks,)](
             g, x, weight, mean, rstd, out, gw, gb, b * h * n, h, n, d, *g.stride()[:3], *x.stride()[:3],
-            *out.stride()[:3], ROWS=_ROWS, BLOCK_D=_block(d))
+            *out.stride()[:3], ROWS=_ROWS, BLOCK_D=_block(d), D_ALIGN=_align(d, g, x, out))
     return out, gw.sum(0), gb.sum(0)
 
 
@@ -181,5 +201,5 @@ def elliptical_m(v: Tensor, v_prev: Tensor, eps: float) -> Tensor:
     with device_guard(v.device):
         _kernels().elliptical_m[(b * h,)](
             v, v_prev, m, h, n, d, v.stride(0), v.stride(1), v.stride(2), v_prev.stride(0), v_prev.stride(1),
-            v_prev.stride(2), eps, BLOCK_N=32, BLOCK_D=_block(d))
+            v_prev.stride(2), eps, BLOCK_N=32, BLOCK_D=_block(d), D_ALIGN=_align(d, v, v_prev))
     return m

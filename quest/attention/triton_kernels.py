@@ -12,8 +12,9 @@ CUDA's autocast float32 copies besides).
 Addresses are 64-bit where they can pass 2^31 elements (a qkv buffer of ViT-L/16 at 384 px from an eval batch of
 about 1,200, ViT-H/14 at 518 px from about 400): a row's coordinates (b, h, n) stay 32-bit, where division is cheap
 and each is below R (an i32 row count), and are widened before they multiply a stride; the per-program bases
-(``pid * D``, ``bh * D``, a block's tokens times their stride) likewise. ``D_ALIGN`` (a power of two dividing d and
-every row stride, :func:`column_alignment`, which the launcher passes) tells the compiler how the rows are aligned:
+(``pid * D``, ``bh * D``, a block's tokens times their stride) likewise; a tensor of 2^31 rows or more takes the
+PyTorch path (quest.attention.fused.MAX_ROWS). ``D_ALIGN`` (a power of two dividing d and every row stride, which
+the launcher passes: quest.attention.fused_launch.column_alignment) tells the compiler how the rows are aligned:
 they then load and store in 16-byte vectors where d is not a multiple of 16 (40, 88), which Triton's own
 specialisation (divisibility by 16) does not see. At 1, the default, the kernels give no hint and Triton's own
 specialisation stands (a hint of 1 would override its divisibility by 16). tests/test_kernel_compile.py compiles
@@ -26,21 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["l2_normalize_fwd", "l2_normalize_bwd", "layer_norm_fwd", "layer_norm_bwd", "elliptical_m",
-           "column_alignment"]
-
-_MAX_ALIGN = 16  # elements: 16 bytes (one vector access) hold at most 8 half-precision or 4 float32 values
-
-
-def column_alignment(*sizes: int) -> int:
-    """The largest power of two (at most 16) dividing every one of ``sizes`` (d and the row strides, in elements):
-    the kernels' ``D_ALIGN``, so every row starts on that many elements and d ends on it."""
-    align = _MAX_ALIGN
-    for size in sizes:
-        while size % align:
-            align //= 2
-    return align
-
+__all__ = ["l2_normalize_fwd", "l2_normalize_bwd", "layer_norm_fwd", "layer_norm_bwd", "elliptical_m"]
 
 @triton.jit
 def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h, ys_n, eps,
