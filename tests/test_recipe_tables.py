@@ -30,9 +30,9 @@ NEWLY_RESOLVED = {
 
 BEFORE = json.loads(FIXTURE.read_text())
 #: keys added to the composed groups after the fixture was written (the telemetry's thresholds, the compile's mode
-#: and backend): in every config, outside the comparison
+#: and backend, the float32 matmul precision): in every config, outside the comparison
 ADDED_SINCE = ("trainer.data_wait_warning", "trainer.low_mfu_warning", "trainer.compile_mode",
-               "trainer.compile_backend")
+               "trainer.compile_backend", "trainer.matmul_precision")
 MODELS = options("model")
 
 
