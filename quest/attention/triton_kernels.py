@@ -1,13 +1,14 @@
 """The Triton kernels behind quest.attention.fused: one per fused operator and direction, each beside its PyTorch
-reference there (``_l2_normalize_reference``, ...), against which tests/test_fused_kernels.py checks values and
+reference (quest.attention.fused_reference), against which tests/test_fused_kernels.py checks values and
 gradients on the CPU under ``TRITON_INTERPRET=1``.
 
 Every kernel works on rows of the head dimension (d <= 256): row r is (b, h, n) = (r // (N H), (r // N) % H, r % N)
-of a (B, H, N, d) tensor with strides (s_b, s_h, s_n, 1), written out in each kernel (Triton's interpreter refuses
-a nested jit function). It reads its input in its own dtype through the caller's strides (q and k are strided
-views of the qkv projection: no copy first), computes in float32 and writes in the input's dtype: one pass over
-memory each way, where PyTorch's operators take four to eight (a norm, a clamp, a reciprocal, a multiply, and under
-CUDA's autocast float32 copies besides).
+of a (B, H, N, d) tensor with strides (s_b, s_h, s_n, 1) (:func:`_coordinates`). Each kernel multiplies the strides
+itself: a stride handed to a nested jit function loses Triton's specialisation on its divisibility, and the rows
+then load scalars (measured offline: 4-byte accesses at d = 40 where the kernels below get 16). It reads its input
+in its own dtype through the caller's strides (q and k are strided views of the qkv projection: no copy first),
+computes in float32 and writes in the input's dtype: one pass over memory each way, where PyTorch's operators take
+four to eight (a norm, a clamp, a reciprocal, a multiply, and under CUDA's autocast float32 copies besides).
 
 Addresses are 64-bit where they can pass 2^31 elements (a qkv buffer of ViT-L/16 at 384 px from an eval batch of
 about 1,200, ViT-H/14 at 518 px from about 400): a row's coordinates (b, h, n) stay 32-bit, where division is cheap
@@ -30,6 +31,24 @@ import triton.language as tl
 __all__ = ["l2_normalize_fwd", "l2_normalize_bwd", "layer_norm_fwd", "layer_norm_bwd", "elliptical_m"]
 
 @triton.jit
+def _coordinates(rows, H, N):
+    """Rows r as (b, h, n): 32-bit divisions (each is below R, an i32 row count), widened to 64 bits before they
+    multiply a stride."""
+    return (rows // (N * H)).to(tl.int64), ((rows // N) % H).to(tl.int64), (rows % N).to(tl.int64)
+
+
+@triton.jit
+def _scale_factor(inv, SCALE, h, row_ok, SCALE_KIND: tl.constexpr):
+    """inv times the scale: none (SCALE_KIND 0), one scalar (1) or the row's head's (2)."""
+    factor = inv
+    if SCALE_KIND == 1:
+        factor = inv * tl.load(SCALE).to(tl.float32)
+    elif SCALE_KIND == 2:
+        factor = inv * tl.load(SCALE + h, mask=row_ok, other=0.0).to(tl.float32)
+    return factor
+
+
+@triton.jit
 def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h, ys_n, eps,
                      SCALE_KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                      D_ALIGN: tl.constexpr = 1):
@@ -42,19 +61,13 @@ def l2_normalize_fwd(X, Y, INV, SCALE, R, H, N, D, xs_b, xs_h, xs_n, ys_b, ys_h,
     if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
         col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
-    b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
-    h = ((rows // N) % H).to(tl.int64)
-    n = (rows % N).to(tl.int64)
+    b, h, n = _coordinates(rows, H, N)
     x_off = b * xs_b + h * xs_h + n * xs_n
     if D_ALIGN > 1:
         x_off = tl.multiple_of(x_off, D_ALIGN)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
-    factor = inv
-    if SCALE_KIND == 1:
-        factor = inv * tl.load(SCALE).to(tl.float32)
-    elif SCALE_KIND == 2:
-        factor = inv * tl.load(SCALE + h, mask=row_ok, other=0.0).to(tl.float32)
+    factor = _scale_factor(inv, SCALE, h, row_ok, SCALE_KIND)
     y_off = b * ys_b + h * ys_h + n * ys_n
     if D_ALIGN > 1:
         y_off = tl.multiple_of(y_off, D_ALIGN)
@@ -75,9 +88,7 @@ def l2_normalize_bwd(G, X, INV, SCALE, GX, DOT, R, H, N, D, gs_b, gs_h, gs_n, xs
     if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
         col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
-    b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
-    h = ((rows // N) % H).to(tl.int64)
-    n = (rows % N).to(tl.int64)
+    b, h, n = _coordinates(rows, H, N)
     g_off = b * gs_b + h * gs_h + n * gs_n
     if D_ALIGN > 1:
         g_off = tl.multiple_of(g_off, D_ALIGN)
@@ -90,11 +101,7 @@ def l2_normalize_bwd(G, X, INV, SCALE, GX, DOT, R, H, N, D, gs_b, gs_h, gs_n, xs
     u = x * inv[:, None]
     dot = tl.sum(g * u, axis=1)
     above = tl.sqrt(tl.sum(x * x, axis=1)) >= eps
-    factor = inv
-    if SCALE_KIND == 1:
-        factor = inv * tl.load(SCALE).to(tl.float32)
-    elif SCALE_KIND == 2:
-        factor = inv * tl.load(SCALE + h, mask=row_ok, other=0.0).to(tl.float32)
+    factor = _scale_factor(inv, SCALE, h, row_ok, SCALE_KIND)
     gx = (g - u * tl.where(above, dot, 0.0)[:, None]) * factor[:, None]
     o_off = b * os_b + h * os_h + n * os_n
     if D_ALIGN > 1:
@@ -115,9 +122,7 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, R, H, N, D, xs_b, xs_h, xs_n, ys_b, y
     if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
         col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
-    b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
-    h = ((rows // N) % H).to(tl.int64)
-    n = (rows % N).to(tl.int64)
+    b, h, n = _coordinates(rows, H, N)
     x_off = b * xs_b + h * xs_h + n * xs_n
     if D_ALIGN > 1:
         x_off = tl.multiple_of(x_off, D_ALIGN)
@@ -149,9 +154,7 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, GX, GW, GB, R, H, N, D, gs_b, gs_h, gs_n
     if D_ALIGN > 1:  # the same, in runs of D_ALIGN columns the compiler can see (a hint of 1 would hide 16)
         col_ok = (cols // D_ALIGN) < (D // D_ALIGN)
     mask = row_ok[:, None] & col_ok[None, :]
-    b = (rows // (N * H)).to(tl.int64)  # 32-bit division, 64-bit products below
-    h = ((rows // N) % H).to(tl.int64)
-    n = (rows % N).to(tl.int64)
+    b, h, n = _coordinates(rows, H, N)
     g_off = b * gs_b + h * gs_h + n * gs_n
     if D_ALIGN > 1:
         g_off = tl.multiple_of(g_off, D_ALIGN)
