@@ -18,7 +18,7 @@ then the measurements:
   float64 (bench/gpu_numerics.py);
 - ``step_bf16``: the training step of ViT-B/16 at 224 px, batch 128, eager, bf16 autocast: timm's own ViT
   (``timm.create_model("vit_base_patch16_224")``) as the anchor row, then every formulation: step time, img/s, MFU,
-  SDPA kernel, peak memory, and beside it the CPU proxy of the step's cost (quest.attention.proxy, where present);
+  SDPA kernel, peak memory, and beside it the CPU proxy of the step's cost (bench/dispatch_proxy.py);
 - ``recipe``: train.py against the bare step: the recipe's parts (drop path, mixup / cutmix, EMA, its optimizer)
   built by quest's builders added one at a time, and train.py's own steady step (bench/gpu_recipe.py);
 - ``fsdp``: ``torchrun --nproc_per_node=1 train.py trainer.strategy=fsdp recipe.ema=false``: exit code and time;

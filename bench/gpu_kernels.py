@@ -12,7 +12,6 @@ Where ``quest.attention.fused.check_kernels`` exists (the kernels' own self-chec
 more row; the rows above stand without it."""
 from __future__ import annotations
 
-import importlib
 import os
 import traceback
 from contextlib import nullcontext
@@ -118,17 +117,13 @@ def _fused_module() -> tuple[Any, str | None]:
 
 def triton_runs() -> Callable[[torch.Tensor], bool] | None:
     """quest's test of whether a fused operator on a tensor runs its Triton kernel (a CUDA tensor, or Triton's
-    interpreter) rather than the PyTorch code that stands in for it: ``quest.attention.fused.kernels_run``, or
-    ``quest.attention.fused_launch.triton_runs`` where the launches have a module of their own; None where neither
-    exists."""
-    for module, name in (("quest.attention.fused", "kernels_run"), ("quest.attention.fused_launch", "triton_runs")):
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    return None
+    interpreter) rather than the PyTorch code that stands in for it (``quest.attention.fused_launch.triton_runs``);
+    None where quest cannot be imported."""
+    try:
+        from quest.attention.fused_launch import triton_runs as runs
+    except ImportError:
+        return None
+    return runs
 
 
 def what_ran(x: torch.Tensor) -> str:
