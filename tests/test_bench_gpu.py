@@ -57,11 +57,11 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
     assert torch.get_num_threads() == threads and not dist.is_initialized()
 
     formulations = set(list_attentions())
-    # the first minute: the environment, then opcheck on each quest operator with sample inputs
+    # the first minute: the environment, then opcheck on each quest operator: quest registers none (each fused
+    # transform is one autograd.Function: quest.attention.fused), which the row says
     environment, *ops = parts["environment"]["rows"]
     assert environment["check"] == "environment" and environment["ok"] and environment["gpu"] is None
-    checked = {r["op"]: r["ok"] for r in ops if r["ok"] is not None}
-    assert checked == {"quest::l2_normalize": True, "quest::layer_norm": True, "quest::elliptical_m": True}, ops
+    assert [(r["op"], r["ok"]) for r in ops] == [(None, True)] and "no torch.ops.quest" in ops[0]["note"], ops
     kernels = [r for r in parts["kernels"]["rows"] if r["check"] == "kernel"]  # every kernel x dtype, each passing
     assert len(kernels) == 15 and all(r["ok"] and "CPU smoke" in r["note"] for r in kernels), kernels
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"

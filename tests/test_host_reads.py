@@ -187,18 +187,19 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def _host_resident(monkeypatch) -> set[int]:
-    """The ids of the guard's copies of the reduced stop requests, from now on: in pinned host memory on CUDA, so
-    reading them is no device synchronisation (on the CPU the copy is the tensor itself). The other tensors that
-    live in host memory on every device: timm's Lamb's step count, a CPU tensor read with .item() each step."""
+def _host_resident(monkeypatch) -> list[torch.Tensor]:
+    """The guard's copies of the reduced stop requests, from now on: in pinned host memory on CUDA, so reading them
+    is no device synchronisation (on the CPU the copy is the tensor itself). The other tensors that live in host
+    memory on every device: timm's Lamb's step count, a CPU tensor read with .item() each step. Held, not their ids:
+    a freed tensor's id is given to a new one, whose read would then go uncounted."""
     from quest.engine.guard import StepGuard
 
-    resident: set[int] = set()
+    resident: list[torch.Tensor] = []
     send = StepGuard._send_stop
 
     def sent(self, reduced):
         send(self, reduced)
-        resident.add(id(self._stops[-1][1]))
+        resident.append(self._stops[-1][1])
 
     monkeypatch.setattr(StepGuard, "_send_stop", sent)
     return resident
@@ -225,9 +226,9 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
     resident = _host_resident(monkeypatch)
     batches = next(run.step_batches())
     run.train_step(batches, log=False)  # the first step builds the optimizer's state (Lamb's step count too)
-    resident |= {id(group["step"]) for group in run.parts.optimizer.param_groups
-                 if isinstance(group.get("step"), torch.Tensor) and group["step"].device.type == "cpu"}
-    counter = HostReads(skip=lambda tensor: id(tensor) in resident)
+    resident += [group["step"] for group in run.parts.optimizer.param_groups
+                 if isinstance(group.get("step"), torch.Tensor) and group["step"].device.type == "cpu"]
+    counter = HostReads(skip=lambda tensor: any(tensor is held for held in resident))
     # the one exception, stated in docs/training.md: under fp16 an optimizer that counts its steps on the host
     # (deit3's Lamb) reads the skip decision each step, as torch's GradScaler.step does, so that an overflow's
     # skipped step is never counted (tests/test_skipped_update.py)
