@@ -166,9 +166,11 @@ def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypat
 
 
 # --- the compiled programs -----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def compiled(tmp_path_factory) -> dict:
-    """Every case compiled in an interpreter of its own: this one's Triton interprets (tests/conftest.py)."""
+    """Every case compiled in an interpreter of its own: this one's Triton interprets (tests/conftest.py). Once per
+    session: xdist gives the group's tests to one worker, but other modules' tests come between them there, and a
+    module-scoped fixture would compile everything again (55 s) after each."""
     out = tmp_path_factory.mktemp("kernel_compile") / "compiled.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "tests.kernel_compile", "--json", str(out)], cwd=ROOT, env=env,
