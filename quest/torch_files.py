@@ -135,8 +135,9 @@ def inspect_torch_file(path: str | Path) -> TorchFile:
     return TorchFile("not_torch", _describe_bytes(head))
 
 
-_TRAIN_PY = (f"checkpoint= takes a checkpoint written by train.py (<run>/checkpoints/last.pt or best.pt, format "
-             f"{FORMAT})")
+def _train_py(option: str) -> str:
+    return (f"{option}= takes a checkpoint written by train.py (<run>/checkpoints/last.pt or best.pt, format "
+            f"{FORMAT})")
 
 
 def _problem(option: str, path: Path, found: TorchFile) -> str | None:
@@ -147,23 +148,25 @@ def _problem(option: str, path: Path, found: TorchFile) -> str | None:
         return (f"{option}={path} is truncated or corrupt ({found.detail}); copy it again from where it was "
                 "written (train.py writes its checkpoints atomically, so a run's own file is whole)")
     if found.kind == "unsafe":
-        return (f"{option}={path} cannot be loaded safely: {found.detail}. eval.py loads tensors and plain "
+        return (f"{option}={path} cannot be loaded safely: {found.detail}. quest loads tensors and plain "
                 "containers only")
     return None
 
 
-def checkpoint_problem(path: str | Path, found: TorchFile | None = None) -> str:
-    """Why ``checkpoint=path`` (an existing file that load_checkpoint refused) cannot be evaluated, and what to do."""
+def checkpoint_problem(path: str | Path, found: TorchFile | None = None, option: str = "checkpoint") -> str:
+    """Why ``<option>=path`` (an existing file that is not a whole train.py checkpoint) cannot be used, and what to
+    do: ``checkpoint=`` of eval.py, ``trainer.init_from=`` of train.py."""
     path = Path(path)
     found = found or inspect_torch_file(path)
-    common = _problem("checkpoint", path, found)
+    common = _problem(option, path, found)
     if common is not None:
         # a damaged file was probably a checkpoint: the copy advice is enough
-        return common if found.kind == "truncated" else f"{common}. {_TRAIN_PY}"
+        return common if found.kind == "truncated" else f"{common}. {_train_py(option)}"
     if found.kind == "state_dict":
-        return (f"checkpoint={path} is a plain state_dict ({found.detail}): pass it as weights={path} with "
-                "model=<timm name> attention=<name>")
-    return f"checkpoint={path} is a torch file of another kind ({found.detail}). {_TRAIN_PY}"
+        instead = (f"pass it as weights={path} with model=<timm name> attention=<name>" if option == "checkpoint"
+                   else f"start from it with model.pretrained={path} instead")
+        return f"{option}={path} is a plain state_dict ({found.detail}): {instead}"
+    return f"{option}={path} is a torch file of another kind ({found.detail}). {_train_py(option)}"
 
 
 def weights_problem(path: str | Path, found: TorchFile | None = None) -> str | None:

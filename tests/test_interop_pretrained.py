@@ -78,7 +78,7 @@ def test_weights_of_another_architecture_are_refused_by_name(tmp_path):
     other = timm.create_model("vit_nano_patch4_32", num_classes=10)
     torch.save(other.state_dict(), tmp_path / "nano.pth")
     model = create_model(PICO, attention="quest", num_classes=10)
-    with pytest.raises(ValueError, match="does not fit this model"):
+    with pytest.raises(ValueError, match="weights do not fit the model: .*has shape"):
         load_pretrained_weights(model, str(tmp_path / "nano.pth"))
 
 
@@ -107,8 +107,8 @@ def test_the_config_check_names_a_bad_source_before_any_work(tmp_path):
 def test_weights_of_the_wrong_kind_are_refused_naming_the_tensor(tmp_path, suffix, fault):
     """Integer or bool values for a floating-point weight (load_state_dict would cast them without a word, and the
     model would score at chance) and non-finite values: refused naming the tensor, by model.pretrained= and by
-    eval.py's weights= alike (one check, quest.models.pretrained.state_fit_problems)."""
-    from quest.evaluation.foreign import check_fit
+    eval.py's weights= alike (one check, quest.weights_check.check_weights)."""
+    from quest.weights_check import check_weights
 
     state = {k: v.contiguous() for k, v in timm.create_model(PICO, num_classes=10).state_dict().items()}
     key = "blocks.0.attn.qkv.weight"
@@ -120,7 +120,7 @@ def test_weights_of_the_wrong_kind_are_refused_naming_the_tensor(tmp_path, suffi
     path = tmp_path / f"weights{suffix}"
     save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
     model = create_model(PICO, attention="quest", num_classes=10)
-    with pytest.raises(ValueError, match=rf"does not fit this model: {key} holds"):
+    with pytest.raises(ValueError, match=rf"^model.pretrained={path}: weights .*'{key}' hold"):
         load_pretrained_weights(model, str(path))
-    with pytest.raises(ValueError, match=rf"weights=w do not fit {PICO}: {key} holds"):
-        check_fit(model, state, "w", PICO, "quest")
+    with pytest.raises(ValueError, match=rf"^weights=w: weights .*'{key}' hold"):
+        check_weights(state, "weights=w", "weights", model.state_dict())

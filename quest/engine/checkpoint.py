@@ -20,15 +20,17 @@ import torch
 
 from quest.compat import upgrade_checkpoint
 from quest.io import atomic_write
-from quest.torch_files import FORMAT
+from quest.torch_files import FORMAT, checkpoint_problem, inspect_torch_file
+from quest.weights_check import check_weights
 
 from .checkpoint_record import STATEFUL_PARTS, VERSION, CheckpointRecord, CheckpointRecordError
 from .distributed import DistContext, gather_objects
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["CheckpointWriteError", "save_checkpoint", "load_checkpoint", "load_record", "check_compatible",
-           "replace_with_link", "rng_state", "set_rng_state", "Checkpointer", "CheckpointRecord", "CheckpointRecordError"]
+__all__ = ["CheckpointWriteError", "save_checkpoint", "load_checkpoint", "load_record", "read_init_from", "check_compatible",
+           "replace_with_link", "rng_state", "set_rng_state", "Checkpointer", "CheckpointRecord", "CheckpointRecordError",
+           "check_resumed_weights"]
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -112,6 +114,19 @@ def load_record(path: str | Path, map_location: str | torch.device = "cpu") -> C
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ValueError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
     return CheckpointRecord.from_dict(upgrade_checkpoint(ckpt), path)  # older layouts: quest.compat
+
+
+def read_init_from(path: str | Path) -> CheckpointRecord:
+    """The checkpoint ``trainer.init_from=path`` names; a missing file or a directory (OSError) or a file of another
+    kind (ValueError: text, a plain state_dict, a damaged file) refused in one line saying which case it is."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"trainer.init_from={path} " + ("is a directory; pass a checkpoint file such as "
+                                "<run>/checkpoints/last.pt" if path.is_dir() else "does not exist"))
+    found = inspect_torch_file(path)
+    if found.kind != "quest_checkpoint":
+        raise ValueError(checkpoint_problem(path, found, option="trainer.init_from"))
+    return CheckpointRecord.from_dict(upgrade_checkpoint(found.obj), path)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -253,6 +268,7 @@ class Checkpointer:
         if missing:
             raise CheckpointRecordError(f"checkpoint {path} holds no {missing}: it cannot be resumed (it can be "
                                         "evaluated, or used with trainer.init_from=)")
+        check_resumed_weights(saved, path, parts, self.sharded)  # before any part changes
         if self.sharded:
             from .fsdp import load_sharded
 
@@ -273,6 +289,17 @@ class Checkpointer:
                         len(rngs), self.ctx.world_size)
         set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])
         self.saved_step = saved.state["step"]
+
+
+def check_resumed_weights(saved: CheckpointRecord, path: Path, parts: dict[str, Any], sharded: bool) -> None:
+    """The model's and the EMA's weights of ``saved`` checked (quest.weights_check) against the parts they are loaded
+    into: a damaged file refused before the run starts, never trained on and recorded as the run's divergence.
+    Under FSDP the model's shapes are the shards' (its weights load from them): only the values are checked."""
+    advice = "restore it from a copy, or resume from another checkpoint (best.pt)"
+    check_weights(saved.model, path, "model weights", None if sharded else parts["model"].state_dict(),
+                  advice=advice)
+    if parts["ema"] is not None and saved.ema is not None:
+        check_weights(saved.ema, path, "EMA weights", parts["ema"].state_dict(), advice=advice)
 
 
 def _check_parts(parts: dict[str, Any]) -> None:

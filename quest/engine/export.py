@@ -35,6 +35,7 @@ from quest.io import DamagedFile, atomic_write, file_sha256, inside_folder, json
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.output_folder import holding, output_path
 from quest.run_files import read_summary
+from quest.weights_check import check_weights
 
 from .onnx_export import ONNX_FILE, checked_onnx, require_onnx
 
@@ -249,6 +250,7 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         if problems:
             raise ValueError(f"{source}: " + "; and ".join(problems))
         model = build_model(OmegaConf.create(ckpt.config))
+        check_weights(state, path, f"{'EMA' if weights == 'ema' else 'model'} weights", model.state_dict())
         model.load_state_dict(state)  # strict: the export holds exactly what the model has
         from safetensors.torch import save as safetensors_bytes
 

@@ -20,9 +20,10 @@ from omegaconf import OmegaConf
 from quest.config_checks import ConfigError
 from quest.data.prefetch import finish_ahead
 from quest.data.preflight import preflight_left_out
+from quest.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
-from .checkpoint import Checkpointer, CheckpointRecord, load_record
+from .checkpoint import Checkpointer, CheckpointRecord, read_init_from
 from .checks import check_compile_mode
 from .distributed import DistContext
 from .guard import Diverged, StepGuard
@@ -139,15 +140,20 @@ class Run:
         """Start from another run's weights (e.g. DeiT-III's low-resolution phase), resizing pos_embed."""
         from timm.models.vision_transformer import checkpoint_filter_fn
 
-        saved = load_record(path)
+        saved = read_init_from(path)
         which = self.cfg.recipe.get("init_weights", "ema")
         source = saved.ema if which == "ema" and saved.ema is not None else saved.model
-        log.info("trainer.init_from=%s: starting from its %s weights", path,
-                 "EMA" if source is saved.ema else "model")
-        weights = checkpoint_filter_fn(source, self.model)
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or [k for k in missing if not k.startswith("head")]:
-            raise ValueError(f"trainer.init_from={path}: missing {missing}, unexpected {unexpected}")
+        what = f"{'EMA' if source is saved.ema else 'model'} weights"
+        try:  # pos_embed / patch_embed resampled to this model's size; another model's fails here or in the check
+            weights = checkpoint_filter_fn(source, self.model)
+        except (RuntimeError, ValueError) as exc:
+            raise WeightsError(f"trainer.init_from={path}: its {what} cannot be resized to this model "
+                               f"({' '.join(str(exc).split())[:200]}); is "
+                               "it a checkpoint of another model?") from None
+        own = self.model.state_dict()  # every tensor but the classifier's, which may start afresh
+        check_weights(weights, f"trainer.init_from={path}", what, own, [k for k in own if k.startswith("head")])
+        log.info("trainer.init_from=%s: starting from its %s", path, what)
+        self.model.load_state_dict(weights, strict=False)
         if self.parts.ema is not None:
             self.parts.ema.module.load_state_dict(self.model.state_dict())
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 from quest.io import read_json
 from quest.run_files import checked_export_config
 
-__all__ = ["weights_num_classes", "export_record", "check_fit", "ClassOrder", "class_order"]
+__all__ = ["weights_num_classes", "export_record", "ClassOrder", "class_order"]
 
 log = logging.getLogger("quest.eval")
 
@@ -31,17 +31,6 @@ def export_record(weights: str) -> dict[str, Any] | None:
     path = Path(weights.partition(":")[2]).expanduser() / "config.json"
     data = read_json(path)  # every field checked before its model, attention or preprocessing is believed
     return None if data is None else checked_export_config(data, path)
-
-
-def check_fit(model: nn.Module, state: dict[str, torch.Tensor], weights: str, name: str, attention: str) -> None:
-    """Refuse, naming the tensors, weights whose shapes or dtypes do not fit the model built for them, or whose
-    values are not finite (quest.models.pretrained.state_fit_problems)."""
-    from quest.models.pretrained import state_fit_problems
-
-    problems = state_fit_problems(model.state_dict(), state)
-    if problems:
-        raise ValueError(f"weights={weights} do not fit {name}: {'; '.join(problems[:4])}. Is it another model "
-                         "(width, depth, patch size; model.img_size for another input size), or a damaged file?")
 
 
 class ClassOrder(nn.Module):

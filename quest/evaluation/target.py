@@ -19,10 +19,11 @@ from quest.io import file_sha256
 from quest.models import create_model
 from quest.schema import DataConfig
 from quest.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
+from quest.weights_check import check_weights
 
 from .config import evaluated_name
 from .directory import state_dict_sha256
-from .foreign import ClassOrder, check_fit, class_order, export_record, weights_num_classes
+from .foreign import ClassOrder, class_order, export_record, weights_num_classes
 
 log = logging.getLogger("quest.eval")
 
@@ -160,7 +161,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
     else:
         weights, which = ckpt.model, "model"
     model = build_model(stored)
-    check_fit(model, weights, f"{path} ({which})", stored.model.name, stored.attention.name)
+    check_weights(weights, f"checkpoint={path}", f"{'EMA' if which == 'ema' else 'model'} weights", model.state_dict())
     model.load_state_dict(weights)
     data, applied = stored.data, {}
     if data_was_chosen(cfg):
@@ -256,11 +257,9 @@ def _from_timm(cfg: DictConfig) -> EvalTarget:
     model = create_model(name, attention=attention, attention_options=dict(cfg.attention.options),
                          num_classes=num_classes, **kwargs)
     if state is not None:
-        check_fit(model, state, str(cfg.weights), name, attention)
-        result = model.load_state_dict(state, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ValueError(f"weights={cfg.weights} do not fit {name} with {attention} attention: missing "
-                             f"{result.missing_keys[:8]}, unexpected {result.unexpected_keys[:8]}")
+        check_weights(state, f"weights={cfg.weights}", f"weights (for {name} with {attention} attention)",
+                      model.state_dict())
+        model.load_state_dict(state)
     else:
         log.warning("no weights= given: evaluating a randomly initialised %s", name)
     if chosen and record is not None:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from quest.weights_check import check_weights
+
 __all__ = ["pretrained_problem", "pretrained_state_dict", "load_pretrained_weights"]
 
 log = logging.getLogger("quest.models")
@@ -163,27 +165,6 @@ def pretrained_state_dict(source: str, download: bool = False) -> dict[str, torc
     return _from_timm(source, download)
 
 
-def state_fit_problems(own: dict[str, torch.Tensor], state: dict[str, Any]) -> list[str]:
-    """What keeps the tensors of ``state`` (read from a file) from being ``own``'s values (a model's state_dict), one
-    line each: not a tensor, another shape, integer or bool values for a floating-point weight (load_state_dict
-    would cast them without a word: a model that scores at chance), or values that are not finite."""
-    problems = []
-    for key, value in state.items():
-        if key not in own:
-            continue  # missing and unexpected keys: the caller's load_state_dict names them
-        mine = own[key]
-        if not isinstance(value, torch.Tensor):
-            problems.append(f"{key} is a {type(value).__name__}, not a tensor")
-        elif value.shape != mine.shape:
-            problems.append(f"{key} {tuple(value.shape)} (the model has {tuple(mine.shape)})")
-        elif mine.is_floating_point() and not value.is_floating_point():
-            problems.append(f"{key} holds {str(value.dtype).replace('torch.', '')} values (the model's are "
-                            f"{str(mine.dtype).replace('torch.', '')}: weights are floating point)")
-        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            problems.append(f"{key} holds values that are not finite (nan or inf)")
-    return problems
-
-
 def _formulation_params(model: nn.Module) -> set[str]:
     """Parameters a quest formulation adds to timm's attention (they keep their initial values)."""
     from .factory import attention_layers
@@ -198,7 +179,8 @@ def _formulation_params(model: nn.Module) -> set[str]:
 
 def load_pretrained_weights(model: nn.Module, source: str, download: bool = False) -> dict[str, Any]:
     """Load ``source``'s weights into ``model`` (built with its attention, class count and input size); returns
-    what happened (for logs and the run record). Raises ``ValueError`` naming the weights that do not fit."""
+    what happened (for logs and the run record). Raises ``ValueError`` naming the weights that do not fit or hold
+    NaN/inf (quest.weights_check), before the model changes."""
     from timm.models.vision_transformer import checkpoint_filter_fn
 
     state = dict(pretrained_state_dict(source, download))
@@ -216,15 +198,10 @@ def load_pretrained_weights(model: nn.Module, source: str, download: bool = Fals
                      pretrained_classes, head.out_features)
             for key in ("head.weight", "head.bias"):
                 state.pop(key, None)
-    problems = state_fit_problems(own, state)
-    if problems:
-        raise ValueError(f"model.pretrained={source} does not fit this model: {'; '.join(problems[:6])}; is it "
-                         "another architecture (width, depth, patch size), or a damaged file?")
-    result = model.load_state_dict(state, strict=False)
     added = _formulation_params(model)
-    missing = [k for k in result.missing_keys if k not in added and not (head_dropped and k.startswith("head."))]
-    if result.unexpected_keys or missing:
-        raise ValueError(f"model.pretrained={source} does not fit this model: unexpected {result.unexpected_keys[:8]}"
-                         f", missing {missing[:8]} (a formulation's own parameters may be missing, nothing else)")
+    # a formulation's own parameters keep their initial values, and a dropped classifier its initialisation
+    optional = [k for k in own if k in added or (head_dropped and k.startswith("head."))]
+    check_weights(state, f"model.pretrained={source}", "weights", own, optional)
+    result = model.load_state_dict(state, strict=False)
     kept_initial = sorted(k for k in result.missing_keys if k in added)
     return {"source": source, "new_head": bool(head_dropped), "initial_values_kept": kept_initial}
