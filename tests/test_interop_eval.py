@@ -76,7 +76,8 @@ def test_the_class_count_comes_from_the_weights(setup, tmp_path):
 def test_weights_of_another_model_get_a_message_not_a_size_mismatch(tmp_path):
     weights = tmp_path / "nano.pth"
     torch.save(timm.create_model("vit_nano_patch4_32", num_classes=3).state_dict(), weights)
-    with pytest.raises(ValueError, match=r"weights \(for vit_pico_patch4_16 with standard attention\) do not fit the model: .*another model"):
+    with pytest.raises(ValueError, match=r"weights \(for vit_pico_patch4_16 with standard attention\) do not fit the "
+                                         r"model: .*another model"):
         _clean(tmp_path, "model=vit_pico", "attention=standard", f"weights={weights}")
 
 
