@@ -167,15 +167,24 @@ def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypat
 
 # --- the compiled programs -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def compiled(tmp_path_factory) -> dict:
+def compiled(tmp_path_factory, worker_id) -> dict:
     """Every case compiled in an interpreter of its own: this one's Triton interprets (tests/conftest.py). Once per
-    session: xdist gives the group's tests to one worker, but other modules' tests come between them there, and a
-    module-scoped fixture would compile everything again (55 s) after each."""
-    out = tmp_path_factory.mktemp("kernel_compile") / "compiled.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.kernel_compile", "--json", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    test run: xdist's workers share the run's base folder (the parent of each worker's own), and the first to come
+    compiles while the others wait on the lock and read its results. The group mark alone does not keep the group's
+    tests on one worker: pytest-xdist 3.8 tags grouped tests through a node attribute pytest 9 no longer reads, so
+    under pytest 9 every xdist_group is ignored (two workers each compiled everything in CI: 50 s of CPU twice)."""
+    from filelock import FileLock  # torch's own dependency
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # this run's folder, above the workers'
+    out = shared / "kernel_compile.json"
+    with FileLock(f"{out}.lock"):
+        if not out.is_file():
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            run = subprocess.run([sys.executable, "-m", "tests.kernel_compile", "--json", str(out)], cwd=ROOT,
+                                 env=env, capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())
     if "skipped" in results:
         pytest.skip(results["skipped"])
