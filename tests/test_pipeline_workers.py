@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from quest.data.prefetch import finish_ahead
 from quest.data.tensor_input import _read_bytes
 from quest.data.train_input import build_train_input
-from quest.data.worker_errors import LoaderWorkerError, PipelineLoader
+from quest.data.worker_errors import LoaderWorkerError, NamedLoader
 from quest.engine.builders import _loaders
 from quest.engine.distributed import DistContext
 from quest.errors import is_user_error
@@ -59,8 +59,9 @@ def _batches(root: Path, pipeline: str, workers: int, recipe: list[str]) -> list
                       "data.batch_size=4", f"data.num_workers={workers}", f"data.pipeline={pipeline}",
                       "model=vit_pico", "recipe=light", *recipe)
     train_input = build_train_input(cfg.recipe, cfg.data, 16)
-    loader, _ = _loaders(cfg, DistContext(), 16, train_input)
-    assert isinstance(loader, PipelineLoader) and loader.num_workers == workers
+    loader, val = _loaders(cfg, DistContext(), 16, train_input)
+    assert isinstance(loader, NamedLoader) and loader.num_workers == workers
+    assert isinstance(val, NamedLoader) and val.name == "validation"  # its worker's failure is one line too
     loader.sampler.set_epoch(0)
     loader.generator.manual_seed(5)
     random.seed(3), torch.manual_seed(3)
@@ -176,8 +177,8 @@ def _collate_as_is(batch: list) -> list:
 def _failure(dataset: Dataset, collate=None, timeout: float | None = None) -> BaseException:
     from quest.data.tensor_input import collate_bytes
 
-    loader = PipelineLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate or collate_bytes,
-                            pipeline="device", **({"timeout": timeout} if timeout else {}))
+    loader = NamedLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate or collate_bytes,
+                            name="data.pipeline=device", **({"timeout": timeout} if timeout else {}))
     with pytest.raises(Exception) as caught:
         for _ in loader:
             pass
@@ -216,8 +217,8 @@ def test_a_worker_that_sends_nothing_ends_the_loop_at_the_timeout(jpegs):
         failure = _failure(dataset, collate, timeout=2)
         assert isinstance(failure, LoaderWorkerError)
         assert str(failure).startswith("data.pipeline=device: loader worker 0 failed: sent no batch in 2 s")
-    assert PipelineLoader(_Files(jpegs), num_workers=1, pipeline="device").timeout > 0  # what training gets
-    assert PipelineLoader(_Files(jpegs), pipeline="device").timeout == 0  # without workers torch allows none
+    assert NamedLoader(_Files(jpegs), num_workers=1, name="data.pipeline=device").timeout > 0  # what training gets
+    assert NamedLoader(_Files(jpegs), name="data.pipeline=device").timeout == 0  # without workers torch allows none
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""The training loader's worker failures as one line naming the pipeline, the worker and the cause, never a hang.
+"""A loader's worker failures as one line naming the loader, the worker and the cause, never a hang.
 
 torch's DataLoader reports a failed worker in three ways, none naming the training input that ran in it: an
 exception raised in the worker comes back in the training process as "Caught <type> in DataLoader worker process
@@ -6,9 +6,9 @@ exception raised in the worker comes back in the training process as "Caught <ty
 "DataLoader worker (pid <p>) exited unexpectedly" or "... is killed by signal", naming a process id; and a worker
 that lives on without sending its batch (a batch it failed to pickle: the error is printed by the worker's queue
 thread, and the worker waits for its next index) is never reported: the loader waits forever, unless its ``timeout``
-is set. :class:`PipelineLoader` sets one (:data:`WORKER_TIMEOUT_S`, generous: a worker that sends nothing for that
-long is stuck, not slow) and turns each of the three into
-``data.pipeline=<p>: loader worker <n> failed: <cause>``.
+is set. :class:`NamedLoader` sets one (:data:`WORKER_TIMEOUT_S`, generous: a worker that sends nothing for that
+long is stuck, not slow) and turns each of the three into ``<name>: loader worker <n> failed: <cause>``, the name
+saying which loader: training's ``data.pipeline=<p>``, ``validation``, ``eval``.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from quest.errors import UserError, is_user_error
 
-__all__ = ["LoaderWorkerError", "PipelineLoader", "WORKER_TIMEOUT_S", "worker_failure"]
+__all__ = ["LoaderWorkerError", "NamedLoader", "WORKER_TIMEOUT_S", "worker_failure"]
 
 #: seconds without a batch from the worker whose batch is next: longer than any batch takes to read
 WORKER_TIMEOUT_S = 600.0
@@ -64,12 +64,12 @@ def _awaited_worker(iterator: Any) -> int | None:
     return task[0] if task else None
 
 
-def worker_failure(exc: BaseException, iterator: Any, pipeline: str) -> BaseException | None:
+def worker_failure(exc: BaseException, iterator: Any, name: str) -> BaseException | None:
     """The one-line error for ``exc`` raised while iterating ``iterator`` (a DataLoader's), or None when it is not a
     worker's failure. An exception the worker raised keeps its traceback as the cause; one that is not the user's to
     fix (a bug) comes back as a RuntimeError, so that its traceback is printed."""
     text = str(exc)
-    head = f"data.pipeline={pipeline}: loader worker"
+    head = f"{name}: loader worker"
     caught = _CAUGHT.search(text)
     if caught:
         lines = [line for line in text.splitlines() if line.strip()]
@@ -93,15 +93,16 @@ def worker_failure(exc: BaseException, iterator: Any, pipeline: str) -> BaseExce
     return None
 
 
-class PipelineLoader(DataLoader):
-    """A DataLoader whose worker failures are :func:`worker_failure`'s one line naming ``pipeline``; with workers, a
-    ``timeout`` of :data:`WORKER_TIMEOUT_S` unless one is given."""
+class NamedLoader(DataLoader):
+    """A DataLoader whose worker failures are :func:`worker_failure`'s one line starting with ``name`` (training's
+    ``data.pipeline=<p>``, ``validation``, ``eval``); with workers, a ``timeout`` of :data:`WORKER_TIMEOUT_S` unless
+    one is given. Every loader quest builds over image files is one (tar shards have their own loader)."""
 
-    def __init__(self, *args: Any, pipeline: str, **kwargs: Any):
+    def __init__(self, *args: Any, name: str, **kwargs: Any):
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("timeout", WORKER_TIMEOUT_S)
         super().__init__(*args, **kwargs)
-        self.pipeline = pipeline
+        self.name = name
 
     def __iter__(self) -> Iterator[Any]:
         iterator = super().__iter__()
@@ -111,7 +112,7 @@ class PipelineLoader(DataLoader):
             except StopIteration:
                 return
             except Exception as exc:
-                failure = worker_failure(exc, iterator, self.pipeline)
+                failure = worker_failure(exc, iterator, self.name)
                 if failure is None:
                     raise
                 stuck = _awaited_worker(iterator) if str(exc).startswith(_TIMED_OUT) else None

@@ -29,7 +29,7 @@ from quest.data import (
     collate_skipping_bad,
     shard_loaders,
 )
-from quest.data.worker_errors import PipelineLoader
+from quest.data.worker_errors import NamedLoader
 from quest.models import create_model, uniform_drop_path
 from quest.workers import loader_worker_init
 
@@ -215,11 +215,12 @@ def _loaders(cfg: Any, ctx: DistContext, img_size: int, train_input: Any) -> tup
                              **common)  # a shard set reads no files itself: every pipeline it takes collates alike
     sampler = build_train_sampler(train_ds, cfg.trainer.seed, ctx.world_size, ctx.rank, cfg.recipe.repeated_aug)
     # Own generators: creating an iterator must not draw from the global RNG, or resuming mid-epoch would shift it.
-    train = PipelineLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,
-                           generator=torch.Generator(), pipeline=data.pipeline,
-                           **{**common, "collate_fn": train_input.collate})  # a worker's failure: one line
-    val = DataLoader(val_ds, batch_size=data.eval_batch_size or 2 * data.batch_size,
-                     sampler=ShardSampler(len(val_ds), ctx.rank, ctx.world_size), generator=torch.Generator(), **common)
+    # a worker's failure: one line naming the loader
+    train = NamedLoader(train_ds, batch_size=data.batch_size, sampler=sampler, drop_last=True,
+                        generator=torch.Generator(), name=f"data.pipeline={data.pipeline}",
+                        **{**common, "collate_fn": train_input.collate})
+    val = NamedLoader(val_ds, batch_size=data.eval_batch_size or 2 * data.batch_size, name="validation",
+                      sampler=ShardSampler(len(val_ds), ctx.rank, ctx.world_size), generator=torch.Generator(), **common)
     return train, val
 
 

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from quest.data import ShardSampler, collate_skipping_bad
+from quest.data.worker_errors import NamedLoader
 from quest.engine.counts import Counts, error_fraction, percent
 from quest.engine.distributed import DistContext
 from quest.workers import die_with_parent
@@ -69,11 +70,11 @@ def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -
         raise ValueError("the evaluation suites read their data set by index, and a sharded (WebDataset) data set is "
                          "read as a stream: evaluate the same images from an image folder (data=imagenet "
                          "data.root=... or eval.roots.val=...); the training run's own validation covers the shards")
-    return DataLoader(dataset, batch_size=batch_size or run.settings.batch_size,
-                      sampler=ShardSampler(len(dataset), run.dist.rank, run.dist.world_size),
-                      num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad,
-                      pin_memory=run.device.type == "cuda",
-                      worker_init_fn=die_with_parent if run.settings.num_workers > 0 else None)
+    return NamedLoader(dataset, batch_size=batch_size or run.settings.batch_size, name="eval",
+                       sampler=ShardSampler(len(dataset), run.dist.rank, run.dist.world_size),
+                       num_workers=run.settings.num_workers, collate_fn=collate_skipping_bad,
+                       pin_memory=run.device.type == "cuda",
+                       worker_init_fn=die_with_parent if run.settings.num_workers > 0 else None)
 
 
 def batches(run: EvalRun, dataset: Dataset, what: str, nested: bool = False,
