@@ -20,7 +20,7 @@ rounds: (a) uint8 tensors with decode_jpeg + transforms.v2, (b) JPEG DCT-scaled 
 (skipped with a note where the package is missing), (d) RandAugment and random erasing moved to the device.
 
 quest's own pipelines are rows too: pipeline_split and pipeline_device are what a loader worker does per image under
-data.pipeline=split and data.pipeline=device (quest/data/tensor_input.py) with the DeiT recipe.
+data.pipeline=split and data.pipeline=device (quest/data/pipelines/tensor_input.py) with the DeiT recipe.
 
 Medians over rounds of images/s per core (one thread), the ratio to today's, and the workers one GPU needs at a given
 consumption rate. The line before the last names the fastest candidate that decodes on the CPU and its ratio to
@@ -42,39 +42,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def make_jpegs(folder: Path, count: int, seed: int = 0, size: tuple[int, int] = (500, 375),
-               noise: float = 28) -> list[Path]:
-    """Photographs' statistics, roughly: smooth gradients and blobs plus fine noise of std ``noise``; ``size``
-    (width, height). At 500 x 375 and quality 90 about 110 KB (4.8 bits per pixel, ImageNet's average)."""
-    rng = np.random.default_rng(seed)
-    paths = []
-    yy, xx = np.mgrid[0:size[1], 0:size[0]]
-    for i in range(count):
-        base = np.stack([np.sin(xx / rng.uniform(20, 80) + rng.uniform(0, 6)) * 90 + 128 for _ in range(3)], -1)
-        base += rng.normal(0, noise, size=base.shape)
-        img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
-        path = folder / f"img{size[0]}x{size[1]}n{noise:g}_{i:04d}.JPEG"
-        img.save(path, quality=90)
-        paths.append(path)
-    return paths
-
-
-def deit_config(pipeline: str = "timm", draft: bool = False):
-    from hydra import compose, initialize_config_dir
-
-    from quest.config_store import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-        return compose("train", overrides=["recipe=deit", "model=vit_base", "data=imagenet", "data.root=/x",
-                                           f"data.pipeline={pipeline}", f"data.draft_decode={str(draft).lower()}"])
+from bench.data_inputs import deit_config, images_per_second, make_jpegs, pipeline_worker  # noqa: E402
 
 
 def deit_transform():
@@ -85,22 +58,7 @@ def deit_transform():
     return build_transforms(cfg.recipe, cfg.data, 224)[0]
 
 
-def pipeline_worker(pipeline: str, paths: list[Path], draft: bool = False):
-    """What a loader worker does per image under ``data.pipeline=<pipeline>`` (and ``data.draft_decode=<draft>``)
-    with the DeiT recipe: the pipeline's own transform, reading the file as an image folder does (the pipeline's
-    ``read_file``)."""
-    from quest.data import build_train_input
-
-    cfg = deit_config(pipeline, draft)
-    train_input = build_train_input(cfg.recipe, cfg.data, 224)
-    from torchvision.datasets.folder import default_loader  # what an image folder reads with otherwise (PIL)
-
-    transform, read = train_input.transform, train_input.read_file or default_loader
-    names = [str(p) for p in paths]
-    return lambda i: transform(read(names[i]))
-
-
-def deit_prefetcher_transform():  # quest.data.transforms is imported by deit_transform (RandAugment's posterize)
+def deit_prefetcher_transform():  # quest.data.pipelines.transforms is imported by deit_transform (RandAugment's posterize)
     """What stays on a worker with timm's PrefetchLoader: the same transform up to a uint8 array; normalisation and
     random erasing move to the GPU."""
     from timm.data import create_transform
@@ -124,12 +82,12 @@ def open_draft(path: Path) -> Image.Image:
 
 
 def _shard_reader(tmp: Path, paths: list[Path]):
-    """The JPEGs as an ImageFolder, converted to tar shards (python -m quest.data.make_shards convert)."""
+    """The JPEGs as an ImageFolder, converted to tar shards (python -m quest.tools.make_shards convert)."""
     import shutil
 
-    from quest.data.make_shards import convert_image_folder
     from quest.data.shard_index import resolve_shards
     from quest.data.shards import WdsDataset
+    from quest.tools.make_shards import convert_image_folder
 
     folder = tmp / "folder" / "train" / "n00000000"
     folder.mkdir(parents=True)
@@ -219,19 +177,6 @@ def candidates(tmp: Path, paths: list[Path], deit, dali: bool) -> tuple[list[tup
     return rows, notes
 
 
-def _time(sample, count: int) -> tuple[float, float]:
-    """Images per wall-clock second, and CPU seconds per wall second (above 1: the library used more than one core,
-    so its per-core rate is lower than the wall-clock one)."""
-    tic, cpu = time.perf_counter(), time.process_time()
-    if getattr(sample, "whole_batch", False):
-        sample(0)
-    else:
-        for i in range(count):
-            sample(i)
-    wall = time.perf_counter() - tic
-    return count / wall, (time.process_time() - cpu) / wall
-
-
 def main(argv: list[str] | None = None) -> None:
     """The command (``argv``: default sys.argv[1:]); prints the tables and the two closing lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -302,7 +247,7 @@ def bench(images: int, rounds: int, dali: bool, gpu_rates: dict[str, float]) -> 
         cores: dict[str, list[float]] = {k: [] for k in timed}
         for _ in range(rounds):  # every row once per round, today's first: load drifts hit all alike
             for name, sample in timed.items():
-                rate, busy = _time(sample, len(paths))
+                rate, busy = images_per_second(sample, len(paths))
                 rates[name].append(rate)
                 cores[name].append(busy)
             tic = time.perf_counter()
@@ -344,7 +289,7 @@ def device_share(batch: int, size: int, rounds: int) -> dict[str, dict[str, floa
     from omegaconf import OmegaConf
 
     from bench.dispatch_proxy import DispatchCost
-    from quest.data.tensor_input import CropFlip, DeviceFinish, decode_rgb
+    from quest.data.pipelines.tensor_input import CropFlip, DeviceFinish, decode_rgb
 
     recipe = OmegaConf.create({"auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "remode": "pixel",
                                "recount": 1, "train_interpolation": "bicubic"})

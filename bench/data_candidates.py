@@ -19,9 +19,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def make_capped(paths: list[Path], folder: Path, short_side: int) -> list[Path]:
-    """(b') FFCV-style resolution-capped storage as `quest-data cap` writes it (quest.data.capped.cap_image: short
+    """(b') FFCV-style resolution-capped storage as `quest-data cap` writes it (quest.tools.capped.cap_image: short
     side at most `short_side`, PIL's antialiased bicubic, JPEG quality 90; smaller images copied unchanged)."""
-    from quest.data.capped import cap_image
+    from quest.tools.capped import cap_image
 
     folder.mkdir(parents=True, exist_ok=True)
     out = []

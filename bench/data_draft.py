@@ -30,10 +30,10 @@ SCALE, RATIO, OUT = (0.08, 1.0), (3 / 4, 4 / 3), 224  # configs/recipe/deit.yaml
 
 def reduced_shares(size: tuple[int, int], draws: int = 20000, seed: int = 0) -> list[float]:
     """The share of DeiT's RandomResizedCrop draws on an image of ``size`` (width, height) decoded at 1/2, 1/4 and
-    1/8 (quest.data.draft.reduction on timm's own get_params)."""
+    1/8 (quest.data.pipelines.draft.reduction on timm's own get_params)."""
     from timm.data.transforms import RandomResizedCropAndInterpolation
 
-    from quest.data.draft import MAX_REDUCTION_LOG2, reduction
+    from quest.data.pipelines.draft import MAX_REDUCTION_LOG2, reduction
 
     header = Image.new("L", size)  # get_params reads the size only
     state = random.getstate()
@@ -51,7 +51,7 @@ def reduced_shares(size: tuple[int, int], draws: int = 20000, seed: int = 0) -> 
 def draft_bench(images: int, rounds: int) -> dict[tuple[int, int, float, str, bool], float]:
     """Time every (image kind, pipeline, setting) row in ``rounds`` interleaved rounds over ``images`` JPEGs per size; print
     the table; return the median images/s per core of each row."""
-    from bench.data import _time, make_jpegs, pipeline_worker
+    from bench.data_inputs import images_per_second, make_jpegs, pipeline_worker
 
     load_before = os.getloadavg()
     rows, bits = {}, {}
@@ -65,7 +65,7 @@ def draft_bench(images: int, rounds: int) -> dict[tuple[int, int, float, str, bo
         rates: dict[tuple, list[float]] = {key: [] for key in rows}
         for _ in range(rounds):
             for key, sample in rows.items():
-                rates[key].append(_time(sample, images)[0])
+                rates[key].append(images_per_second(sample, images)[0])
     load_after = os.getloadavg()
     median = {key: statistics.median(values) for key, values in rates.items()}
     print(f"{images} generated JPEGs per size (quality 90), {rounds} interleaved rounds, one thread; load average "
@@ -93,7 +93,7 @@ def pixel_differences(paths: list[Path], draws: int = 200) -> None:
     import numpy as np
     from timm.data.transforms import RandomResizedCropAndInterpolation
 
-    from quest.data.draft import DraftResizedCrop, reduction
+    from quest.data.pipelines.draft import DraftResizedCrop, reduction
 
     crop = RandomResizedCropAndInterpolation(OUT, SCALE, RATIO, interpolation="bicubic")
     draft = DraftResizedCrop.like(crop)

@@ -19,10 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from quest.config_store import register_configs  # noqa: E402
-from quest.engine.builders import resolve_img_size  # noqa: E402
-from quest.engine.distributed import DistContext  # noqa: E402
-from quest.engine.trainer import Run  # noqa: E402
+from quest.config.hydra_store import register_configs  # noqa: E402
+from quest.runtime.distributed import DistContext  # noqa: E402
+from quest.train.builders import resolve_img_size  # noqa: E402
+from quest.train.trainer import Run  # noqa: E402
 
 STEPS = 100
 

@@ -100,7 +100,7 @@ def _in_process(work: Callable[[], int]) -> dict[str, Any]:
 def train_run(overrides: list[str], cwd: Path, env: dict[str, str], torchrun: bool, in_process: bool,
               timeout: float = 1200) -> dict[str, Any]:
     """``python train.py *overrides`` in ``cwd`` (``torchrun``: launched by torch.distributed.run, one process). With
-    ``in_process``: the config composed from the same overrides and trained by quest.engine.fit in this process, under
+    ``in_process``: the config composed from the same overrides and trained by quest.train.fit in this process, under
     the variables torchrun gives its one worker (so fit joins a one-process gloo group), instead of a child."""
     if not in_process:
         launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
@@ -110,8 +110,8 @@ def train_run(overrides: list[str], cwd: Path, env: dict[str, str], torchrun: bo
     from hydra import compose, initialize_config_dir
 
     from quest.cli import config_root
-    from quest.config_store import register_configs
-    from quest.engine import exit_code, fit
+    from quest.config.hydra_store import register_configs
+    from quest.train import exit_code, fit
 
     def work() -> int:
         register_configs()
@@ -190,9 +190,9 @@ def input_on_device(device: torch.device, smoke: bool) -> dict[str, Any]:
 
     from omegaconf import OmegaConf
 
-    from bench.data import make_jpegs
-    from quest.data.device_augment import DeviceRandAugment
-    from quest.data.tensor_input import CropFlip, DeviceFinish, decode_rgb
+    from bench.data_inputs import make_jpegs
+    from quest.data.pipelines.device_augment import DeviceRandAugment
+    from quest.data.pipelines.tensor_input import CropFlip, DeviceFinish, decode_rgb
 
     size, batch, rounds = (32, 8, 2) if smoke else (224, 128, 10)
     recipe = OmegaConf.create({"auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25, "remode": "pixel",

@@ -1,7 +1,7 @@
 """train.py's loop on the device before any timing (bench/gpu.py's ``loop`` part): its host syncs, a bad step
 skipped, compilation with CUDA graphs and accumulation, and finishing batches ahead.
 
-- ``host_syncs``: 20 steps of quest's loop (quest.engine.fit, data=fake, ViT-pico) counting the device-to-host
+- ``host_syncs``: 20 steps of quest's loop (quest.train.fit, data=fake, ViT-pico) counting the device-to-host
   syncs, each put in the phase it happened in: between log intervals (inside a step that logs nothing, or after it
   until the next step), at a log step (its read of the loss, until the next step), before the first step, after the
   last. On CUDA the counter is ``torch.cuda.set_sync_debug_mode("warn")``'s warnings; on the CPU (no syncs) a
@@ -113,9 +113,9 @@ def _poison_gradients(run: Any) -> Callable[[], None]:
 def _run_counting(overrides: list[str], device: torch.device, fault: str | None) -> dict[str, Any]:
     """fit with the syncs counted per phase; ``fault`` ("nan_grads": NaN gradients, a finite loss; "nan_images":
     NaN images, so a NaN loss) at step :data:`NAN_STEP`, with the states just before and after it."""
-    from quest.engine import fit
-    from quest.engine.trainer import Run
-    from quest.engine.update import decided_on_host
+    from quest.train import fit
+    from quest.train.trainer import Run
+    from quest.train.update import decided_on_host
 
     original = Run.train_step
     signature = inspect.signature(original)
@@ -228,8 +228,8 @@ def compile_row(device: torch.device, compile_backend: str) -> dict[str, Any]:
                  "trainer.compile=true", "trainer.compile_mode=reduce-overhead", "trainer.accum_steps=2",
                  f"trainer.compile_backend={compile_backend}", "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
     row: dict[str, Any] = {"check": "compile reduce-overhead accum_steps=2", "overrides": overrides}
-    from quest.engine import fit
-    from quest.engine.checks import check_train_config
+    from quest.train import fit
+    from quest.train.checks import check_train_config
 
     try:
         cfg = _compose(overrides)
@@ -249,7 +249,7 @@ def compile_row(device: torch.device, compile_backend: str) -> dict[str, Any]:
 
 
 def _jpeg_folder(root: Path) -> Path:
-    from bench.data import make_jpegs
+    from bench.data_inputs import make_jpegs
 
     for split, count in (("train", 8), ("val", 4)):
         for c in range(2):
@@ -261,13 +261,14 @@ def _jpeg_folder(root: Path) -> Path:
 
 def prefetch_row(device: torch.device) -> dict[str, Any]:
     """data.pipeline=device trained four steps with the next batch finished ahead and without: the same weights
-    bit for bit. Ahead or not is quest.data.prefetch.finish_ahead's ``ahead`` (its default: on CUDA only), set
+    bit for bit. Ahead or not is quest.data.pipelines.prefetch.finish_ahead's ``ahead`` (its default: on CUDA only), set
     for each run where train.py calls it."""
-    from quest.engine import fit, load_checkpoint, trainer
+    from quest.run.checkpoint import load_checkpoint
+    from quest.train import fit, trainer
 
     row: dict[str, Any] = {"check": "prefetch on/off, data.pipeline=device"}
     try:
-        from quest.data.prefetch import finish_ahead
+        from quest.data.pipelines.prefetch import finish_ahead
     except ImportError as exc:
         return {**row, "ok": None, "note": f"not available: {exc}"}
     weights = {}

@@ -2,7 +2,7 @@
 
 The same model (quest's attention) at the same batch and precision, timed as:
 1. the bare step of the step tables (fused AdamW, plain cross-entropy);
-2. the step with the parts train.py builds for recipe=deit (quest.engine.builders.build_components on the config
+2. the step with the parts train.py builds for recipe=deit (quest.train.builders.build_components on the config
    composed from train.py's overrides: the model with its drop path and init, timm's AdamW with the recipe's weight
    decay groups, timm's Mixup / CutMix, the loss, timm's ModelEmaV3, the schedule), added one at a time: the
    recipe's optimizer and loss alone, + drop path, + mixup / cutmix, + EMA (= the whole recipe);
@@ -47,8 +47,8 @@ def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
     from quest.cli import config_root
-    from quest.config_store import register_configs
-    from quest.engine.checks import check_train_config
+    from quest.config.hydra_store import register_configs
+    from quest.train.checks import check_train_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_root()), version_base="1.3"):
@@ -75,9 +75,9 @@ def recipe_step(overrides: list[str], steps: int, warmup: int, device: torch.dev
 def _recipe_step(overrides: list[str], steps: int, warmup: int, device: torch.device) -> dict[str, Any]:
     from timm.utils import random_seed
 
-    from quest.engine.builders import build_components
-    from quest.engine.distributed import DistContext
-    from quest.engine.precision import autocast_for, resolve_precision
+    from quest.runtime.distributed import DistContext
+    from quest.train.builders import build_components
+    from quest.train.precision import autocast_for, resolve_precision
 
     cfg = _compose(overrides)
     random_seed(cfg.trainer.seed)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from quest.io import json_text, open_records, plain, write_text_atomic
+from quest.store.files import json_text, open_records, plain, write_text_atomic
 
 __all__ = ["Budget", "Part", "PartRun", "Report", "run_parts"]
 

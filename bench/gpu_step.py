@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from quest.attention import list_attentions
-from quest.engine.telemetry import peak_tflops
 from quest.models import create_model
+from quest.train.telemetry import peak_tflops
 
 __all__ = ["TIMM", "device_peak", "sdpa_backend", "step_flops", "time_steps", "train_throughput", "proxy_cost",
            "table_order", "autocast"]

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from quest.data.make_shards import convert_image_folder
 from quest.data.preflight import _cache_paths, check_image_folder_files
 from quest.data.shard_preflight import check_shard_split
+from quest.tools.make_shards import convert_image_folder
 
 IMAGENET_TRAIN_FILES = 1_281_167
 

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quest.engine.telemetry import IntervalTimes, Telemetry, compilations  # noqa: E402
 from quest.models.factory import create_model  # noqa: E402
+from quest.train.telemetry import IntervalTimes, Telemetry, compilations  # noqa: E402
 
 
 def timed(loader, wait: list[float]):

@@ -10,7 +10,7 @@ rand-m9-mstd0.5-inc1 and random erasing 0.25 on top of the light recipe's crops)
 and prints, per data set and pipeline, the final val top-1 of every seed, their mean and standard deviation, and
 Welch's t-test p against timm's (scipy). Each run is `python train.py ...` in a temporary folder; called as
 main(..., in_process=True) (the test, tests/test_bench_data.py), the same overrides composed and trained by
-quest.engine.fit in this process instead.
+quest.train.fit in this process instead.
 
     python bench/train_input_equivalence.py [--seeds 5] [--epochs 25] [--max-steps N] [--per-class N] [--quick]
 """
@@ -35,7 +35,7 @@ def digits_folder(root: Path, size: int = 32, per_class: int | None = None) -> P
     from PIL import Image
 
     sys.path.insert(0, str(ROOT))
-    from quest.data.digits import DigitsDataset
+    from quest.data.sets.digits import DigitsDataset
 
     for split in ("train", "val"):
         ds, written = DigitsDataset(split), [0] * 10
@@ -50,7 +50,7 @@ def digits_folder(root: Path, size: int = 32, per_class: int | None = None) -> P
 
 
 def train(args: list[str], workdir: Path, in_process: bool = False) -> float:
-    """``python train.py *args`` in ``workdir`` (``in_process``: the same config through quest.engine.fit, here);
+    """``python train.py *args`` in ``workdir`` (``in_process``: the same config through quest.train.fit, here);
     the run's final val top-1."""
     run_dir = workdir / "run"
     if in_process:
@@ -71,8 +71,8 @@ def _train_in_process(args: list[str], run_dir: Path) -> float:
     from hydra import compose, initialize_config_dir
 
     from quest.cli import config_root
-    from quest.config_store import register_configs
-    from quest.engine import exit_code, fit
+    from quest.config.hydra_store import register_configs
+    from quest.train import exit_code, fit
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_root()), version_base="1.3"):

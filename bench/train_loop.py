@@ -22,9 +22,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from quest.config_store import register_configs  # noqa: E402
-from quest.engine.distributed import DistContext  # noqa: E402
-from quest.engine.trainer import Run  # noqa: E402
+from quest.config.hydra_store import register_configs  # noqa: E402
+from quest.runtime.distributed import DistContext  # noqa: E402
+from quest.train.trainer import Run  # noqa: E402
 
 CASES = {
     # name: (overrides, batch)

@@ -7,8 +7,8 @@
 | ``quest-toy`` | ``python -m quest.toy`` | the toy study (configs/toy/toy.yaml) |
 | ``quest-report`` | ``python -m quest.report`` | tables from sweeps of runs |
 | ``quest-plot`` | ``python -m quest.report.plot`` | diagnostics figures |
-| ``quest-export`` | ``python -m quest.engine.export`` | a run as a timm / Hugging Face model folder |
-| ``quest-data`` | ``python -m quest.data.check`` | ``quest-data check ROOT``: the data pre-flight on its own |
+| ``quest-export`` | ``python -m quest.tools.export`` | a run as a timm / Hugging Face model folder |
+| ``quest-data`` | ``python -m quest.tools.data_check`` | ``quest-data check ROOT``: the data pre-flight on its own |
 
 The configs are found as the package ``quest.configs`` (an install ships them; an editable install maps the
 checkout's configs/ there), or, in a checkout that is only on sys.path, in its configs/ folder.
@@ -25,10 +25,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from quest.config_files import config_root, hydra_config_path
-from quest.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
-from quest.made_dirs import remove_made
-from quest.sweep_jobs import job_failed, sweep_failure
+from quest.config.files import config_root, hydra_config_path
+from quest.run.sweep_jobs import job_failed, sweep_failure
+from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
+from quest.store.made_dirs import remove_made
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
@@ -49,7 +49,7 @@ def rewrite_attention_override(argv: list[str]) -> list[str]:
 # --- training ------------------------------------------------------------------------------------------------------
 def _as_job(work: Callable[[], Any]) -> Any:
     """Run an app's ``work`` (inside its :func:`reporting_errors`). In a multirun, a job whose error was printed
-    (its exit code) does not end the sweep: it is recorded (quest.sweep_jobs) and the next job runs; the command
+    (its exit code) does not end the sweep: it is recorded (quest.run.sweep_jobs) and the next job runs; the command
     exits with the sweep's failure at the end (:func:`_exit_if_sweep_failed`)."""
     hc = HydraConfig.get()
     try:
@@ -73,7 +73,7 @@ def _train_app(cfg: DictConfig) -> Any:
 
 
 def _train(cfg: DictConfig) -> None:
-    from quest.engine import exit_code, fit
+    from quest.train import exit_code, fit
 
     hc = HydraConfig.get()
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
@@ -99,9 +99,9 @@ def _hydra_record(cfg: DictConfig) -> dict[str, str]:
 
 def train() -> None:
     """``quest-train [group=option ...] [key=value ...]``: docs/training.md."""
-    from quest.config_store import register_configs
-    from quest.overrides import exit_on_bad_overrides
-    from quest.schema import TrainConfig
+    from quest.config.hydra_store import register_configs
+    from quest.config.overrides import exit_on_bad_overrides
+    from quest.config.schema import TrainConfig
 
     register_configs()
     _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")
@@ -135,13 +135,13 @@ _COMPLETION_FLAGS = ("--shell-completion", "-sc")
 
 
 def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) -> None:
-    """``--help``: the app's own config groups and every key with its description (quest.config_help), instead of
+    """``--help``: the app's own config groups and every key with its description (quest.config.help), instead of
     Hydra's page, which lists every config folder (the toy's too) and no key's meaning. ``schema`` None: built here
     (quest-eval's imports its evaluations)."""
     if not any(a in _HELP_FLAGS for a in sys.argv[1:]):
         return
-    from quest.config_help import app_help
-    from quest.overrides import app_groups
+    from quest.config.help import app_help
+    from quest.config.overrides import app_groups
 
     if schema is None:
         from quest.evaluation.config import eval_config_schema, register_eval_configs
@@ -184,9 +184,9 @@ def evaluate() -> None:
         _eval_app()
         return
     _exit_after_help("quest-eval", EVAL_USAGE, None, "eval")
+    from quest.config.overrides import exit_on_bad_overrides
     from quest.evaluation import register_eval_configs, rewrite_model_override
     from quest.evaluation.config import eval_config_schema
-    from quest.overrides import exit_on_bad_overrides
 
     register_eval_configs()
     # model=<any timm name> as well as model=<configs/model option>; attention=<package.module:Class>
@@ -220,8 +220,8 @@ def _toy(cfg: DictConfig) -> None:
     import logging
     import time
 
-    from quest.engine.logger import start_log_file, stop_log_file
-    from quest.io import write_text_atomic
+    from quest.run.outputs import start_log_file, stop_log_file
+    from quest.store.files import write_text_atomic
     from quest.toy.outcomes import summary_table
     from quest.toy.study import check_study, run_study
 
@@ -254,7 +254,7 @@ def _toy(cfg: DictConfig) -> None:
 
 def toy() -> None:
     """``quest-toy [grid=full|quick] [attentions=[...]] [data.train_size=...]``: docs/experiments.md."""
-    from quest.overrides import exit_on_bad_overrides
+    from quest.config.overrides import exit_on_bad_overrides
     from quest.toy.config import ToyConfig, register_toy_config
 
     register_toy_config()
@@ -284,7 +284,7 @@ def plot() -> None:
 
 def export() -> None:
     """``quest-export RUN_DIR|CHECKPOINT --out DIR [--weights model|ema]``: docs/interop.md."""
-    from quest.engine.export import main
+    from quest.tools.export import main
 
     with reporting_errors(program_name("quest-export")):
         code = main()
@@ -294,7 +294,7 @@ def export() -> None:
 # --- data ----------------------------------------------------------------------------------------------------------
 def data() -> None:
     """``quest-data check ROOT``: docs/data.md."""
-    from quest.data.check import main
+    from quest.tools.data_check import main
 
     with reporting_errors(program_name("quest-data")):
         code = main()

@@ -8,7 +8,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from quest.config_store import register_configs
+from quest.config.hydra_store import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -51,7 +51,7 @@ def bf16_sdpa_unavailable() -> str | None:
 
 def flat_data_config(**changes: Any) -> dict[str, Any]:
     """A data config exactly as quest stored it in checkpoints before data sets were registered (commit 0b96722):
-    one flat node with every data set's keys (quest/schema.py's DataConfig of that time), here with its defaults,
+    one flat node with every data set's keys (quest/config/schema.py's DataConfig of that time), here with its defaults,
     then ``changes``."""
     stored = {
         "name": "???", "root": None, "batch_size": 64, "eval_batch_size": None, "num_workers": 0, "num_classes": 10,

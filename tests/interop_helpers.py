@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from quest.engine import fit
+from quest.train import fit
 from tests.helpers import compose_cfg
 
 CLASSES = ("cat", "dog", "eel")

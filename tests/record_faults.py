@@ -1,4 +1,4 @@
-"""Faults for a typed record (quest.records): for every field of a record class, and of the records nested in it,
+"""Faults for a typed record (quest.store.records): for every field of a record class, and of the records nested in it,
 values of the wrong type, values out of its declared range and, for a field that names a path, paths outside the
 file's folder, each with the dotted path of the field it goes in (its key in the file: ``val/top1``); for a record
 that types the values of keys it does not declare (``extra_values``), a wrong value under such a key. Tests of a file
@@ -19,14 +19,14 @@ UNDECLARED = "undeclared/key"
 
 
 def _accepts(hint: Any, value: Any) -> bool:
-    from quest.records import field_problem
+    from quest.store.records import field_problem
 
     return field_problem(value, hint) is None
 
 
 def faults(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted field path, a value that field must refuse) for every field of ``cls`` and its nested records."""
-    from quest.records import key_of
+    from quest.store.records import key_of
 
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -10,9 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from quest.engine import fit, load_checkpoint
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models import create_model
+from quest.run.checkpoint import load_checkpoint
+from quest.train import fit
 
 from .helpers import CONFIGS, FAST, compose_cfg
 from .reference import l2n
@@ -82,7 +83,7 @@ def test_trained_and_evaluated_by_config_alone(plugin, tmp_path):
 
 
 def test_an_import_path_that_is_not_an_attention_is_a_clear_error(plugin, tmp_path):
-    from quest.config_checks import ConfigError
+    from quest.config.checks import ConfigError
 
     for path, message in [("my_formulations:Missing", "'Missing' in my_formulations is not found"),
                           ("my_formulations:F", "is a module, not a QKAttention subclass"),

@@ -1,5 +1,5 @@
 """Every key of train.py's, eval.py's and the toy study's configs x a generated bad value (hypothesis): the value is
-refused before any work by a user error (quest/errors.py prints it as one line, no traceback) that names the key, or
+refused before any work by a user error (quest/runtime/errors.py prints it as one line, no traceback) that names the key, or
 it is accepted and then the run ends as a run does (completed, or a user error), never with a bug's traceback. The
 issue's examples (recipe.lr=-1, data.batch_size=0, ...) go through the real entry point in tests/test_error_path.py;
 this covers the keys nobody listed, in-process: the value is set on the composed config as Hydra would, then
@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from quest.engine import fit
-from quest.engine.checks import check_train_config
-from quest.errors import is_user_error
 from quest.evaluation.checks import check_eval_config
 from quest.evaluation.config import register_eval_configs
 from quest.evaluation.registry import EVALUATIONS
+from quest.runtime.errors import is_user_error
 from quest.toy.checks import check_toy_config
 from quest.toy.config import register_toy_config
+from quest.train import fit
+from quest.train.checks import check_train_config
 
 from .helpers import CONFIGS, FAST, compose_cfg, eval_cfg
 
@@ -147,7 +147,7 @@ _COPIES = itertools.count()  # a new output folder per example: an earlier examp
 def test_a_bad_data_tool_argument_is_one_error_line_or_the_copy_is_made(tmp_path, capsys, option, value):
     """The data tool's arguments, as the config keys above: refused as `quest-data ...: error: ...` with exit 2 (for
     argparse, after its usage line), or the copy is made; never a traceback, and never a fork per typo'd worker."""
-    from quest.data.check import main as quest_data
+    from quest.tools.data_check import main as quest_data
 
     from .interop_helpers import make_image_folder
 

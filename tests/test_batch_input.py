@@ -1,5 +1,5 @@
-"""The device's share of data.pipeline=split and device as whole-batch work (quest/data/batch_input.py,
-quest.data.device_augment): the operators one batch dispatches, counted at the dispatcher on the CPU (what each
+"""The device's share of data.pipeline=split and device as whole-batch work (quest/data/pipelines/batch_input.py,
+quest.data.pipelines.device_augment): the operators one batch dispatches, counted at the dispatcher on the CPU (what each
 would launch on a GPU), do not grow with the batch size, so no Python loop runs over the images of a batch; the
 batched crop gives each image what cropping it alone gives, whatever the other images' sizes."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from bench.dispatch_proxy import DispatchCost
-from quest.data import tensor_input
-from quest.data.batch_input import crop_boxes, resized_crop_batch
-from quest.data.tensor_input import CropFlip, DeviceFinish, decode_batch
+from quest.data.pipelines import tensor_input
+from quest.data.pipelines.batch_input import crop_boxes, resized_crop_batch
+from quest.data.pipelines.tensor_input import CropFlip, DeviceFinish, decode_batch
 
 from .test_prefetch import FakeCuda
 
@@ -68,7 +68,7 @@ def test_the_operators_one_batch_dispatches_do_not_grow_with_the_batch():
 
 def test_jpegs_decode_in_one_call_on_cuda_and_the_rest_one_by_one(monkeypatch):
     """On CUDA every JPEG of the batch goes to torchvision's decode_jpeg as one list (one nvJPEG call), in the
-    batch's order; an image nvJPEG refuses sends each image its own way (quest.data.tensor_input.decode_rgb)."""
+    batch's order; an image nvJPEG refuses sends each image its own way (quest.data.pipelines.tensor_input.decode_rgb)."""
     calls = []
 
     def fake_decode_jpeg(images, mode, device):

@@ -300,7 +300,7 @@ def test_the_loop_row_counts_a_host_read_added_to_every_step(monkeypatch):
     """The bf16 loop row on the CPU's counter: quest's steps read nothing between log intervals; a read added to
     every optimizer step is counted in each of the 18 steps that log nothing, and fails the row."""
     from bench.gpu_loop import LOOP_STEPS, sync_row
-    from quest.engine.trainer import Run
+    from quest.train.trainer import Run
 
     clean = sync_row(torch.device("cpu"), "bf16_adamw")
     assert clean["ok"] and clean["steps"] == LOOP_STEPS and clean["syncs"]["in_steps_between_logs"] == 0, clean

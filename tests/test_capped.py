@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from quest.data.capped import CAPPED_INFO, cap_folder, cap_image, cap_shards, read_capped
-from quest.data.check import main as quest_data
+from quest.store.tool_records import CAPPED_INFO, read_capped
+from quest.tools.capped import cap_folder, cap_image, cap_shards
+from quest.tools.data_check import main as quest_data
 
 
 def _photo(width: int, height: int, seed: int) -> Image.Image:
@@ -101,9 +102,9 @@ def test_the_cli_reports_and_refuses_with_exit_codes(tmp_path, capsys):
 
 
 def test_shards_are_capped_under_the_same_names_and_read_back(tmp_path):
-    from quest.data.make_shards import convert_image_folder
     from quest.data.shard_index import resolve_shards
     from quest.data.shards import WdsDataset
+    from quest.tools.make_shards import convert_image_folder
 
     convert_image_folder(_folder(tmp_path / "src"), tmp_path / "shards", [("train", "train"), ("val", "val")],
                          shard_size=3)
@@ -123,7 +124,7 @@ def test_shards_are_capped_under_the_same_names_and_read_back(tmp_path):
 
 
 def test_a_run_on_a_capped_copy_says_so(tmp_path):
-    from quest.engine import fit
+    from quest.train import fit
 
     from .helpers import compose_cfg
 

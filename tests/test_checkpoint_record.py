@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from quest.engine import fit, load_checkpoint
-from quest.engine.checkpoint import CheckpointRecord, CheckpointRecordError, load_record, save_checkpoint
-from quest.engine.checkpoint_record import SUPPORTED_VERSIONS, VERSION
 from quest.evaluation import register_eval_configs
 from quest.evaluation.target import load_target
-from quest.torch_files import FORMAT
+from quest.run.checkpoint import CheckpointRecord, CheckpointRecordError, load_checkpoint, load_record, save_checkpoint
+from quest.run.checkpoint_record import SUPPORTED_VERSIONS, VERSION
+from quest.store.torch_files import FORMAT
+from quest.train import fit
 
 from .helpers import compose_cfg, eval_cfg
 from .record_faults import faults, planted

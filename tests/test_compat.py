@@ -1,4 +1,4 @@
-"""quest.compat: every older format, written out as an older quest wrote it, upgrades to exactly today's shape; the
+"""quest.store.compat: every older format, written out as an older quest wrote it, upgrades to exactly today's shape; the
 real reader accepts it through the upgrade and behaves as with today's format; today's format passes unchanged."""
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from quest.compat import (
+from quest.data.registry import data_set_keys
+from quest.evaluation.directory import EvalDirectory, EvalDirectoryError
+from quest.run.checkpoint import CheckpointRecord, CheckpointRecordError, load_record
+from quest.run.directory import RunDirectory, check_resume, config_differences
+from quest.run.plan import Plan, _plan_metrics
+from quest.store.compat import (
     FLAT_DATA_KEYS,
     checkpoint_metrics_text,
     upgrade_checkpoint,
@@ -26,12 +31,7 @@ from quest.compat import (
     upgrade_run_config,
     upgrade_run_config_recipe_values,
 )
-from quest.data.registry import data_set_keys
-from quest.engine.checkpoint import CheckpointRecord, CheckpointRecordError, load_record
-from quest.engine.run_dir import RunDirectory, check_resume, config_differences
-from quest.engine.run_state import Plan, _plan_metrics
-from quest.evaluation.directory import EvalDirectory, EvalDirectoryError
-from quest.torch_files import FORMAT
+from quest.store.torch_files import FORMAT
 
 from .helpers import compose_cfg, flat_data_config
 

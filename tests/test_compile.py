@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quest.config_checks import ConfigError
-from quest.engine.builders import ModelLoss, train_module
-from quest.engine.checks import check_compile_mode, check_train_config
-from quest.engine.distributed import DistContext
-from quest.engine.trainer import Run
+from quest.config.checks import ConfigError
+from quest.runtime.distributed import DistContext
+from quest.train.builders import ModelLoss, train_module
+from quest.train.checks import check_compile_mode, check_train_config
+from quest.train.trainer import Run
 
 from .helpers import FAST, compose_cfg
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quest.engine.checks import ConfigError, check_compile_mode, check_train_config
-from quest.engine.distributed import DistContext
+from quest.runtime.distributed import DistContext
+from quest.train.checks import ConfigError, check_compile_mode, check_train_config
 
 from .helpers import FAST, compose_cfg
 

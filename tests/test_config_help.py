@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from quest import cli
-from quest.config_help import field_doc, key_docs
+from quest.config.help import field_doc, key_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_GROUPS = ["model", "attention", "data", "recipe", "trainer", "logger", "diagnostics", "experiment"]
@@ -24,8 +24,8 @@ NOT_EVAL_GROUPS = ["trainer", "recipe", "diagnostics", "experiment"]
 
 
 def _schemas():
+    from quest.config.schema import TrainConfig
     from quest.evaluation.config import eval_config_schema
-    from quest.schema import TrainConfig
 
     return {"train": TrainConfig, "eval": eval_config_schema()}
 
@@ -234,7 +234,7 @@ def test_import_quest_registers_with_timm_without_an_import_hook(tmp_path):
         "timm first": "import sys, timm, quest" + no_hook,
         "quest.attention": "import sys, quest.attention" + no_hook,
         "quest.models": "import sys, quest.models" + no_hook,
-        "quest.engine": "import sys, quest.engine" + no_hook,
+        "quest.train": "import sys, quest.train" + no_hook,
         "a command builds a model": "import sys, quest_cli, quest\nassert 'timm' not in sys.modules\n"
                                     "import quest.models" + no_hook,
     }
@@ -248,7 +248,7 @@ def test_import_quest_registers_with_timm_without_an_import_hook(tmp_path):
     preload = "import sys, torch, torchvision, huggingface_hub, safetensors.torch, sympy\n"
     if importlib.util.find_spec("wandb"):  # timm imports it when installed (quest[wandb])
         preload += "import wandb\n"
-    steps = [("case", "no torch", "import sys, quest_cli, quest, quest.cli, quest.config_help\n"
+    steps = [("case", "no torch", "import sys, quest_cli, quest, quest.cli, quest.config.help\n"
                                   "assert 'torch' not in sys.modules, 'a command imported torch before its model'"),
              ("import", "", preload + "assert not {'timm', 'quest'} & set(sys.modules), sorted(sys.modules)")]
     steps += [("case", name, head + tail) for name, head in checks.items()]

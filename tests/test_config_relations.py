@@ -1,4 +1,4 @@
-"""Values valid one by one, checked together (quest/engine/checks.py _relations; docs/training.md, "Values checked
+"""Values valid one by one, checked together (quest/train/checks.py _relations; docs/training.md, "Values checked
 together"): refused before any work where no user means them, warned once and recorded where one may."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from quest.engine import fit
-from quest.engine.checks import ConfigError, check_train_config
+from quest.train import fit
+from quest.train.checks import ConfigError, check_train_config
 
 from .helpers import FAST, compose_cfg
 
@@ -52,7 +52,7 @@ def test_a_warm_up_that_ends_in_time_is_not_warned(tmp_path, caplog):
 
 def test_an_ema_with_fsdp_is_refused_with_the_config_before_any_work():
     """It used to be refused by the builders, after the model and the loaders were built."""
-    from quest.engine.checks import check_train_config
+    from quest.train.checks import check_train_config
 
     with pytest.raises(ValueError, match=r"recipe\.ema must be false with trainer\.strategy=fsdp"):
         check_train_config(compose_cfg(*FAST, "trainer.strategy=fsdp", "recipe.ema=true"))

@@ -6,8 +6,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
 
-from quest.engine.builders import resolve_img_size, resolve_lr
-from quest.schema import TrainerConfig, model_size
+from quest.config.schema import TrainerConfig, model_size
+from quest.train.builders import resolve_img_size, resolve_lr
 
 from .helpers import CONFIGS, compose_cfg
 
@@ -116,7 +116,7 @@ def test_misspelt_key_is_named():
 
 
 def test_unknown_attention_name_through_the_config_lists_registered_names():
-    from quest.engine.builders import build_model
+    from quest.train.builders import build_model
 
     cfg = compose_cfg("attention.name=flash_quest")
     with pytest.raises(ValueError, match=r"unknown attention 'flash_quest'; registered attentions: .*quest.*standard"):

@@ -19,13 +19,13 @@ def _quest_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """``quest-data`` (quest.cli:data) as a command: exit status, stdout and stderr (the progress bar) of a process
     of its own, forked from the warm zygote; its worker processes fork that process, not pytest's."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    return run_app("quest.data.check", *args, cwd=tmp_path, env=env, timeout=300)
+    return run_app("quest.tools.data_check", *args, cwd=tmp_path, env=env, timeout=300)
 
 
 def test_the_warm_app_is_the_console_script():
     """What _quest_data runs is what pyproject.toml installs as quest-data."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["quest-data"] == ":".join(APPS["quest.data.check"]) == "quest_cli:data"
+    assert scripts["quest-data"] == ":".join(APPS["quest.tools.data_check"]) == "quest_cli:data"
 
 
 def _folder(root: Path, splits=("train", "val")) -> Path:

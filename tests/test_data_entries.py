@@ -21,11 +21,11 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from quest.data.check import check_root
 from quest.data.entries import LayoutError
 from quest.data.folder import SafeImageFolder
 from quest.data.preflight import check_image_folder_files, folder_files
 from quest.evaluation.imagenet_data import imagenet_wnids, real_files, v2_samples, wnid_samples
+from quest.tools.data_check import check_root
 
 IMAGES_PER_CLASS = 2
 
@@ -65,7 +65,7 @@ def _check(split: Path, tmp: Path) -> dict[str, int]:
 
 
 def _make_shards(split: Path, tmp: Path) -> dict[str, int]:
-    from quest.data.make_shards import convert_image_folder
+    from quest.tools.make_shards import convert_image_folder
 
     out = tmp / "shards"
     try:
@@ -82,7 +82,7 @@ def _make_shards(split: Path, tmp: Path) -> dict[str, int]:
 
 
 def _cap(split: Path, tmp: Path) -> dict[str, int]:
-    from quest.data.capped import cap_folder
+    from quest.tools.capped import cap_folder
 
     dst = tmp / "capped"
     try:
@@ -244,8 +244,8 @@ def test_quest_data_check_of_a_folder_that_is_not_a_data_set_says_so_before_walk
 
 @pytest.mark.parametrize("kind", ["a linked duplicate class", "a class of files and no image"])
 def test_a_training_start_refuses_the_layout_in_its_checks_before_any_work(tmp_path, kind):
-    """The start's checks (quest.engine.checks, which list directories only) name the bad class folder."""
-    from quest.engine.checks import check_train_config
+    """The start's checks (quest.train.checks, which list directories only) name the bad class folder."""
+    from quest.train.checks import check_train_config
 
     from .helpers import compose_cfg
 

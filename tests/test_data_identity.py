@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from quest.config_checks import ConfigError
+from quest.config.checks import ConfigError
 from quest.data.folder import SafeImageFolder
-from quest.engine.checkpoint_record import DataFingerprint
-from quest.engine.run_dir import check_data, data_fingerprint, data_record
-from quest.records import RecordError, check_fields
 from quest.report import RunResult
 from quest.report.runs import flatten
 from quest.report.settings import DATA_SET, setting
+from quest.run.checkpoint_record import DataFingerprint
+from quest.run.directory import check_data, data_fingerprint, data_record
+from quest.store.records import RecordError, check_fields
 
 
 def _folder(root: Path, names: dict[str, dict[str, int]]) -> Path:

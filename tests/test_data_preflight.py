@@ -12,7 +12,7 @@ from PIL import Image
 
 from quest.data.folder import CorruptImageError
 from quest.data.preflight import check_image_folder_files
-from quest.engine import fit
+from quest.train import fit
 from tests.helpers import compose_cfg
 
 

@@ -20,12 +20,12 @@ from omegaconf import OmegaConf
 from torchvision.datasets import FakeData
 
 from quest.data import DataConfig, build_dataset, get_dataset, list_datasets
-from quest.data.digits_canvas import DigitsCanvasDataset
 from quest.data.registry import FLAT_KEYS, register_data_configs, unregister_dataset, upgrade_data_config
+from quest.data.sets.digits_canvas import DigitsCanvasDataset
 from quest.data.shard_index import resolve_shards
 from quest.data.shards import WdsDataset
-from quest.engine.checks import ConfigError, check_train_config
-from quest.engine.run_dir import check_resume, config_differences
+from quest.run.directory import check_resume, config_differences
+from quest.train.checks import ConfigError, check_train_config
 
 from .helpers import CONFIGS, ROOT, compose_cfg, flat_data_config
 from .test_data_shards import TRAIN_LENGTHS, VAL_LENGTHS, write_shards
@@ -222,7 +222,7 @@ def test_the_documented_command_trains_two_steps_and_refuses_a_typo(example):
 
 @pytest.mark.parametrize("name", list_datasets())
 def test_every_own_key_of_a_data_set_is_described_by_help(name):
-    from quest.config_help import app_help, data_set_keys
+    from quest.config.help import app_help, data_set_keys
 
     settings = get_dataset(name).settings
     docs = list(data_set_keys(settings))
@@ -236,9 +236,9 @@ def test_every_own_key_of_a_data_set_is_described_by_help(name):
 
 def test_the_command_line_check_reads_data_keys_by_the_chosen_or_default_data_set():
     from quest.cli import config_root
-    from quest.config_store import register_configs
-    from quest.overrides import app_groups, default_options, override_problems
-    from quest.schema import TrainConfig
+    from quest.config.hydra_store import register_configs
+    from quest.config.overrides import app_groups, default_options, override_problems
+    from quest.config.schema import TrainConfig
 
     register_configs()
     groups, defaults = app_groups(config_root(), "train"), default_options(config_root(), "train")
@@ -260,7 +260,8 @@ def test_the_command_line_check_reads_data_keys_by_the_chosen_or_default_data_se
 def test_a_run_whose_checkpoint_stores_the_flat_data_config_resumes_exactly(tmp_path):
     """A run stopped by the earlier quest (its last.pt and run.json hold the flat data node: every data set's keys)
     resumes under the registered data sets and ends with the weights of a run never stopped."""
-    from quest.engine import fit, load_checkpoint
+    from quest.run.checkpoint import load_checkpoint
+    from quest.train import fit
 
     from .helpers import FAST
 

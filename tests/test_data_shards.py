@@ -14,11 +14,12 @@ from PIL import Image
 from torchvision.transforms import Compose, PILToTensor, RandomResizedCrop
 
 from quest.data import CorruptImageError, collate_skipping_bad
-from quest.data.make_shards import main
 from quest.data.shard_index import ShardError, count_samples, expand_braces, resolve_shards
 from quest.data.shards import WdsDataset, build_shards, shard_loaders
-from quest.engine import fit, load_checkpoint
-from quest.engine.checks import ConfigError, check_train_config
+from quest.run.checkpoint import load_checkpoint
+from quest.tools.make_shards import main
+from quest.train import fit
+from quest.train.checks import ConfigError, check_train_config
 
 from .helpers import compose_cfg
 
@@ -351,8 +352,8 @@ def test_training_on_shards_resumes_exactly(shards, tmp_path, stop_at):
 def test_two_process_training_on_shards_resumes_exactly_and_validates_every_sample_once(shards, tmp_path):
     from quest.data import build_transforms
     from quest.data.shards import WdsLoader
-    from quest.engine.builders import build_model
-    from quest.engine.validation_pass import evaluate
+    from quest.train.builders import build_model
+    from quest.train.validation import evaluate
 
     from .test_distributed import _run
 

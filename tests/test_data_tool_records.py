@@ -1,4 +1,4 @@
-"""What the data tools read back (quest/data/tool_records.py): ``_ledger.jsonl``, a shard folder's ``_info.json``, a
+"""What the data tools read back (quest/store/tool_records.py): ``_ledger.jsonl``, a shard folder's ``_info.json``, a
 capped copy's ``_capped.json`` and the pre-flight's cache. For every kind, every field set to a value of the wrong
 type, one out of its range, and every path it names set outside its folder: the reader refuses it naming the file
 and the field, before acting on it (the pre-flight's cache, only a shortcut, is not believed: the folder is checked
@@ -13,13 +13,22 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from quest.data.capped import CAPPED_INFO, cap_folder, read_capped
-from quest.data.check import check_root
-from quest.data.ledger import LEDGER_NAME, Ledger
 from quest.data.preflight import _cache_paths, check_image_folder_files
 from quest.data.shard_index import ShardError, load_info
-from quest.data.tool_records import CappedManifest, InfoSplit, LedgerHeader, LedgerLine, PreflightCache, ShardInfo
-from quest.records import RecordError
+from quest.store.ledger import LEDGER_NAME, Ledger
+from quest.store.records import RecordError
+from quest.store.tool_records import (
+    CAPPED_INFO,
+    CappedManifest,
+    InfoSplit,
+    LedgerHeader,
+    LedgerLine,
+    PreflightCache,
+    ShardInfo,
+    read_capped,
+)
+from quest.tools.capped import cap_folder
+from quest.tools.data_check import check_root
 
 from .record_faults import faults, planted
 

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from quest.data.capped import cap_folder, cap_shards, read_capped
-from quest.data.check import check_root
-from quest.data.ledger import LEDGER_NAME
-from quest.data.make_shards import convert_image_folder
 from quest.data.shard_index import ShardError, resolve_shards
+from quest.store.ledger import LEDGER_NAME
+from quest.store.tool_records import read_capped
+from quest.tools.capped import cap_folder, cap_shards
+from quest.tools.data_check import check_root
+from quest.tools.make_shards import convert_image_folder
 
 CAP = 32  # the short side kept: a 48 x 40 image is resized, a 20 x 16 one copied byte for byte
 CHANGES = ("none", "modify", "add", "delete", "unreadable", "grow", "drop class")
@@ -175,7 +176,7 @@ def test_capping_a_folder_again_after_any_interruption_and_any_change_equals_a_f
 
 def _stop_writes(monkeypatch, module, n: int | None) -> None:
     """Stop the n+1-th output write of ``module`` (make_shards writes in its own process, with no progress hook)."""
-    from quest import io
+    from quest.store import files as io
 
     calls = itertools.count()
 
@@ -194,7 +195,7 @@ def _convert(src: Path, out: Path) -> Path:
 @pytest.mark.parametrize("change", CHANGES)
 def test_converting_to_shards_again_after_any_interruption_and_any_change_equals_a_fresh_conversion(
         tmp_path, monkeypatch, change):
-    import quest.data.make_shards as make_shards
+    import quest.tools.make_shards as make_shards
 
     base = _source(tmp_path / "base")
     for k, (stop, fault) in enumerate(_states(4)):  # train: 3 shards of 2, 2 and 1 images; val: 1 shard

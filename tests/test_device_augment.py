@@ -1,4 +1,4 @@
-"""quest.data.device_augment against timm's RandAugment: the pixels of each op for fixed levels against timm's own
+"""quest.data.pipelines.device_augment against timm's RandAugment: the pixels of each op for fixed levels against timm's own
 PIL op functions, the draws' distributions against timm's sampler (two-sample tests, with negative controls that must
 be rejected), determinism under torch's global seed, and the refusals."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 from scipy.stats import chi2_contingency, ks_2samp
 
-import quest.data.transforms  # noqa: F401  (timm's posterize as Pillow < 13 has it: bits <= 0 gives black)
-from quest.data.device_augment import _MATRICES, _PIXEL_OPS, DeviceRandAugment, Draws, _affine
+import quest.data.pipelines.transforms  # noqa: F401  (timm's posterize as Pillow < 13 has it: bits <= 0 gives black)
+from quest.data.pipelines.device_augment import _MATRICES, _PIXEL_OPS, DeviceRandAugment, Draws, _affine
 
 MEAN = (0.485, 0.456, 0.406)
 FILL = tuple(min(255, round(255 * v)) for v in MEAN)  # the img_mean timm's create_transform passes
@@ -93,7 +93,7 @@ def test_batch_with_per_sample_levels_equals_one_at_a_time():
 def test_level_functions_equal_timms_for_both_signs(config, monkeypatch):
     """For fixed magnitudes and each sign, the vectorised level function equals timm's own (its int() truncations,
     clamps and the random sign) -- timm's sign comes from random.random() > 0.5, patched here."""
-    from quest.data import device_augment as da
+    from quest.data.pipelines import device_augment as da
     augment = DeviceRandAugment(config, 224, MEAN)
     magnitudes = torch.linspace(0, 15, 61, dtype=torch.float64)
     for negate in (False, True):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quest.engine import load_checkpoint
+from quest.run.checkpoint import load_checkpoint
 
 from .helpers import ROOT
 from .warm import run_app
@@ -45,7 +45,7 @@ def _free_port() -> int:
 def _run(args: list[str], cwd: Path, nproc: int = 1, check: bool = True) -> list[subprocess.CompletedProcess]:
     """``train.py *args`` as ``nproc`` ranks, each forked from the warm zygote (tests/warm.py) with the environment
     torchrun gives its workers: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all that
-    quest.engine.distributed reads. What these runs prove (the arithmetic of 2 ranks, exact resumes) does not depend
+    quest.runtime.distributed reads. What these runs prove (the arithmetic of 2 ranks, exact resumes) does not depend
     on who set those variables, and a fork starts in milliseconds where torchrun's three interpreters spent ~10 s of
     imports per run. The launcher itself is proven by the one-collective test at the end, a training under torchrun.
     One thread each, said explicitly: the zygote read OMP_NUM_THREADS when it imported torch, not this run."""
@@ -162,7 +162,7 @@ import atexit, json, os, sys
 sys.path.insert(0, {root!r})
 import torch
 import torch.distributed as dist
-from quest.engine.trainer import Run
+from quest.train.trainer import Run
 
 windows, on = [], [False]
 

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from quest.engine import EXIT_DIVERGED, load_checkpoint
+from quest.run.checkpoint import load_checkpoint
+from quest.train import EXIT_DIVERGED
 
 from .test_distributed import DETERMINISTIC, _run
 

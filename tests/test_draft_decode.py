@@ -1,4 +1,4 @@
-"""data.draft_decode (quest/data/draft.py; docs/data.md, "Decoding at reduced size"): the crop draws are today's,
+"""data.draft_decode (quest/data/pipelines/draft.py; docs/data.md, "Decoding at reduced size"): the crop draws are today's,
 an unreduced crop is today's pixels exactly, a reduced one differs from a full decode by a measured tolerance, the
 chosen reduction never leaves the crop smaller than the output, a PNG is decoded as today, and the setting is refused
 where it cannot apply."""
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from PIL import Image
 from timm.data.transforms import RandomResizedCropAndInterpolation
 
-from quest.config_checks import ConfigError
+from quest.config.checks import ConfigError
 from quest.data import CorruptImageError, SafeImageFolder
-from quest.data.draft import DraftResizedCrop, draft_scale, open_undecoded, reduction
-from quest.data.train_input import build_train_input
-from quest.engine.checks import check_train_config
+from quest.data.pipelines.draft import DraftResizedCrop, draft_scale, open_undecoded, reduction
+from quest.data.pipelines.train_input import build_train_input
+from quest.train.checks import check_train_config
 
 from .helpers import compose_cfg
 
@@ -197,7 +197,7 @@ def test_the_setting_passes_the_checks_with_image_files_where_the_workers_decode
 
 
 def test_a_run_with_the_setting_trains_and_records_it(tmp_path: Path):
-    from quest.engine import fit
+    from quest.train import fit
 
     from .test_train_input import FOLDER, _folder
 
@@ -214,7 +214,7 @@ def test_the_setting_names_the_run_is_kept_on_resume_and_is_left_out_of_evaluati
     from omegaconf import OmegaConf
 
     from quest.data.config import DataConfig, training_only_keys
-    from quest.engine.run_dir import check_resume
+    from quest.run.directory import check_resume
 
     from .test_runs import _run_dir_name
 

@@ -1,6 +1,6 @@
 """The training engine's ownership rules (docs/training.md, "Who owns what"), checked on the source so that a change
-that breaks them fails here instead of in review: the run's counters change only inside quest/engine/progress.py,
-and Run (quest/engine/trainer.py) neither logs nor saves, so nothing below the loop calls back up into it."""
+that breaks them fails here instead of in review: the run's counters change only inside quest/run/train_state.py,
+and Run (quest/train/trainer.py) neither logs nor saves, so nothing below the loop calls back up into it."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quest.engine.progress import TrainState
+from quest.run.train_state import TrainState
 
 QUEST = Path(__file__).resolve().parents[1] / "quest"
 FIELDS = {f.name for f in fields(TrainState)}
@@ -52,7 +52,7 @@ def test_only_progress_changes_the_run_counters():
     offenders = [f"{path.relative_to(QUEST.parent)}:{line}: {what}"
                  for path in sorted(QUEST.rglob("*.py")) if path.name != "progress.py"
                  for line, what in _writes(ast.parse(path.read_text()))]
-    assert offenders == [], "change TrainState through its methods (quest/engine/progress.py): " + "; ".join(offenders)
+    assert offenders == [], "change TrainState through its methods (quest/run/train_state.py): " + "; ".join(offenders)
 
 
 def test_run_neither_logs_nor_saves():

@@ -1,4 +1,4 @@
-"""One error path (quest/errors.py): every mistake a user can make reaches them as one line `<program>: error: ...`
+"""One error path (quest/runtime/errors.py): every mistake a user can make reaches them as one line `<program>: error: ...`
 with exit code 1, never a traceback, also when the refusal comes from inside the run; a refused command leaves the
 directory it ran in as it was (no run directory, no lock file); a bug of quest keeps its traceback and says so."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quest.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
-from quest.io import lock_file
+from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
+from quest.store.files import lock_file
 
 from .helpers import FAST
 from .interop_helpers import make_image_folder
@@ -145,11 +145,11 @@ def test_under_torchrun_an_error_every_rank_finds_is_printed_by_rank_0_alone(joi
     config): rank 0 says the error, the others exit with the same code silently. After, an error marked every_rank
     (a broadcast decision, a check over every rank's data) the same; any other may be the process's own (its node's
     files): each rank that finds it says it, naming itself."""
-    import quest.errors
-    from quest.errors import every_rank
+    import quest.runtime.errors
+    from quest.runtime.errors import every_rank
 
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setattr(quest.errors, "_joined", joined)
+    monkeypatch.setattr(quest.runtime.errors, "_joined", joined)
     said = {}
     for rank in (0, 1, 2):
         _as_rank(monkeypatch, rank, world=3)
@@ -185,9 +185,9 @@ def test_too_little_memory_for_the_config_is_the_users_one_line_with_the_size(ca
 
 
 @pytest.mark.parametrize("tool, argv", [
-    ("quest.data.check", ["cap", "{missing}", "{tmp}/out", "--short-side", "64", "--no-progress"]),
-    ("quest.data.check", ["check", "{missing}", "--no-progress"]),
-    ("quest.engine.export", ["{missing}", "--out", "{tmp}/out"]),
+    ("quest.tools.data_check", ["cap", "{missing}", "{tmp}/out", "--short-side", "64", "--no-progress"]),
+    ("quest.tools.data_check", ["check", "{missing}", "--no-progress"]),
+    ("quest.tools.export", ["{missing}", "--out", "{tmp}/out"]),
     ("quest.report.__main__", ["{missing}"]),
     ("quest.report.plot", ["diagnostics", "{missing}", "--out", "{tmp}/out.png"]),
 ])
@@ -207,7 +207,7 @@ def test_a_tool_refusing_its_input_prints_one_error_line_and_exits_2(tmp_path, c
 
 @pytest.mark.parametrize("argv0, expected", [
     ("train.py", "train.py"), ("/usr/bin/quest-eval", "quest-eval"),
-    (str(Path(__file__).parents[1] / "quest" / "data" / "check.py"), "python -m quest.data.check"),
+    (str(Path(__file__).parents[1] / "quest" / "data" / "check.py"), "python -m quest.tools.data_check"),
     (str(Path(__file__).parents[1] / "quest" / "toy" / "__main__.py"), "python -m quest.toy"),
     # another program under the same tree (a venv inside the checkout): not a quest module
     (str(Path(__file__).parents[1] / ".venv" / "lib" / "pytest" / "__main__.py"), "fallback"),

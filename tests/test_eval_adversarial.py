@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchvision import transforms as T
 
-from quest.data.digits import DigitsDataset
+from quest.data.sets.digits import DigitsDataset
 from quest.evaluation import attacks as A
 from quest.evaluation.adversarial_protocol import score_precision_used, scoring_text
 from quest.evaluation.attack_space import AttackSpace
@@ -329,7 +329,7 @@ def test_adversarial_paper_scores_under_fp16_autocast_on_cuda():
     around the forward), written out here. The one setting that differs from the authors' protocol (the subset
     aside, which it does not list) is the eps chosen here, 0, so that the attacked score is the clean one: the
     protocol says so, and says nothing of the precision."""
-    from quest.engine.distributed import DistContext
+    from quest.runtime.distributed import DistContext
 
     cuda = torch.device("cuda", 0)
     model = linear_digits_model().to(cuda)

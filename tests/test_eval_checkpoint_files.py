@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from quest.engine import fit, load_checkpoint
 from quest.evaluation import run_evaluation
-from quest.torch_files import inspect_torch_file
+from quest.run.checkpoint import load_checkpoint
+from quest.store.torch_files import inspect_torch_file
+from quest.train import fit
 
 from .helpers import FAST, compose_cfg
 from .test_eval_cli import eval_cfg

@@ -11,8 +11,9 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from quest.engine import fit, load_checkpoint
 from quest.evaluation import register_eval_configs, rewrite_model_override, run_evaluation
+from quest.run.checkpoint import load_checkpoint
+from quest.train import fit
 
 from .helpers import CONFIGS, ROOT, compose_cfg, eval_cfg
 from .warm import run_app
@@ -198,8 +199,8 @@ def test_missing_root_names_the_path_and_the_layout(tmp_path, suite, key, layout
 def test_a_sharded_data_set_is_refused_with_the_way_out():
     from torch.utils.data import IterableDataset
 
-    from quest.engine.distributed import DistContext
     from quest.evaluation.context import EvalRun, make_loader
+    from quest.runtime.distributed import DistContext
 
     class Stream(IterableDataset):
         def __iter__(self):

@@ -9,7 +9,7 @@ import typing
 import pytest
 
 import quest.evaluation.runner as runner
-from quest.config_checks import ConfigError
+from quest.config.checks import ConfigError
 from quest.evaluation import run_evaluation
 from quest.evaluation.checks import check_eval_config
 from quest.evaluation.config import EvalConfig
@@ -165,7 +165,7 @@ def test_a_bad_value_is_named_with_what_is_allowed(tmp_path, override, key, valu
         run_evaluation(eval_cfg(*BASE, "eval=digits_robustness", override), tmp_path)
     line = _line_of(str(info.value), key)
     assert f"must be {allowed}" in line
-    assert f"{key}={value}" in line or line.endswith(f"got {value}")  # quest.config_checks.Checks's two layouts
+    assert f"{key}={value}" in line or line.endswith(f"got {value}")  # quest.config.checks.Checks's two layouts
     assert len(str(info.value).splitlines()) == 2  # the header and this one problem: the defaults are all valid
 
 

@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from quest.engine import fit, load_checkpoint, save_checkpoint
 from quest.evaluation import register_eval_configs, run_evaluation, unregister_evaluation
 from quest.evaluation.directory import (
     NOT_NUMBERS,
@@ -29,6 +28,8 @@ from quest.evaluation.directory import (
     fingerprint,
     fingerprint_key,
 )
+from quest.run.checkpoint import load_checkpoint, save_checkpoint
+from quest.train import fit
 
 from .helpers import CONFIGS, compose_cfg, eval_cfg
 from .warm import _zygote, run_app
@@ -246,7 +247,7 @@ def test_a_kill_during_a_rerun_never_leaves_results_looking_complete(ckpt, tmp_p
 
     run = tmp_path / "report_run"  # quest.report leaves the interrupted evaluation out
     (run / "eval" / "clean").mkdir(parents=True)
-    # a copy: a link out of the run directory would be refused by the report (quest.io.inside_folder)
+    # a copy: a link out of the run directory would be refused by the report (quest.store.files.inside_folder)
     shutil.copytree(out, run / "eval" / "clean" / "last-model")
     from quest.report.runs import _eval_metrics
     assert _eval_metrics(run) == {}

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from quest.engine.distributed import DistContext, init_distributed
 from quest.evaluation.imagenet_data import subset_classes
 from quest.evaluation.runner import run_evaluations
+from quest.runtime.distributed import DistContext, init_distributed
 
 from .eval_helpers import PixelCodeModel, digits_target, linear_digits_model, oracle_target, settings, write_wnid_tree
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from quest.config_checks import ConfigError
-from quest.engine import fit
+from quest.config.checks import ConfigError
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.evaluation.imagenet_data import subset_classes
+from quest.train import fit
 
 from .eval_helpers import wnid, write_image
 from .helpers import compose_cfg, eval_cfg

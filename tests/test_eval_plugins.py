@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from quest.config_checks import ConfigError
+from quest.config.checks import ConfigError
 from quest.evaluation import (
     EVALUATIONS,
     eval_settings_schema,

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from quest.engine.distributed import DistContext
 from quest.evaluation.context import ordered_topk
 from quest.evaluation.progress import Progress, hms
 from quest.evaluation.runner import run_evaluations
 from quest.evaluation.suites.adversarial import adversarial
 from quest.evaluation.suites.classification import clean
 from quest.evaluation.suites.corruptions import corruptions
+from quest.runtime.distributed import DistContext
 
 from .eval_helpers import MEAN, STD, class_colour, digits_target, linear_digits_model, make_run, oracle_target, settings
 

@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from quest.engine import fit, load_checkpoint, save_checkpoint
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.evaluation.target import check_stored_code
+from quest.run.checkpoint import load_checkpoint, save_checkpoint
+from quest.train import fit
 
 from .helpers import ROOT, compose_cfg, eval_cfg
 from .warm import run_app

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from quest.data import DigitsCanvasDataset
-from quest.engine import fit
 from quest.evaluation import register_eval_configs, run_evaluation
+from quest.train import fit
 
 from .helpers import compose_cfg, eval_cfg
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from quest.engine.checkpoint import load_record
-from quest.engine.export import export_run
-from quest.engine.export import main as export_main
+from quest.run.checkpoint import load_record
+from quest.tools.export import export_run
+from quest.tools.export import main as export_main
 from tests.interop_helpers import make_image_folder, train_tiny_run
 
 

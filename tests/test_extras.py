@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from quest.evaluation import register_eval_configs, run_evaluation
-from quest.extras import MissingExtra, missing, require_all
+from quest.runtime.extras import MissingExtra, missing, require_all
 
 from .helpers import CONFIGS
 

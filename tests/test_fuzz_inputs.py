@@ -3,7 +3,7 @@ cut short, emptied, overwritten with random bytes, of the wrong JSON type, a dir
 unreadable, gives one error line naming the file and a documented exit code (1, or a tool's 2), or is read right or
 repaired (0); never exit 70 (a bug), never a traceback.
 
-The commands run in this process, inside the error path their console scripts use (quest.errors.reporting_errors),
+The commands run in this process, inside the error path their console scripts use (quest.runtime.errors.reporting_errors),
 on copies of one tiny run, its export and a few data folders."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Callable
 import pytest
 import torch
 
-from quest.errors import EXIT_BUG, reporting_errors
 from quest.evaluation import register_eval_configs, run_evaluation
+from quest.runtime.errors import EXIT_BUG, reporting_errors
 
 from .helpers import FAST, compose_cfg, eval_cfg
 from .interop_helpers import make_image_folder
@@ -60,10 +60,10 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Path]:
     """One finished tiny run (a step of vit_pico), its export, an image folder, a capped copy and shards of it."""
-    from quest.data.check import main as data_main
-    from quest.data.make_shards import main as shards_main
-    from quest.engine import fit
-    from quest.engine.export import export_run
+    from quest.tools.data_check import main as data_main
+    from quest.tools.export import export_run
+    from quest.tools.make_shards import main as shards_main
+    from quest.train import fit
 
     base = tmp_path_factory.mktemp("fuzz")
     fit(compose_cfg(*FAST, MAX_STEPS), base / "runs" / "run")
@@ -86,13 +86,13 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 
 def _train(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.engine import exit_code, fit
+    from quest.train import exit_code, fit
 
     return exit_code(fit(compose_cfg(*FAST, MAX_STEPS), copy))
 
 
 def _pretrained(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.engine import exit_code, fit
+    from quest.train import exit_code, fit
 
     return exit_code(fit(compose_cfg(*FAST, MAX_STEPS, f"model.pretrained=local-dir:{copy}"), out))
 
@@ -116,7 +116,7 @@ def _eval_weights(copy: Path, world: dict[str, Path], out: Path) -> int:
 
 
 def _export(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.engine.export import main
+    from quest.tools.export import main
 
     return main([str(copy), "--out", str(out)])
 
@@ -134,19 +134,19 @@ def _plot(copy: Path, world: dict[str, Path], out: Path) -> int:
 
 
 def _check(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.data.check import main
+    from quest.tools.data_check import main
 
     return main(["check", str(copy), "--no-progress", "--workers", "1"])
 
 
 def _cap(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.data.check import main
+    from quest.tools.data_check import main
 
     return main(["cap", str(world["images"]), str(copy), "--short-side", "16", "--no-progress", "--workers", "1"])
 
 
 def _shards(copy: Path, world: dict[str, Path], out: Path) -> int:
-    from quest.data.make_shards import main
+    from quest.tools.make_shards import main
 
     main(["convert", str(world["images"]), str(copy), "--shard-size", "4"])
     return 0
@@ -166,7 +166,7 @@ ENTRIES = [
     ("quest-data", "images", ["train/.quest-preflight.json"], _check),
     ("quest-data", "shards", ["_info.json"], _check),
     ("quest-data", "capped", ["_capped.json", "_ledger.jsonl"], _cap),
-    ("python -m quest.data.make_shards", "shards", ["_ledger.jsonl", "_info.json"], _shards),
+    ("python -m quest.tools.make_shards", "shards", ["_ledger.jsonl", "_info.json"], _shards),
 ]
 # a torch or safetensors file: its header, whole or cut, is not JSON; an empty one is refused where a cut one is
 BINARY_DAMAGES = ["truncated", "random bytes", "a directory", "unreadable"]
@@ -227,7 +227,7 @@ def test_a_summary_with_a_field_of_the_wrong_type_is_kept_aside_on_resume_naming
     field named, and written again by the resumed run."""
     import json
 
-    from quest.engine import fit
+    from quest.train import fit
 
     copy = Path(shutil.copytree(world["run"], tmp_path / "run"))
     summary = json.loads((copy / "summary.json").read_text())

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from bench.host_reads import HostReads
-from quest.engine import fit, load_checkpoint
-from quest.engine.distributed import DistContext
-from quest.engine.trainer import Diverged, Run
+from quest.run.checkpoint import load_checkpoint
+from quest.runtime.distributed import DistContext
+from quest.train import fit
+from quest.train.trainer import Diverged, Run
 
 from .helpers import FAST, compose_cfg
 
@@ -150,7 +151,7 @@ def test_under_ddp_the_stop_request_is_read_a_step_later_or_with_the_log(monkeyp
     step k is read at the end of step k + 1, without a device read; a logged step reads its own with the log."""
     import torch.distributed as dist
 
-    from quest.engine.guard import StepGuard
+    from quest.train.guard import StepGuard
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -192,7 +193,7 @@ def _host_resident(monkeypatch) -> list[torch.Tensor]:
     is no device synchronisation (on the CPU the copy is the tensor itself). The other tensors that live in host
     memory on every device: timm's Lamb's step count, a CPU tensor read with .item() each step. Held, not their ids:
     a freed tensor's id is given to a new one, whose read would then go uncounted."""
-    from quest.engine.guard import StepGuard
+    from quest.train.guard import StepGuard
 
     resident: list[torch.Tensor] = []
     send = StepGuard._send_stop
@@ -218,7 +219,7 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
     if processes == 2:
         request.getfixturevalue("one_rank_group")
         # the construction's check that every rank sees the same data gathers from the world size the context names
-        monkeypatch.setattr("quest.engine.builders.agree_on_sample_counts", lambda counts, ctx: None)
+        monkeypatch.setattr("quest.train.builders.agree_on_sample_counts", lambda counts, ctx: None)
     ctx = DistContext(rank=0, world_size=processes)
     cfg = compose_cfg(*FAST, *_RECIPES[recipe], f"trainer.precision={precision}", f"data.bad_images={bad_images}",
                       "data.batch_size=4", "data.fake_train_size=32")
@@ -245,7 +246,7 @@ def test_no_recipe_precision_or_strategy_reads_between_log_intervals(tmp_path, m
 def test_under_ddp_skipped_image_counts_wait_on_the_host_until_the_log(tmp_path, monkeypatch, one_rank_group):
     """DDP with data.bad_images=skip: the images a step drew reach the run's state (summed over the ranks: here the
     one real rank) at the logged step, not before; a save brings them in too (Run.sync_counts)."""
-    monkeypatch.setattr("quest.engine.builders.agree_on_sample_counts", lambda counts, ctx: None)
+    monkeypatch.setattr("quest.train.builders.agree_on_sample_counts", lambda counts, ctx: None)
     cfg = compose_cfg(*FAST, "data.bad_images=skip", "data.batch_size=4", "data.fake_train_size=64")
     run = Run(cfg, tmp_path, {}, DistContext(rank=0, world_size=2))
     steps = run.step_batches()

@@ -134,7 +134,7 @@ def test_nothing_below_the_console_scripts_imports_them():
     """quest.cli sits above the library (it wraps the entry points, as `python -m quest.<x>`'s __main__ modules do); a
     library module importing it would tie the library to Hydra's command line and to every app it wraps."""
     graph = import_graph(ROOT, "quest")
-    assert "quest.cli" in graph and "quest.config_files" in graph["quest.cli"]
+    assert "quest.cli" in graph and "quest.config.files" in graph["quest.cli"]
     assert sorted(m for m, deps in graph.items() if "quest.cli" in deps and m != "quest.cli"
                   and not m.endswith(".__main__")) == []
 

@@ -7,9 +7,9 @@ import pytest
 import timm
 import torch
 
-from quest.engine.export import export_run
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.evaluation.foreign import ClassOrder, class_order
+from quest.tools.export import export_run
 from tests.interop_helpers import CLASSES, make_image_folder, train_tiny_run
 from tests.test_eval_cli import eval_cfg
 

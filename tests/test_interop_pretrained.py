@@ -9,11 +9,11 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from quest.config_checks import ConfigError
-from quest.engine.checks import check_train_config
-from quest.engine.export import export_run
+from quest.config.checks import ConfigError
 from quest.models import create_model
 from quest.models.pretrained import load_pretrained_weights
+from quest.tools.export import export_run
+from quest.train.checks import check_train_config
 from tests.helpers import compose_cfg
 from tests.interop_helpers import make_image_folder, train_tiny_run
 
@@ -107,8 +107,8 @@ def test_the_config_check_names_a_bad_source_before_any_work(tmp_path):
 def test_weights_of_the_wrong_kind_are_refused_naming_the_tensor(tmp_path, suffix, fault):
     """Integer or bool values for a floating-point weight (load_state_dict would cast them without a word, and the
     model would score at chance) and non-finite values: refused naming the tensor, by model.pretrained= and by
-    eval.py's weights= alike (one check, quest.weights_check.check_weights)."""
-    from quest.weights_check import check_weights
+    eval.py's weights= alike (one check, quest.store.weights_check.check_weights)."""
+    from quest.store.weights_check import check_weights
 
     state = {k: v.contiguous() for k, v in timm.create_model(PICO, num_classes=10).state_dict().items()}
     key = "blocks.0.attn.qkv.weight"

@@ -21,11 +21,11 @@ import quest  # noqa: F401  (registers quest's attn_layer names and quest_vit wi
 from quest.attention import link_elliptical, list_attentions
 from quest.attention.timm_names import TIMM_TABLE, timm_attention_table
 from quest.data import build_dataset
-from quest.engine.export import main as export_main
 from quest.evaluation.config import eval_config_schema
 from quest.evaluation.target import load_target
 from quest.evaluation.transforms import eval_transform
 from quest.models import create_model
+from quest.tools.export import main as export_main
 from tests.interop_helpers import CLASSES, make_image_folder, train_tiny_run
 
 
@@ -107,7 +107,7 @@ def test_export_writes_timm_and_hugging_face_layout(tiny_run, tmp_path):
 def test_the_model_card_s_example_runs_as_written_offline(tiny_run, tmp_path, monkeypatch):
     """The card's Python block, with this folder's path in place of its placeholder, loads the exported weights
     with the run's preprocessing, and reads nothing from the network (HF_HUB_OFFLINE: a download would raise)."""
-    from quest.engine.export import CARD_FOLDER
+    from quest.tools.export import CARD_FOLDER
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = _export(tiny_run[1], tmp_path / "export", "model")

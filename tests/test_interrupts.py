@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from quest.engine import EXIT_INTERRUPTED, exit_code, fit, load_checkpoint
-from quest.engine.checkpoint import CheckpointWriteError
-from quest.engine.trainer import Run
+from quest.run.checkpoint import CheckpointWriteError, load_checkpoint
+from quest.train import EXIT_INTERRUPTED, exit_code, fit
+from quest.train.trainer import Run
 
 from .helpers import FAST, ROOT, compose_cfg
 
@@ -152,7 +152,7 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(tmp_path, m
         f.write(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    import quest.engine.checkpoint as ck
+    import quest.run.checkpoint as ck
 
     monkeypatch.setattr(ck.torch, "save", half_then_full)
     with pytest.raises(CheckpointWriteError, match=r"cannot write checkpoint .*\.pt: no space left on the device "
@@ -211,7 +211,7 @@ def test_submitits_preemption_signal_saves_then_hands_over(tmp_path, monkeypatch
 
 
 def test_usr2_is_left_alone_without_submitit(tmp_path):
-    from quest.engine.signals import StopSignals
+    from quest.run.signals import StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
     stops = StopSignals().install()
@@ -224,8 +224,8 @@ def test_usr2_is_left_alone_without_submitit(tmp_path):
 def test_the_stop_decision_comes_from_the_flag_the_step_reduced():
     """Under DDP a rank stops on the reduced flag only (every rank the same answer, also when another rank was
     signalled); one process also on a signal that came after the step's flags were read."""
-    from quest.engine.distributed import DistContext
-    from quest.engine.signals import INTERRUPTED, REQUEUED, StopSignals
+    from quest.run.signals import INTERRUPTED, REQUEUED, StopSignals
+    from quest.runtime.distributed import DistContext
 
     two, one = DistContext(rank=0, world_size=2), DistContext()
     quiet = StopSignals()

@@ -1,4 +1,4 @@
-"""quest.io, the one way quest writes and reads its files: whole files with the umask's mode, appends that start
+"""quest.store.files, the one way quest writes and reads its files: whole files with the umask's mode, appends that start
 on a line of their own, JSON records that are what they should be or a DamagedFile naming them."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quest import io
+from quest.store import files as io
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_an_unreadable_record_names_the_file_and_the_permission(tmp_path):
 
 
 def test_nothing_in_quest_writes_a_result_file_around_the_io_layer():
-    """Every file quest writes goes through quest.io (atomic, umask-respecting): no direct write in the package."""
+    """Every file quest writes goes through quest.store.files (atomic, umask-respecting): no direct write in the package."""
     import re
 
     root = Path(io.__file__).parent

@@ -17,12 +17,12 @@ import torch
 
 import quest.attention
 from quest.attention import fused, fused_check, fused_launch
-from quest.engine import fit
-from quest.errors import is_user_error
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models.factory import create_model
 from quest.report.runs import RunResult
 from quest.report.tables import kernel_note
+from quest.runtime.errors import is_user_error
+from quest.train import fit
 from tests.helpers import FAST, compose_cfg, eval_cfg
 from tests.test_fused_kernels import DEVICE, kernels
 from tests.tree_state import tree_state

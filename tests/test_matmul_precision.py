@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from quest.engine import fit
-from quest.engine.precision import set_matmul_precision
+from quest.train import fit
+from quest.train.precision import set_matmul_precision
 
 from .helpers import FAST, compose_cfg
 

@@ -1,6 +1,6 @@
 """Messages and docs name only settings that exist: every ``key=value`` a document (docs/, README.md) or a string of
 quest's code (error messages, advice lines) names, with a dotted key or a config group, passes the override check of
-train.py, eval.py or the toy study (quest.overrides: the key is in that app's schema, the group has that option).
+train.py, eval.py or the toy study (quest.config.overrides: the key is in that app's schema, the group has that option).
 The examples of refused input that the docs and messages show on purpose are listed, and each must be refused."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from quest.cli import config_root
-from quest.config_store import register_configs
+from quest.config.hydra_store import register_configs
+from quest.config.overrides import app_groups, default_options, override_problems
+from quest.config.schema import TrainConfig
 from quest.evaluation import register_eval_configs
 from quest.evaluation.config import eval_config_schema
-from quest.overrides import app_groups, default_options, override_problems
-from quest.schema import TrainConfig
 from quest.toy.config import ToyConfig
 
 ROOT = Path(__file__).resolve().parents[1]

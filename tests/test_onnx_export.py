@@ -1,6 +1,6 @@
 """quest-export --onnx and torch.export: every registered formulation exports, and the exported program gives
 PyTorch's outputs on a batch size it was not traced with (onnxruntime for ONNX, ExportedProgram.module() for
-torch.export). Tolerance 1e-4 on float32 logits (quest.engine.onnx_export.ONNX_TOLERANCE; measured at most 6e-7)."""
+torch.export). Tolerance 1e-4 on float32 logits (quest.tools.onnx_export.ONNX_TOLERANCE; measured at most 6e-7)."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,11 @@ import onnxruntime
 import pytest
 import torch
 
-import quest.engine.onnx_export as onnx_export
+import quest.tools.onnx_export as onnx_export
 from quest.attention import list_attentions
-from quest.engine.export import main as export_main
-from quest.engine.onnx_export import ONNX_TOLERANCE, export_onnx
 from quest.models.factory import create_model
+from quest.tools.export import main as export_main
+from quest.tools.onnx_export import ONNX_TOLERANCE, export_onnx
 from tests.test_export_weights import finished_run  # noqa: F401  (the module-scoped finished run)
 
 

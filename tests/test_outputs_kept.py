@@ -1,4 +1,4 @@
-"""No file replaced silently (quest.io.keep_or_refuse): a command that writes into a folder refuses to replace what
+"""No file replaced silently (quest.store.files.keep_or_refuse): a command that writes into a folder refuses to replace what
 it finds there, naming the files and the flag; with the flag the old files are kept in .replaced/<UTC time>/, and
 files the command does not write are never touched."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quest.engine import fit
-from quest.engine.export import export_run
-from quest.engine.export import main as export_main
-from quest.io import OutputExists, keep_or_refuse
 from quest.report.__main__ import main as report_main
+from quest.store.files import OutputExists, keep_or_refuse
+from quest.tools.export import export_run
+from quest.tools.export import main as export_main
+from quest.train import fit
 
 from .helpers import FAST, compose_cfg
 

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quest.cli import config_root
+from quest.config.overrides import app_groups, override_problems
+from quest.config.schema import TrainConfig
 from quest.evaluation import register_eval_configs
 from quest.evaluation.config import eval_config_schema
-from quest.overrides import app_groups, override_problems
-from quest.schema import TrainConfig
 from quest.toy.config import ToyConfig
 
 from .helpers import ROOT
@@ -94,7 +94,7 @@ def test_the_command_line_answers_in_one_line_without_a_traceback(tmp_path):
 
 
 def test_options_from_an_added_search_path_are_not_judged(tmp_path, monkeypatch):
-    from quest.overrides import exit_on_bad_overrides
+    from quest.config.overrides import exit_on_bad_overrides
 
     args = [f"hydra.searchpath=[file://{tmp_path}]", "eval=my_suite", "model=vit_pico"]
     exit_on_bad_overrides("quest-eval", args, eval_config_schema(), config_root(), "eval")  # returns: nothing to say

@@ -1,4 +1,4 @@
-"""quest.owned_dir by itself: the lock (a refused command changes nothing, the lock file included), the archive to
+"""quest.store.owned_dir by itself: the lock (a refused command changes nothing, the lock file included), the archive to
 ``.replaced/<UTC time>/``, and the one config flatten + diff that run and evaluation directories share."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quest.io import LockHeld
-from quest.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten, holder_text
+from quest.store.files import LockHeld
+from quest.store.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten, holder_text
 
 STAMP = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points, version
 import pytest
 from packaging.requirements import Requirement
 
-from quest.extras import MissingExtra, require
+from quest.runtime.extras import MissingExtra, require
 
 from .helpers import FAST, ROOT, compose_cfg
 
@@ -79,7 +79,7 @@ def test_a_missing_extra_names_the_install_command(tmp_path, monkeypatch):
     with pytest.raises(MissingExtra, match=r"thing needs .*'no_such_module_xyz'.*pip install 'quest\[eval\]'"):
         require("no_such_module_xyz", "eval", "thing")
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
-    from quest.engine import fit
+    from quest.train import fit
 
     with pytest.raises(MissingExtra, match=r"logger=wandb needs .*pip install 'quest\[wandb\]'"):
         fit(compose_cfg(*FAST, "logger=wandb", "trainer.epochs=1"), tmp_path)

@@ -16,13 +16,13 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from quest.data.prefetch import finish_ahead
-from quest.data.tensor_input import _read_bytes
-from quest.data.train_input import build_train_input
+from quest.data.pipelines.prefetch import finish_ahead
+from quest.data.pipelines.tensor_input import _read_bytes
+from quest.data.pipelines.train_input import build_train_input
 from quest.data.worker_errors import LoaderWorkerError, NamedLoader
-from quest.engine.builders import _loaders
-from quest.engine.distributed import DistContext
-from quest.errors import is_user_error
+from quest.runtime.distributed import DistContext
+from quest.runtime.errors import is_user_error
+from quest.train.builders import _loaders
 
 from .helpers import compose_cfg
 
@@ -53,7 +53,7 @@ def jpegs(tmp_path_factory) -> Path:
 
 
 def _batches(root: Path, pipeline: str, workers: int, recipe: list[str]) -> list[tuple[torch.Tensor, list[int]]]:
-    """The finished batches of one epoch of the training loader quest builds (quest.engine.builders), under fixed
+    """The finished batches of one epoch of the training loader quest builds (quest.train.builders), under fixed
     seeds."""
     cfg = compose_cfg("data=imagefolder", f"data.root={root}", "data.num_classes=2", "data.img_size=16",
                       "data.batch_size=4", f"data.num_workers={workers}", f"data.pipeline={pipeline}",
@@ -102,7 +102,7 @@ def test_the_device_pipeline_draws_the_same_random_batches_with_workers(jpegs):
 @pytest.mark.timeout(120)
 def test_data_pipeline_device_trains_with_a_loader_worker(jpegs, tmp_path):
     """The run that failed: data.pipeline=device, one loader worker, JPEG files; it trains to the end."""
-    from quest.engine import fit
+    from quest.train import fit
 
     summary = fit(compose_cfg("data=imagefolder", f"data.root={jpegs}", "data.num_classes=2", "data.img_size=16",
                               "data.batch_size=4", "data.num_workers=1", "data.pipeline=device", "model=vit_pico",
@@ -119,7 +119,7 @@ def test_a_batch_of_files_is_one_ordinary_buffer_torch_can_send(jpegs):
 
     import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
 
-    from quest.data.tensor_input import EncodedBatch, collate_bytes
+    from quest.data.pipelines.tensor_input import EncodedBatch, collate_bytes
 
     files = _Files(jpegs)
     mapped = files[0][0]
@@ -175,7 +175,7 @@ def _collate_as_is(batch: list) -> list:
 
 
 def _failure(dataset: Dataset, collate=None, timeout: float | None = None) -> BaseException:
-    from quest.data.tensor_input import collate_bytes
+    from quest.data.pipelines.tensor_input import collate_bytes
 
     loader = NamedLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate or collate_bytes,
                             name="data.pipeline=device", **({"timeout": timeout} if timeout else {}))

@@ -1,4 +1,4 @@
-"""quest.data.prefetch.finish_ahead: finishing the next batch before the current one is used changes nothing a run
+"""quest.data.pipelines.prefetch.finish_ahead: finishing the next batch before the current one is used changes nothing a run
 sees: the same batches, the same random states at every step (so a checkpoint written after any step is the one a
 run without it writes, and a resumed run finishes the next batch from it), also when the step itself draws from the
 same generators. On the CPU only the order and the draws can be tested; the overlap itself is a GPU's (a side
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from quest.data.prefetch import finish_ahead
+from quest.data.pipelines.prefetch import finish_ahead
 
 
 class FakeStream:
@@ -116,7 +116,8 @@ def test_a_resumed_run_finishes_the_next_batch_as_the_straight_run_did():
 def test_a_run_finishing_ahead_trains_and_resumes_to_the_weights_of_one_that_does_not(tmp_path, monkeypatch):
     """The training loop with finish_ahead forced on (on the CPU it is off): data.pipeline=device on an image folder,
     stopped mid-epoch and resumed, ends with the weights of a straight run without it, bit for bit."""
-    from quest.engine import fit, load_checkpoint, trainer
+    from quest.run.checkpoint import load_checkpoint
+    from quest.train import fit, trainer
 
     from .helpers import compose_cfg
     from .test_train_input import FOLDER, _folder

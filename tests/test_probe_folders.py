@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from quest.config_checks import ConfigError
-from quest.data.capped import CAPPED_INFO, cap_folder
-from quest.data.make_shards import convert_image_folder
-from quest.engine.checkpoint_record import CheckpointRecord
-from quest.engine.export import resolve_checkpoint, run_summary
-from quest.engine.logger import start_log_file, stop_log_file
-from quest.engine.run_dir import check_data, data_fingerprint
-from quest.io import DamagedFile, lock_file
-from quest.output_folder import RECORD, holding, output_path
+from quest.config.checks import ConfigError
 from quest.report.plot import main as plot_main
+from quest.run.checkpoint_record import CheckpointRecord
+from quest.run.directory import check_data, data_fingerprint
+from quest.run.outputs import start_log_file, stop_log_file
+from quest.store.files import DamagedFile, lock_file
+from quest.store.output_folder import RECORD, holding, output_path
+from quest.store.tool_records import CAPPED_INFO
+from quest.tools.capped import cap_folder
+from quest.tools.export import resolve_checkpoint, run_summary
+from quest.tools.make_shards import convert_image_folder
 
 from .tree_state import tree_state
 
@@ -221,24 +222,24 @@ def test_make_shards_refuses_a_shard_name_that_is_not_a_plain_name_before_any_ch
 
 
 def test_make_shards_as_a_script_refuses_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
-    """``python -m quest.data.make_shards`` goes through quest's error path: its ``__main__`` block run in-process
+    """``python -m quest.tools.make_shards`` goes through quest's error path: its ``__main__`` block run in-process
     (runpy runs the module as the interpreter's -m does), with the command line a user types."""
     import runpy
 
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # the switch that shows tracebacks
     monkeypatch.setattr(sys, "argv", ["make_shards.py", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
                                       "--shard-size", "0"])
-    monkeypatch.delitem(sys.modules, "quest.data.make_shards", raising=False)  # runpy's warning: run it fresh
+    monkeypatch.delitem(sys.modules, "quest.tools.make_shards", raising=False)  # runpy's warning: run it fresh
     with pytest.raises(SystemExit) as exited:
-        runpy.run_module("quest.data.make_shards", run_name="__main__", alter_sys=True)
+        runpy.run_module("quest.tools.make_shards", run_name="__main__", alter_sys=True)
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "Traceback" not in err
-    assert err.strip() == "python -m quest.data.make_shards: error: --shard-size must be at least 1, got 0"
+    assert err.strip() == "python -m quest.tools.make_shards: error: --shard-size must be at least 1, got 0"
 
 
 @pytest.mark.parametrize("workers", ["-3", "0"])
 def test_a_worker_count_out_of_range_is_refused_with_the_one_range(tmp_path, capsys, workers):
-    from quest.data.check import main as quest_data
+    from quest.tools.data_check import main as quest_data
 
     with pytest.raises(SystemExit) as exited:
         quest_data(["cap", str(tmp_path), str(tmp_path / "out"), "--short-side", "16", "--workers", workers])
@@ -248,8 +249,8 @@ def test_a_worker_count_out_of_range_is_refused_with_the_one_range(tmp_path, cap
 
 
 def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_folder(tmp_path):
-    from quest.engine.run_dir import RunDirectory
-    from quest.io import move_aside
+    from quest.run.directory import RunDirectory
+    from quest.store.files import move_aside
 
     folder, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     folder.mkdir()
@@ -265,10 +266,10 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
 
 def _output_command(name: str):
     """The in-process main of each command that takes an output path."""
-    from quest.data.check import main as quest_data
-    from quest.data.make_shards import main as make_shards
-    from quest.engine.export import main as export
     from quest.report.__main__ import main as report
+    from quest.tools.data_check import main as quest_data
+    from quest.tools.export import main as export
+    from quest.tools.make_shards import main as make_shards
 
     return {"quest-export": export, "quest-report": report, "quest-plot": plot_main, "quest-data": quest_data,
             "make_shards": make_shards}[name]
@@ -340,7 +341,7 @@ def test_plot_refuses_a_folder_or_a_name_without_a_format_as_its_image(tmp_path,
 
 def test_json_nested_past_the_decoder_is_damage_like_any_other_not_a_bug(tmp_path):
     """``[[[[...`` raises RecursionError inside json.loads, which quest's error path calls a bug of quest."""
-    from quest.io import parse_json
+    from quest.store.files import parse_json
 
     deep = "[" * 200_000
     with pytest.raises(json.JSONDecodeError, match="nested deeper than any file quest writes"):

@@ -1,4 +1,4 @@
-"""No process outlives its command (quest/workers.py): the data pre-flight's worker pool ends with the command
+"""No process outlives its command (quest/runtime/workers.py): the data pre-flight's worker pool ends with the command
 whatever ends it, including a signal it does not handle (SIGTERM kills Python at once, with no cleanup that would
 join the pool) and SIGKILL; the same initializer is in every pool and loader quest starts (checked below)."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ def images(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
 def test_the_preflight_workers_end_with_the_command(images, tmp_path, signum):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "quest.data.check", "check", str(images), "--workers", "2", "--no-cache",
+    cmd = [sys.executable, "-m", "quest.tools.data_check", "check", str(images), "--workers", "2", "--no-cache",
            "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     workers: list[int] = []

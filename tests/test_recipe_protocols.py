@@ -12,9 +12,10 @@ import pytest
 import torch
 from timm.layers import DropPath
 
-from quest.engine import fit, load_checkpoint
-from quest.engine.builders import build_model, scheduler_epoch
-from quest.engine.precision import resolve_precision
+from quest.run.checkpoint import load_checkpoint
+from quest.train import fit
+from quest.train.builders import build_model, scheduler_epoch
+from quest.train.precision import resolve_precision
 
 from .helpers import FAST, compose_cfg
 
@@ -117,7 +118,7 @@ def test_fp16_with_loss_scaling_trains_on_cpu(tmp_path):
 
 
 def test_a_loss_scale_overflow_skips_the_step_and_is_not_divergence(tmp_path, monkeypatch):
-    import quest.engine.trainer as trainer
+    import quest.train.trainer as trainer
 
     # a scale so large that the fp16 backward overflows: GradScaler must skip those steps and halve the scale
     monkeypatch.setattr(trainer.torch.amp, "GradScaler", partial(torch.amp.GradScaler, init_scale=2.0 ** 60))
@@ -186,8 +187,8 @@ def test_per_epoch_schedule_resumes_mid_epoch_bit_identically(tmp_path):
 # --- fine-tuning starts from the model weights (DeiT's --finetune loads checkpoint['model']) --------------------
 @pytest.mark.parametrize("which", ["model", "ema"])
 def test_init_from_takes_the_chosen_weights(tmp_path, which):
-    from quest.engine.distributed import DistContext
-    from quest.engine.trainer import Run
+    from quest.runtime.distributed import DistContext
+    from quest.train.trainer import Run
 
     fit(compose_cfg(*FAST, "trainer.epochs=1", "recipe.ema_decay=0.5"), tmp_path / "phase1")
     source = load_checkpoint(tmp_path / "phase1" / "checkpoints" / "last.pt")

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from quest.schema import model_size
+from quest.config.schema import model_size
 from tests.helpers import compose_cfg
 from tests.recipe_matrix import FIXTURE, UNRESOLVED, options, resolved_values
 
@@ -105,8 +105,8 @@ def test_every_recipe_option_is_in_the_matrix():
 def test_a_run_stored_with_model_recipe_values_resumes(tmp_path):
     """A run written when model configs carried the recipe numbers (model.recipe_values, no recipe table) resumes
     with today's config of the same values; a value that differs is still refused."""
-    from quest.config_checks import ConfigError
-    from quest.engine.run_dir import check_resume
+    from quest.config.checks import ConfigError
+    from quest.run.directory import check_resume
 
     new = OmegaConf.to_container(compose_cfg("recipe=deit3", "model=deit3_huge"), resolve=True)
     stored = json.loads(json.dumps(new))

@@ -19,9 +19,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quest import cli, made_dirs, sweep_jobs
-from quest.errors import EXIT_ERROR
-from quest.io import lock_file, remove_made_dirs
+from quest import cli
+from quest.run import sweep_jobs
+from quest.runtime.errors import EXIT_ERROR
+from quest.store import made_dirs
+from quest.store.files import lock_file, remove_made_dirs
 
 from .helpers import FAST
 from .interop_helpers import make_image_folder
@@ -68,11 +70,11 @@ def refused(app: str, args: list[str], cwd: Path, names: str, root: Path, monkey
 
 
 def without_wandb(monkeypatch) -> None:
-    """wandb as if not installed: the extras' check (quest.extras) finds no module of that name."""
-    import quest.extras
+    """wandb as if not installed: the extras' check (quest.runtime.extras) finds no module of that name."""
+    import quest.runtime.extras
 
-    installed = quest.extras._installed
-    monkeypatch.setattr(quest.extras, "_installed", lambda module: module != "wandb" and installed(module))
+    installed = quest.runtime.extras._installed
+    monkeypatch.setattr(quest.runtime.extras, "_installed", lambda module: module != "wandb" and installed(module))
 
 
 def holding(lock: Path) -> int:
@@ -229,9 +231,9 @@ def test_a_configured_directory_through_a_file_is_one_line(app, args, blocker, t
 def test_under_torchrun_a_refused_start_is_said_once(app, args, names, tmp_path, earlier_run, monkeypatch, capsys):
     """Every process of a torchrun group runs the same command and finds the same refusal: rank 0 says it, the
     others exit with the same code silently (each rank simulated here by the environment torchrun gives it)."""
-    import quest.errors
+    import quest.runtime.errors
 
-    monkeypatch.setattr(quest.errors, "_joined", False)
+    monkeypatch.setattr(quest.runtime.errors, "_joined", False)
     cwd, run = place("earlier", tmp_path, earlier_run)
     before, said = tree_state(tmp_path), []
     for rank in (0, 1):

@@ -25,7 +25,7 @@ NEW_KEYS = ("trainer.a_new_option", "recipe.a_new_option", "model.a_new_option")
 
 def run(name: str, config: dict, fingerprint: dict | None = FINGERPRINT, top1: float = 50.0) -> RunResult:
     """A completed run as quest.report.runs loads it: summary.json's identity fields follow the config, as
-    quest.engine.fit writes them."""
+    quest.train.fit writes them."""
     summary = {"status": "completed", "attention": config["attention.name"], "model": config["model.name"],
                "seed": config["trainer.seed"], "val/top1": top1}
     if fingerprint is not None:

@@ -1,4 +1,4 @@
-"""``python -m quest.report`` on real short trainings (quest.engine.fit on the tiny FAST setup, 1 epoch each), laid
+"""``python -m quest.report`` on real short trainings (quest.train.fit on the tiny FAST setup, 1 epoch each), laid
 out as Hydra does (.hydra/config.yaml beside summary.json). Every number is checked against a hand computation from
 the summary.json files. Where a test needs particular values (a clear winner, a stopped or diverged seed inside a
 row) it edits copies of real runs and says so."""
@@ -16,9 +16,9 @@ import pytest
 from omegaconf import OmegaConf
 from scipy.stats import t as t_dist
 
-from quest.engine import fit
 from quest.report import ReportInputError, build_report, load_runs, lr_csv, lr_markdown, runs_markdown
 from quest.report.__main__ import main
+from quest.train import fit
 
 from .helpers import FAST, ROOT, compose_cfg
 from .warm import run_app

@@ -1,4 +1,4 @@
-"""eval_results.json's one reader (quest.evaluation.results_file): every field of a wrong type or out of range,
+"""eval_results.json's one reader (quest.store.results_file): every field of a wrong type or out of range,
 at the top level and in any evaluation's numbers, is refused naming the file and the field, by eval.py's reader and
 by quest-report's; a good file reads back unchanged."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quest.evaluation.directory import EvalDirectoryError, read_results
-from quest.evaluation.results_file import METRIC_RULES, EvalResultsRecord, checked_results
-from quest.records import RecordError
 from quest.report.runs import ReportInputError, _eval_metrics
+from quest.store.records import RecordError
+from quest.store.results_file import METRIC_RULES, EvalResultsRecord, checked_results
 
 from .record_faults import SAMPLES, faults, planted
 
@@ -46,7 +46,7 @@ def test_every_top_level_field_of_a_wrong_type_or_range_is_refused_naming_it(fie
 def test_a_number_of_the_results_out_of_its_kind_is_refused_naming_it(where, name, value):
     """A percentage outside [0, 100], a negative or fractional count, a negative loss, a string, a bool: refused
     wherever it sits in an evaluation's numbers; anything it may be is read."""
-    from quest.records import field_problem
+    from quest.store.records import field_problem
 
     hint, bounds = METRIC_RULES[name]
     record = planted(GOOD, f"results.{where}.{name}", value)

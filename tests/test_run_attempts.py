@@ -1,6 +1,6 @@
 """A run's figures over all its attempts: summary.json's ``perf`` and ``wall_time_s`` after a stop at
 trainer.max_steps, a crash (a kill -9: nothing after the last checkpoint survives) and the resume that finishes it
-count every step of the run once, and list each attempt (quest.engine.progress.Attempt, quest.engine.attempts).
+count every step of the run once, and list each attempt (quest.run.train_state.Attempt, quest.run.attempts).
 Counts are checked exactly; times only for being >= 0 and adding up (they are clocks)."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from unittest import mock
 
 import pytest
 
-from quest.engine import TrainState, fit
-from quest.engine.checkpoint_record import CheckpointRecord, CheckpointRecordError
-from quest.engine.progress import Figure
-from quest.engine.run_dir import data_record
-from quest.engine.trainer import Run
-from quest.torch_files import FORMAT
+from quest.run.checkpoint_record import CheckpointRecord, CheckpointRecordError
+from quest.run.directory import data_record
+from quest.run.train_state import Figure, TrainState
+from quest.store.torch_files import FORMAT
+from quest.train import fit
+from quest.train.trainer import Run
 
 from .helpers import FAST, compose_cfg
 

@@ -1,4 +1,4 @@
-"""The run directory as a state machine (quest.engine.run_state): a run stopped at any point, with any one of its
+"""The run directory as a state machine (quest.run.plan): a run stopped at any point, with any one of its
 files missing, cut short at any byte, or replaced with garbage, either resumes exactly (the same weights and the
 same metrics rows as a run that was never stopped) or is refused with a message that names the file, leaving the
 directory byte for byte as it was. Nothing is ever deleted or overwritten without being kept in .replaced/ first.
@@ -17,9 +17,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from quest.config_checks import ConfigError
-from quest.engine import fit
-from quest.engine.trainer import Run
+from quest.config.checks import ConfigError
+from quest.train import fit
+from quest.train.trainer import Run
 
 from .helpers import FAST, compose_cfg
 from .warm import run_app
@@ -220,7 +220,7 @@ def test_last_checkpoint_missing_beside_best_metrics_and_summary_is_refused_not_
 @pytest.mark.parametrize("refusal", ["config", "resume_never", "locked", "bad_value", "explicit_resume"])
 def test_a_refused_command_changes_nothing(tmp_path, stopped, refusal):
     """Each kind of refusal, the directory hashed before and after (Hydra's record and train.log included)."""
-    from quest.engine.run_dir import RunDirectory
+    from quest.run.directory import RunDirectory
 
     shutil.copytree(stopped("stopped", 3), tmp_path, dirs_exist_ok=True)  # trainer.max_steps=3, trained once
     digest = _digest(tmp_path)

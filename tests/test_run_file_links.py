@@ -73,8 +73,8 @@ def test_the_figures_refuse_a_linked_metrics_log_or_summary(tmp_path):
 
 @pytest.mark.parametrize("name", ["summary.json", "run.json", "metrics.jsonl"])
 def test_a_resume_refuses_a_run_file_linked_to_another_run_and_writes_nothing(tmp_path, name):
-    from quest.config_checks import ConfigError
-    from quest.engine import fit
+    from quest.config.checks import ConfigError
+    from quest.train import fit
 
     from .helpers import FAST, compose_cfg
 
@@ -89,7 +89,7 @@ def test_a_resume_refuses_a_run_file_linked_to_another_run_and_writes_nothing(tm
 
 
 def test_quest_export_refuses_a_summary_linked_to_another_run(tmp_path):
-    from quest.engine.export import run_summary
+    from quest.tools.export import run_summary
 
     own, other = _run(tmp_path, "a", 0, 40.0, True), _run(tmp_path, "b", 1, 60.0, True)
     (own / "checkpoints").mkdir()

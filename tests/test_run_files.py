@@ -1,4 +1,4 @@
-"""The files of a run directory and of an export as typed records (quest.run_files): metrics.jsonl's rows, run.json,
+"""The files of a run directory and of an export as typed records (quest.store.run_files): metrics.jsonl's rows, run.json,
 summary.json and an exported config.json. Every field of each, set to a wrong type, an out-of-range value or (a
 path) a path outside its folder, is refused naming the file and the field; a good file reads back as it is; and
 each program that reads the file (resume, quest-report, quest-plot, quest-export, eval.py weights=) goes through the
@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from quest import run_files as rf
-from quest.records import RecordError
+from quest.store import run_files as rf
+from quest.store.records import RecordError
 
 from .record_faults import OUTSIDE, faults, planted
 
@@ -158,7 +158,7 @@ def test_quest_plot_refuses_a_metrics_row_field_naming_the_line(tmp_path, caplog
 
 
 def test_quest_export_refuses_a_summary_field_naming_it(tmp_path):
-    from quest.engine.export import run_summary
+    from quest.tools.export import run_summary
 
     run_dir = _run_dir(tmp_path, summary={**SUMMARY, "step": -2})
     with pytest.raises(ValueError, match=rf"^cannot read {run_dir / 'summary.json'}: step is -2, expected"):

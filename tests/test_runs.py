@@ -15,9 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from PIL import Image
 
-from quest.config_checks import ConfigError
-from quest.engine import fit, load_checkpoint
-from quest.schema import TrainConfig
+from quest.config.checks import ConfigError
+from quest.config.schema import TrainConfig
+from quest.run.checkpoint import load_checkpoint
+from quest.train import fit
 
 from .helpers import CONFIGS, FAST, compose_cfg
 
@@ -160,7 +161,7 @@ def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path)
 
 
 def test_metrics_logged_after_the_last_checkpoint_are_not_duplicated(tmp_path, monkeypatch):
-    from quest.engine.trainer import Run
+    from quest.train.trainer import Run
 
     overrides = [*FAST, "trainer.epochs=3", "trainer.checkpoint_every_n_steps=2", "diagnostics=default",
                  "diagnostics.every_n_steps=1"]
@@ -199,7 +200,7 @@ def test_an_added_unknown_key_is_refused_like_a_misspelt_one(tmp_path, group, pr
 
 
 def test_suggestion_for_a_near_miss_and_known_free_form_keys():
-    from quest.config_checks import check_known_keys
+    from quest.config.checks import check_known_keys
 
     with pytest.raises(ConfigError, match=r"trainer\.epoch: .*did you mean trainer\.epochs\?"):
         check_known_keys(compose_cfg("+trainer.epoch=3"), TrainConfig)
@@ -255,7 +256,7 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize("bad, message", BAD_VALUES, ids=[b for b, _ in BAD_VALUES])
 def test_a_bad_value_is_named_before_anything_is_built(tmp_path, monkeypatch, bad, message):
-    import quest.engine.lifecycle as fit_module
+    import quest.train.lifecycle as fit_module
 
     def never(*args, **kwargs):
         raise AssertionError("the run was built before its config was checked")
@@ -311,8 +312,8 @@ def test_divergence_log_names_the_checkpoint_that_exists(tmp_path, caplog):
 
 
 def test_best_checkpoint_is_written_before_the_state_that_records_it(tmp_path, monkeypatch):
-    import quest.engine.checkpoint as ck
-    from quest.engine.trainer import Run
+    import quest.run.checkpoint as ck
+    from quest.train.trainer import Run
 
     def improving(self, model=None, prefix="val/"):  # every epoch a new best, so that every epoch writes best.pt
         top1 = 10.0 * self.state.epoch
@@ -352,7 +353,7 @@ def test_temporary_files_of_a_killed_write_are_removed_on_start(tmp_path):
 
 
 def test_a_second_process_in_the_same_run_directory_is_refused(tmp_path):
-    from quest.engine.run_dir import RunDirectory
+    from quest.run.directory import RunDirectory
 
     holder = RunDirectory(tmp_path)
     holder.lock()

@@ -10,10 +10,10 @@ from typing import Callable
 
 import pytest
 
-from quest.data.check import check_root
 from quest.data.shard_index import ShardError, count_samples, resolve_shards
 from quest.data.shard_preflight import check_shard_split
 from quest.data.shards import WdsDataset
+from quest.tools.data_check import check_root
 
 from .test_shard_preflight import SHARD, make_shards
 
@@ -72,7 +72,7 @@ def _count(root: Path, tmp: Path) -> str:
 
 
 def _index(root: Path, tmp: Path) -> str:
-    from quest.data.make_shards import write_index
+    from quest.tools.make_shards import write_index
 
     (root / "_info.json").unlink()  # the shards of another tool, to be counted
     with pytest.raises(ShardError) as refused:
@@ -88,7 +88,7 @@ def _read(root: Path, tmp: Path) -> str:
 
 
 def _cap(root: Path, tmp: Path) -> str:
-    from quest.data.capped import cap_shards
+    from quest.tools.capped import cap_shards
 
     with pytest.raises(ShardError) as refused:
         cap_shards(root, tmp / "capped", 16)

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from quest.data.make_shards import convert_image_folder
 from quest.data.shard_index import ShardError
 from quest.data.shard_preflight import END_OF_ARCHIVE, check_shard_split
-from quest.engine import fit
+from quest.tools.make_shards import convert_image_folder
+from quest.train import fit
 
 from .helpers import compose_cfg
 

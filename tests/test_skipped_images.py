@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from quest.engine import exit_code, fit
+from quest.train import exit_code, fit
 from tests.helpers import compose_cfg
 
 GOOD_PER_CLASS = 4

@@ -2,7 +2,7 @@
 k-th (a NaN loss the divergence check catches, or an fp16 gradient overflow the loss scaler catches), the weights,
 the EMA and every tensor of the optimizer's state equal bit for bit those of a run stopped after the k - 1 good
 steps, and the next good step is the one that run would take. Over the optimizers a recipe can name (built by
-quest.engine.builders, as a run builds them), the step that goes bad (the first included) and the precisions."""
+quest.train.builders, as a run builds them), the step that goes bad (the first included) and the precisions."""
 from __future__ import annotations
 
 import copy
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from timm.utils import ModelEmaV3
 
-from quest.engine.builders import _optimizer
-from quest.engine.distributed import DistContext
-from quest.engine.trainer import Run
-from quest.engine.update import decided_on_host, host_counted, skippable_ema_update, skippable_step
+from quest.runtime.distributed import DistContext
+from quest.train.builders import _optimizer
+from quest.train.trainer import Run
+from quest.train.update import decided_on_host, host_counted, skippable_ema_update, skippable_step
 
 from .helpers import FAST, compose_cfg
 

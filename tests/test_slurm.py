@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quest.engine import load_checkpoint
+from quest.run.checkpoint import load_checkpoint
 
 from .helpers import ROOT
 from .slurm_cluster import SlurmCluster, unavailable_reason

@@ -1,4 +1,4 @@
-"""What became of a sweep's jobs reaches the command that launched them (quest.sweep_jobs, hydra_plugins.quest_launcher):
+"""What became of a sweep's jobs reaches the command that launched them (quest.run.sweep_jobs, hydra_plugins.quest_launcher):
 a failed SLURM job makes the sweep fail in one message naming its log, and a job that ended without a result is one
 line, not submitit's traceback. In-process, with the plugin's launch replaced by its outcomes: the real cluster
 runs in tests/test_slurm.py."""
@@ -11,8 +11,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from hydra_plugins.quest_launcher import SlurmLauncher
-from quest import sweep_jobs
-from quest.errors import EXIT_BUG, EXIT_ERROR
+from quest.run import sweep_jobs
+from quest.runtime.errors import EXIT_BUG, EXIT_ERROR
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Where a run's time goes (quest.engine.telemetry): the data wait, rates, peak memory, FLOPs and MFU of each log
+"""Where a run's time goes (quest.train.telemetry): the data wait, rates, peak memory, FLOPs and MFU of each log
 interval, the advice once per epoch, the run's means in summary.json; steps that compile and the loader's start timed
 apart; advice that names no setting already on. References: the analytic FLOP count of a ViT written out below, a
 clock the test drives, torch's own compile callbacks, and a data set made slow on purpose."""
@@ -16,12 +16,12 @@ import torch
 import torchvision.datasets as tvd
 from omegaconf import DictConfig, OmegaConf
 
-import quest.engine.telemetry as telemetry
+import quest.train.telemetry as telemetry
 from quest.attention import list_attentions
-from quest.engine import fit
-from quest.engine.precision import resolve_precision
-from quest.engine.telemetry import Levers, Telemetry, compilations, flops_per_image, peak_tflops
 from quest.models.factory import create_model
+from quest.train import fit
+from quest.train.precision import resolve_precision
+from quest.train.telemetry import Levers, Telemetry, compilations, flops_per_image, peak_tflops
 
 from .helpers import FAST, compose_cfg
 
@@ -88,7 +88,7 @@ def test_the_wait_is_the_time_blocked_on_the_loader(tmp_path, monkeypatch):
         return getitem(self, index)
 
     monkeypatch.setattr(tvd.FakeData, "__getitem__", slow)
-    from quest.engine import trainer
+    from quest.train import trainer
 
     step = trainer.Run.train_step
 
@@ -117,7 +117,7 @@ def test_steps_that_compile_and_the_loaders_start_are_timed_apart(tmp_path, monk
     interval is 1 tick a step at MFU 50%, and no advice is due."""
     from torch._dynamo.callback import CallbackTrigger
 
-    from quest.engine import lifecycle, trainer
+    from quest.train import lifecycle, trainer
 
     clock, fetched = [0.0], [0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
@@ -230,7 +230,7 @@ def test_advice_never_names_a_setting_that_is_on():
     assert not any("trainer.precision=bf16" in text for text in _advice(auto))
     cpu = _advice(ALL_OFF, device="cpu")  # the GPU pipelines do not help a run on the CPU
     assert cpu and not any("data.pipeline" in text for text in cpu)
-    # DeiT-III's 3-Augment has no uint8 pipeline (quest.engine.checks would refuse data.pipeline=split with it)
+    # DeiT-III's 3-Augment has no uint8 pipeline (quest.train.checks would refuse data.pipeline=split with it)
     assert not any("data.pipeline" in text for text in _advice({**ALL_OFF, "recipe": "deit3"}))
     assert "data.pipeline=split" in _advice({**ALL_OFF, "recipe": "deit"})[0]  # RandAugment: it has
 
@@ -259,7 +259,7 @@ def test_a_slow_data_set_shows_in_the_log_and_the_advice(tmp_path, monkeypatch, 
         return getitem(self, index)
 
     monkeypatch.setattr(tvd.FakeData, "__getitem__", slow)
-    from quest.engine import trainer
+    from quest.train import trainer
 
     step = trainer.Run.train_step
 

@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from quest.engine import fit
+from quest.train import fit
 
 from .helpers import FAST, compose_cfg
 
@@ -36,7 +36,7 @@ def _tensorboard_scalars(run: Path) -> tuple[dict[str, list[tuple[int, float]]],
 
 
 def test_tensorboard_holds_exactly_the_metrics_after_a_crash_and_a_resume(tmp_path, monkeypatch):
-    from quest.engine.trainer import Run
+    from quest.train.trainer import Run
 
     step = Run.train_step
 
@@ -73,7 +73,7 @@ def test_tensorboard_with_wandb_is_one_run_and_several_writers(tmp_path):
 
 
 def test_a_missing_tensorboard_is_named_before_any_work(tmp_path, monkeypatch):
-    import quest.extras as extras
+    import quest.runtime.extras as extras
 
     installed = extras._installed
     monkeypatch.setattr(extras, "_installed", lambda module: module != "tensorboard" and installed(module))
@@ -88,7 +88,7 @@ def test_a_damaged_record_of_the_event_files_is_moved_aside_with_the_files_it_wo
     not believed, and not a late refusal of a run already under way: it and the event files go to .replaced/."""
     from omegaconf import OmegaConf
 
-    from quest.engine.logger import RunLogger
+    from quest.run.outputs import RunLogger
 
     board = tmp_path / "tensorboard"
     board.mkdir()

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from quest.data import CorruptImageError
-from quest.engine import EXIT_DIVERGED, fit, load_checkpoint
+from quest.run.checkpoint import load_checkpoint
+from quest.train import EXIT_DIVERGED, fit
 
 from .helpers import FAST, compose_cfg
 from .warm import run_app
@@ -234,8 +235,8 @@ def test_disabled_diagnostics_add_nothing(tmp_path):
 
 
 def test_init_from_another_resolution_resizes_pos_embed(tmp_path):
-    from quest.engine.distributed import DistContext
-    from quest.engine.trainer import Run
+    from quest.runtime.distributed import DistContext
+    from quest.train.trainer import Run
 
     fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path / "low")
     source = load_checkpoint(tmp_path / "low" / "checkpoints" / "last.pt")
@@ -256,7 +257,7 @@ def test_a_training_step_reads_the_device_once_and_reduces_once(tmp_path, monkey
 
     import torch.distributed as dist
 
-    from quest.engine.trainer import Run
+    from quest.train.trainer import Run
 
     reads: list[int] = []
     counting = {"on": False}
@@ -297,8 +298,8 @@ def test_a_training_step_clips_as_torch_does_and_reports_the_norm_before_clippin
     clip_grad_norm_, the same optimizer); without clipping, the gradients are left as they are."""
     import copy
 
-    from quest.engine.distributed import DistContext
-    from quest.engine.trainer import Run
+    from quest.runtime.distributed import DistContext
+    from quest.train.trainer import Run
 
     run = Run(compose_cfg(*FAST, "recipe.ema=false", f"recipe.clip_grad={clip or 'null'}"),
               tmp_path, {}, DistContext())

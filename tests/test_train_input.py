@@ -19,11 +19,12 @@ from timm.data import create_transform
 from torchvision.io import read_file
 from torchvision.transforms.v2 import functional as F
 
-from quest.config_checks import ConfigError
-from quest.data.tensor_input import CropFlip, DeviceFinish, collate_bytes, decode_rgb
-from quest.engine import fit, load_checkpoint
-from quest.engine.checks import check_train_config
-from quest.errors import is_user_error
+from quest.config.checks import ConfigError
+from quest.data.pipelines.tensor_input import CropFlip, DeviceFinish, collate_bytes, decode_rgb
+from quest.run.checkpoint import load_checkpoint
+from quest.runtime.errors import is_user_error
+from quest.train import fit
+from quest.train.checks import check_train_config
 
 from .helpers import FAST, compose_cfg
 
@@ -158,7 +159,7 @@ def test_batched_erasing_draws_timm_s_boxes_with_several_per_image(remode, count
     an earlier one where they overlap; the batched erasing finds the same boxes (const: the same pixels)."""
     from timm.data.random_erasing import RandomErasing
 
-    from quest.data.batch_input import BatchErasing
+    from quest.data.pipelines.batch_input import BatchErasing
 
     batch = torch.randn(16, 3, 24, 24)
     random.seed(7), torch.manual_seed(7)
@@ -268,7 +269,7 @@ def test_reading_a_file_is_the_pipeline_s_choice(tmp_path):
     """An image folder reads files the way the training input asks (TrainInput.read_file, passed explicitly to the
     data set): torchvision's decoder (split), the bytes (device), PIL otherwise (timm, and every val split)."""
     from quest.data import build_dataset
-    from quest.data.train_input import build_train_input
+    from quest.data.pipelines.train_input import build_train_input
 
     data = _folder(tmp_path / "data")
     cfg = compose_cfg(*FOLDER, f"data.root={data}", "data.preflight=false")
@@ -328,10 +329,10 @@ def test_crop_and_flip_follow_timm_on_any_image_size(width, height, size, seed, 
 def test_a_pipeline_of_one_s_own_is_one_module_named_in_quest_pipeline_modules(tmp_path, monkeypatch):
     """As a data set or an evaluation of one's own: the module registers itself when the registry loads, and a run
     names it with data.pipeline=<name>."""
-    import quest.data.train_input as registry
+    import quest.data.pipelines.train_input as registry
 
     (tmp_path / "my_pipeline.py").write_text(
-        "from quest.data.train_input import register_train_input, get_train_input\n"
+        "from quest.data.pipelines.train_input import register_train_input, get_train_input\n"
         "@register_train_input('mine', 'the timm pipeline under another name')\n"
         "def build(recipe, data, img_size):\n"
         "    return get_train_input('timm').build(recipe, data, img_size)\n")

@@ -5,7 +5,7 @@ import numpy as np
 from PIL import Image, ImageOps
 from timm.data.auto_augment import AugmentOp
 
-from quest.data.transforms import build_transforms
+from quest.data.pipelines.transforms import build_transforms
 
 from .helpers import compose_cfg
 

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn as nn
 
-from quest.engine.validation_pass import evaluate
+from quest.train.validation import evaluate
 
 
 class Fixed(nn.Module):

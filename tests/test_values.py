@@ -11,18 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from quest.config_checks import ConfigError, float_keys
-from quest.engine import fit
-from quest.engine.checks import check_train_config
-from quest.engine.trainer import chance_loss, divergence_threshold
+from quest.config.checks import ConfigError, float_keys
+from quest.config.schema import TrainConfig
 from quest.models import create_model
-from quest.schema import TrainConfig
+from quest.train import fit
+from quest.train.checks import check_train_config
+from quest.train.trainer import chance_loss, divergence_threshold
 from tests.helpers import FAST, compose_cfg
 
 
 def _schema_float_fields(schema: type, prefix: str = "") -> dict[str, bool]:
     """key -> is a list, for every field whose annotation mentions float, walking nested dataclasses (written out
-    here from the annotations' text, independently of quest.config_checks.float_keys)."""
+    here from the annotations' text, independently of quest.config.checks.float_keys)."""
     found: dict[str, bool] = {}
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):

@@ -1,4 +1,4 @@
-"""logger=wandb's up-front checks (quest.wandb_check): whether an online run has credentials, answered without a
+"""logger=wandb's up-front checks (quest.config.wandb_check): whether an online run has credentials, answered without a
 prompt, a write or a connection. wandb's own resolution (what wandb.init calls before it prompts) is the reference
 for the fallback that reads the environment and the netrc file itself; both are asked about the same homes."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from quest import wandb_check
-from quest.config_checks import Checks, ConfigError
+from quest.config import wandb_check
+from quest.config.checks import Checks, ConfigError
 
 KEY = "k" * 40  # the form wandb accepts; never sent anywhere here
 
@@ -132,8 +132,8 @@ def failing_init(monkeypatch) -> list:
 def test_an_overwrite_archives_first_and_a_failed_wandb_start_says_where(tmp_path, monkeypatch):
     """trainer.overwrite=true moves the earlier run's files (its wandb/ too) to .replaced/ before wandb.init, which
     must not write into the folder being moved: a failure there leaves the earlier run archived, and says so."""
-    from quest.engine import fit
-    from quest.engine.logger import WandbStartError
+    from quest.run.outputs import WandbStartError
+    from quest.train import fit
 
     from .helpers import FAST, compose_cfg
 
@@ -148,8 +148,8 @@ def test_an_overwrite_archives_first_and_a_failed_wandb_start_says_where(tmp_pat
 
 
 def test_eval_results_stay_when_its_wandb_run_does_not_start(tmp_path, monkeypatch):
-    from quest.engine.logger import WandbStartError
     from quest.evaluation.report import log_wandb
+    from quest.run.outputs import WandbStartError
 
     calls = failing_init(monkeypatch)
     report = {"suite": "s", "target": {"attention": "quest"}, "settings": {}, "results": {}}

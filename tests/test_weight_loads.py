@@ -1,4 +1,4 @@
-"""Every load of weights is checked the same way (quest.weights_check) before anything changes: resume,
+"""Every load of weights is checked the same way (quest.store.weights_check) before anything changes: resume,
 trainer.init_from=, model.pretrained=, eval.py's checkpoint= and weights=, quest-export. A NaN or inf in a weight,
 a tensor of another shape or integer values for a floating weight are refused in one line naming the file and the
 tensor, the run or results directory byte-identical; a good file loads as before."""
@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from quest.engine import fit
-from quest.engine.export import export_run
-from quest.errors import EXIT_ERROR, is_user_error
 from quest.evaluation import register_eval_configs
 from quest.evaluation.target import load_target
-from quest.weights_check import WeightsError, check_weights
+from quest.runtime.errors import EXIT_ERROR, is_user_error
+from quest.store.weights_check import WeightsError, check_weights
+from quest.tools.export import export_run
+from quest.train import fit
 
 from .helpers import FAST, compose_cfg, eval_cfg
 from .tree_state import tree_state
@@ -179,7 +179,7 @@ def test_the_ema_is_not_checked_where_it_is_not_loaded(good_run, tmp_path):
     ("state_dict.pth", "is a plain state_dict"),
 ])
 def test_a_wrong_init_from_file_is_one_line(good_run, tmp_path, given, expected):
-    from quest.engine.checkpoint import read_init_from
+    from quest.run.checkpoint import read_init_from
 
     path = tmp_path / given
     if given == "folder":
@@ -195,8 +195,8 @@ def test_a_wrong_init_from_file_is_one_line(good_run, tmp_path, given, expected)
 
 
 def test_a_missing_init_from_file_is_refused_by_the_config_check(tmp_path):
-    from quest.config_checks import ConfigError
-    from quest.engine.checks import check_train_config
+    from quest.config.checks import ConfigError
+    from quest.train.checks import check_train_config
 
     with pytest.raises(ConfigError, match="trainer.init_from"):
         check_train_config(compose_cfg(*ONE_STEP, f"trainer.init_from={tmp_path / 'none.pt'}"))

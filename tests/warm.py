@@ -36,8 +36,8 @@ APPS = {
     "quest.toy": ("quest_cli", "toy"),
     "quest.report": ("quest_cli", "report"),
     "quest.report.plot": ("quest_cli", "plot"),
-    "quest.engine.export": ("quest_cli", "export"),
-    "quest.data.check": ("quest_cli", "data"),
+    "quest.tools.export": ("quest_cli", "export"),
+    "quest.tools.data_check": ("quest_cli", "data"),
 }
 
 _context: multiprocessing.context.ForkServerContext | None = None

@@ -6,5 +6,5 @@ import torch  # noqa: F401
 import torchvision  # noqa: F401
 
 import quest.cli  # noqa: F401
-import quest.engine  # noqa: F401
 import quest.evaluation  # noqa: F401
+import quest.train  # noqa: F401

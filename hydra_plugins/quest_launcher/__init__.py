@@ -1,7 +1,7 @@
 """quest's SLURM launcher for Hydra (``hydra/launcher=slurm``, ``slurm_cpu``: configs/hydra/launcher).
 
 hydra-submitit-launcher's, telling quest-train what became of each job: the jobs that failed inside are recorded
-(quest.sweep_jobs) so the sweep exits with an error naming their logs, and a job that ended without a result is one
+(quest.run.sweep_jobs) so the sweep exits with an error naming their logs, and a job that ended without a result is one
 line instead of submitit's traceback at the first such job. Here, not in quest, because Hydra takes launchers only
 from the ``hydra_plugins`` namespace; Hydra imports this module whenever it starts, so it imports nothing heavy, and
 nothing at all without the ``[slurm]`` extra.
@@ -19,8 +19,8 @@ except ImportError:  # the [slurm] extra is not installed: no launcher (quest-tr
 if _PluginSlurmLauncher is not None:
     from hydra.core.utils import JobReturn
 
-    from quest import sweep_jobs
-    from quest.errors import EXIT_ERROR, program_name
+    from quest.run import sweep_jobs
+    from quest.runtime.errors import EXIT_ERROR, program_name
 
     class SlurmLauncher(_PluginSlurmLauncher):
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

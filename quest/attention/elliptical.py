@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from quest.config_checks import is_int
+from quest.config.checks import is_int
 
 from .base import CrossAttentionMixin, LayerSite, QKAttention, l2_normalize
 from .fused import elliptical_m_fused, fused_applies

@@ -1,6 +1,6 @@
 """Whether the fused kernels run: the ``attention.fused`` setting, the self-check, and the record of what ran.
 
-``attention.fused`` (quest.schema.AttentionConfig):
+``attention.fused`` (quest.config.schema.AttentionConfig):
 
 - ``auto`` (the default): the first use of each kernel on a (device, dtype, head width) runs it once on a small input
   against its PyTorch reference, values and gradients (:func:`check_kernel`). Anything that goes wrong (Triton
@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from quest.errors import UserError
+from quest.runtime.errors import UserError
 
 from . import fused_launch as launch
 from . import fused_reference as ref

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
 
-from quest.config_checks import is_number
+from quest.config.checks import is_number
 
 from .timm_names import register_timm_name
 

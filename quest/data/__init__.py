@@ -15,14 +15,14 @@ from .registry import get_dataset, list_datasets, register_dataset
 _LAZY = {
     "build_dataset": "datasets", "check_split_classes": "datasets", "class_balanced_subset": "datasets",
     "dataset_targets": "datasets", "known_num_classes": "datasets",
-    "DigitsCanvasDataset": "digits_canvas",
+    "DigitsCanvasDataset": "sets.digits_canvas",
     "CorruptImageError": "folder", "SafeImageFolder": "folder", "check_image_folder": "folder",
     "collate_skipping_bad": "folder",
     "ResumableSampler": "sampling", "ShardSampler": "sampling", "build_train_sampler": "sampling",
     "ShardError": "shard_index", "WdsDataset": "shards", "shard_loaders": "shards",
-    "build_transforms": "transforms",
-    "TrainInput": "train_input", "build_train_input": "train_input", "list_train_inputs": "train_input",
-    "get_train_input": "train_input", "register_train_input": "train_input",
+    "build_transforms": "pipelines.transforms",
+    **dict.fromkeys(["TrainInput", "build_train_input", "list_train_inputs", "get_train_input", "register_train_input"],
+                    "pipelines.train_input"),
 }
 
 __all__ = ["DataConfig", "get_dataset", "list_datasets", "register_dataset", *_LAZY]

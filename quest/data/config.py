@@ -1,6 +1,6 @@
 """The keys every data set has (``data.*``); a data set's own options extend it (quest/data/sets/, docs/data.md).
 
-Imports no torch: Hydra's schema (quest.schema) and ``--help`` read it.
+Imports no torch: Hydra's schema (quest.config.schema) and ``--help`` read it.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from quest.errors import UserError
+from quest.runtime.errors import UserError
 
 __all__ = ["IMAGE_SUFFIXES", "LayoutError", "is_hidden", "is_image_name", "not_read_reason", "class_folders",
            "require_distinct", "class_files", "class_listing", "image_samples", "require_images_at_top"]

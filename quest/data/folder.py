@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 
-from quest.errors import UserError
+from quest.runtime.errors import UserError
 
 from .entries import image_samples, is_hidden
 

@@ -17,12 +17,12 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
-from quest.io import parse_json
-from quest.records import RecordError
-from quest.workers import die_with_parent
+from quest.runtime.workers import die_with_parent
+from quest.store.files import parse_json
+from quest.store.records import RecordError
+from quest.store.tool_records import check_preflight_cache
 
 from .entries import class_listing, not_read_reason
-from .tool_records import check_preflight_cache
 
 __all__ = ["Problem", "Report", "check_image_folder_files", "check_file", "folder_files", "RGB_MODES"]
 
@@ -125,7 +125,7 @@ def _read_cache(root: Path, fingerprint: str) -> Report | None:
 
 
 def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
-    from quest.io import write_json_atomic
+    from quest.store.files import write_json_atomic
 
     record = {"fingerprint": fingerprint, "images": report.images,
               "problems": [{"path": p.path, "reason": p.reason} for p in report.problems]}
@@ -192,7 +192,7 @@ def apply_preflight(ds, root: Path, bad_images: str, max_skipped_fraction: float
     bad = report.bad_paths()
     ds.samples = [s for s in ds.samples if s[0] not in bad]
     ds.imgs, ds.targets = ds.samples, [t for _, t in ds.samples]
-    # a decision on the record (summary.json, the first metrics row, train.log: quest.engine.lifecycle), not only
+    # a decision on the record (summary.json, the first metrics row, train.log: quest.train.lifecycle), not only
     # in the sample list
     ds.preflight_left_out = left_out_record(report, total)
 

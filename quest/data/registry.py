@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from quest.compat import FLAT_DATA_KEYS
-from quest.compat import upgrade_data_config as compat_upgrade_data_config
-from quest.plugins import import_plugins
+from quest.runtime.plugins import import_plugins
+from quest.store.compat import FLAT_DATA_KEYS
+from quest.store.compat import upgrade_data_config as compat_upgrade_data_config
 
 from .config import DataConfig, training_only_keys
 
@@ -36,7 +36,7 @@ ANY_DATA_SCHEMA = "_any" + SCHEMA_SUFFIX
 ENTRY_POINT_GROUP = "quest.datasets"
 B = TypeVar("B", bound=Callable[..., Any])
 
-#: the keys of the flat DataConfig of earlier quest (quest.compat.FLAT_DATA_KEYS), kept here by their former name
+#: the keys of the flat DataConfig of earlier quest (quest.store.compat.FLAT_DATA_KEYS), kept here by their former name
 FLAT_KEYS = FLAT_DATA_KEYS
 
 
@@ -47,7 +47,7 @@ class DataSet:
     name: str
     build: Callable[[Any, str, Callable | None], Any]  # (data config, 'train' | 'val', transform) -> a Dataset
     settings: type  # a dataclass extending DataConfig: the keys and types of data.* for this data set
-    # value checks of its own options, given quest.config_checks.Checks (keys named 'data.<option>'); run with every
+    # value checks of its own options, given quest.config.checks.Checks (keys named 'data.<option>'); run with every
     # other config check before anything is built
     check: Callable[[Any], None] | None = None
     # the class count the data set has (it may list directories or read an index), or None when it cannot say
@@ -82,7 +82,7 @@ def register_dataset(name: str, settings: type = DataConfig, *, check: Callable[
                      reads_files: bool = False) -> Callable[[B], B]:
     """Decorator: ``build(data, split, transform)`` becomes the data set ``name``, its ``data`` node typed by
     ``settings`` (a dataclass extending :class:`DataConfig`). ``check(checks)`` adds value checks of its options
-    (:class:`quest.config_checks.Checks`, keys ``data.<option>``); ``num_classes`` (an int or a function of the data
+    (:class:`quest.config.checks.Checks`, keys ``data.<option>``); ``num_classes`` (an int or a function of the data
     config) is compared with ``data.num_classes`` at start. Returns ``build`` unchanged."""
     if not name.isidentifier():
         raise ValueError(f"data set name {name!r} must be an identifier")
@@ -180,6 +180,6 @@ def data_set_keys(name: Any) -> frozenset[str] | None:
 
 
 def upgrade_data_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """A stored ``data`` config of any quest in today's form (quest.compat.upgrade_data_config): the flat node of
+    """A stored ``data`` config of any quest in today's form (quest.store.compat.upgrade_data_config): the flat node of
     earlier quest narrowed to the keys of its data set's settings, ``pipeline`` added where it predates the key."""
     return compat_upgrade_data_config(stored, data_set_keys(stored.get("name")))

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from quest.io import parse_json
-from quest.records import RecordError
-
-from .tool_records import check_info
+from quest.store.files import parse_json
+from quest.store.records import RecordError
+from quest.store.tool_records import check_info
 
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
            "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups",
@@ -72,7 +71,7 @@ def require_complete(info: dict[str, Any], info_path: Path | None) -> None:
     shard and ``true`` after its last (a file written by another tool, without the key, counts as complete)."""
     if info_path is not None and info.get("complete") is False:
         raise ShardError(f"{info_path} says complete: false: the conversion that writes {info_path.parent} was "
-                         "interrupted or is still running; run the same `python -m quest.data.make_shards convert` "
+                         "interrupted or is still running; run the same `python -m quest.tools.make_shards convert` "
                          "command again to finish it")
 
 
@@ -119,7 +118,7 @@ def resolve_shards(root: Path, split: str, count: bool = False) -> list[Shard]:
         lengths = [int(known[n]) for n in names]
     elif not count:
         raise ShardError(f"the sample counts of split {split!r} under {root} are unknown: no {INFO_NAMES[0]} lists "
-                         "its shards. Write one once with `python -m quest.data.make_shards index "
+                         "its shards. Write one once with `python -m quest.tools.make_shards index "
                          f"{root} {split}=<pattern>`, or set data.num_samples=<training samples> to count the shards "
                          "at every start")
     else:
@@ -169,7 +168,7 @@ class IrregularMember(ShardError):
         kind = _KINDS.get(member.type, f"of tar type {member.type!r}")
         target = f" to {member.linkname}" if member.issym() or member.islnk() else ""
         self.shard, self.reason = shard, (f"member {member.name} is {kind}{target}, not a regular file; a shard "
-                                          "holds only regular files <key>.<ext> (python -m quest.data.make_shards "
+                                          "holds only regular files <key>.<ext> (python -m quest.tools.make_shards "
                                           "writes them so)")
         super().__init__(f"shard {shard}: {self.reason}")
 

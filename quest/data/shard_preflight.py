@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from quest.workers import die_with_parent
+from quest.runtime.workers import die_with_parent
 
 from .preflight import Problem, Report
 from .shard_index import IMAGE_EXTS, IrregularMember, info_lengths, load_info, sample_groups, split_files
@@ -153,4 +153,4 @@ def apply_shard_preflight(data, split: str) -> None:
     if report.problems:
         raise ShardError(f"data pre-flight: {len(report.problems)} problem(s) in the shards of the {split} split "
                          f"{name!r} under {root} (docs/data.md):\n{report.describe()}\nRewrite the named shards "
-                         "(python -m quest.data.make_shards) or fix _info.json")
+                         "(python -m quest.tools.make_shards) or fix _info.json")

@@ -19,7 +19,7 @@ yields batches p, p + K, ..., which PyTorch's loader returns in round-robin orde
 not depend on the number of workers, and a resumed epoch skips exactly the batches already consumed.
 Validation: the shards in listed order, rank r takes its contiguous N / W share (shares differ by at most one),
 nothing shuffled, padded or dropped. Finding and indexing the shards: quest/data/shard_index.py; writing shards
-(from an ImageFolder) and _info.json: quest/data/make_shards.py.
+(from an ImageFolder) and _info.json: quest/tools/make_shards.py.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from quest.errors import UserError, is_user_error
+from quest.runtime.errors import UserError, is_user_error
 
 __all__ = ["LoaderWorkerError", "NamedLoader", "WORKER_TIMEOUT_S", "worker_failure"]
 

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from quest.attention.elliptical import ESTIMATORS
-from quest.config_checks import Checks, is_int
+from quest.config.checks import Checks, is_int
 
 from .attack_space import SPACES, AttackSpace
 from .checks import sublist

@@ -1,7 +1,7 @@
 """eval.py's config checks, run before any data or model is loaded: every key known to the schema (``+key=`` and
 ``++key=`` included), every value in its allowed range, each problem named with its key, value and what is allowed.
 The keys every suite shares are checked here; each evaluation's section by the check it was registered with
-(quest.evaluation.registry), for which :func:`sublist`, :func:`severities` and :class:`quest.config_checks.Checks`'s
+(quest.evaluation.registry), for which :func:`sublist`, :func:`severities` and :class:`quest.config.checks.Checks`'s
 own checks are the vocabulary.
 
 Hydra's structured config already refuses ``eval.adversarial.pgd.stepz=3`` and wrong types; ``+``/``++`` add keys
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from quest.config_checks import DEVICE_PATTERN, PRECISIONS, Checks, check_known_keys, is_int
-from quest.wandb_check import check_logger_values
+from quest.config.checks import DEVICE_PATTERN, PRECISIONS, Checks, check_known_keys, is_int
+from quest.config.wandb_check import check_logger_values
 
 from .config import eval_config_schema
 from .registry import evaluators
@@ -66,6 +66,6 @@ def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:
 
 
 def check_eval_config(cfg: DictConfig, evaluations: Iterable[str]) -> None:
-    """Refuse unknown keys, then every bad value at once (:class:`quest.config_checks.ConfigError`, a ValueError)."""
+    """Refuse unknown keys, then every bad value at once (:class:`quest.config.checks.ConfigError`, a ValueError)."""
     check_known_keys(cfg, eval_config_schema())
     _value_checks(cfg, evaluations).raise_if_any("eval")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quest.config_files import config_root
+from quest.config.files import config_root
 
 __all__ = ["rewrite_model_override"]
 

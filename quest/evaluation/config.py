@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 from quest.data.registry import register_data_configs
-from quest.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 
 from .registry import evaluators, load_evaluations, registry_version
 from .settings import RESERVED_KEYS, EvalSettingsBase, RootsConfig

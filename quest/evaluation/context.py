@@ -2,7 +2,7 @@
 over all processes in a fixed order, and the passes built on them.
 
 Loaders use ``ShardSampler`` (rank r takes samples r, r + W, ...; no shuffle, no padding, no drop_last); metrics
-are integer counts of correct predictions summed over processes as integers (:class:`quest.engine.counts.Counts`,
+are integer counts of correct predictions summed over processes as integers (:class:`quest.train.counts.Counts`,
 re-exported here with :func:`percent` and :func:`error_fraction`), turned into percentages once, in float64; and
 order-sensitive scorers (ReaL) get the predictions of all processes put back into data-set order. torchmetrics'
 accuracy is not used: its ratio is a float32 division, off by up to 3e-6 points.
@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from quest.data import ShardSampler, collate_skipping_bad
 from quest.data.worker_errors import NamedLoader
-from quest.engine.counts import Counts, error_fraction, percent
-from quest.engine.distributed import DistContext
-from quest.workers import die_with_parent
+from quest.runtime.distributed import DistContext
+from quest.runtime.workers import die_with_parent
+from quest.train.counts import Counts, error_fraction, percent
 
 from .progress import Progress, tracked
 from .target import EvalTarget

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from quest.extras import require
+from quest.runtime.extras import require
 
 __all__ = ["CORRUPTIONS", "corrupt", "sample_seed"]
 

@@ -16,7 +16,7 @@ do (the stored results are reported); the same key interrupted or partial -> the
 the rest run; another key (or results of an older quest without one) -> refused, naming the keys that differ, unless
 ``eval.overwrite=true``, which first moves the old files to ``.replaced/<UTC time>/`` (never deleted).
 
-The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.owned_dir): a
+The lock, ``.replaced/`` and the key-by-key comparison are those of every directory quest owns (quest.store.owned_dir): a
 refused evaluation leaves ``.eval.lock`` as it found it. The lock is taken and ``eval_results.json`` read
 (:meth:`EvalDirectory.open`) before the model and the data are loaded: a second evaluation into the directory is
 refused at once; the key, which needs them, is compared after (:meth:`EvalDirectory.begin`).
@@ -32,12 +32,11 @@ from typing import Any
 
 import torch
 
-from quest.errors import UserError
-from quest.io import REPLACED, LockHeld, json_text, parse_json, write_text_atomic
-from quest.owned_dir import OwnedDirectory, differences
-from quest.records import RecordError
-
-from .results_file import checked_results
+from quest.runtime.errors import UserError
+from quest.store.files import REPLACED, LockHeld, json_text, parse_json, write_text_atomic
+from quest.store.owned_dir import OwnedDirectory, differences
+from quest.store.records import RecordError
+from quest.store.results_file import checked_results
 
 log = logging.getLogger("quest.eval")
 
@@ -107,7 +106,7 @@ def read_results(path: Path) -> dict[str, Any]:
     except PermissionError:
         raise EvalDirectoryError(f"{path}: permission denied (reading it needs read permission on the file)") from None
     try:
-        return checked_results(data, path)  # every field checked; an older quest's results upgraded (quest.compat)
+        return checked_results(data, path)  # every field checked; an older quest's results upgraded (quest.store.compat)
     except RecordError as exc:
         raise EvalDirectoryError(f"{exc} (damaged or edited?); move it aside or pass eval.overwrite=true to archive "
                                  "it to .replaced/ and evaluate again") from None
@@ -209,5 +208,5 @@ class EvalDirectory(OwnedDirectory):
         return dest
 
     def write(self, record: dict[str, Any]) -> Path:
-        """eval_results.json, atomically (quest.io)."""
+        """eval_results.json, atomically (quest.store.files)."""
         return write_text_atomic(self.results_path, json_text(record))

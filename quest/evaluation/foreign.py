@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from quest.io import read_json
-from quest.run_files import checked_export_config
+from quest.store.files import read_json
+from quest.store.run_files import checked_export_config
 
 __all__ = ["weights_num_classes", "export_record", "ClassOrder", "class_order"]
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from quest.config_checks import Checks
-from quest.plugins import import_named, import_plugins
+from quest.config.checks import Checks
+from quest.runtime.plugins import import_named, import_plugins
 
 from .settings import RESERVED_KEYS
 
@@ -41,7 +41,7 @@ class Evaluator:
     default: Callable[[], Any]  # the section's defaults (an instance of ``settings``)
     check: Callable[[Checks, str], None] | None  # value checks, given the section's key ('eval.<name>')
     module: str  # where it was registered
-    # the optional modules it imports, given its section: [(module, extra, what)] (quest.extras.require_all), checked
+    # the optional modules it imports, given its section: [(module, extra, what)] (quest.runtime.extras.require_all), checked
     # for every evaluation of eval.run before any of them starts
     needs: Callable[[Any], Iterable[tuple[str, str, str]]] = lambda section: ()
     # the data roots it reads (quest.evaluation.inputs.Input), each checked before the suite's first evaluation
@@ -63,7 +63,7 @@ def register_evaluation(name: str, settings: type | None = None, *, default: Cal
                         inputs: Callable[[Any, Any], list] | None = None) -> Callable[[F], F]:
     """Decorator: ``fn(run, section) -> dict`` becomes the evaluation ``name``, its section ``eval.<name>`` typed by
     the dataclass ``settings`` (None: a section without keys) with the defaults ``default()`` (default:
-    ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.config_checks.Checks`), run
+    ``settings()``); ``check(checks, 'eval.<name>')`` adds its value checks (:class:`quest.config.checks.Checks`), run
     at start with every other check. ``needs``: the optional modules it imports as ``(module, extra, what)``, or a
     function of its section that lists them; a missing one is named before any evaluation runs. ``inputs(run,
     section)`` lists the data roots it reads (:class:`quest.evaluation.inputs.Input`), checked before the suite's

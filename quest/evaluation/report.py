@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from quest.io import json_text, markdown_table, plain, write_csv_atomic, write_text_atomic
+from quest.store.files import json_text, markdown_table, plain, write_csv_atomic, write_text_atomic
 
 __all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers",
            "format_headline"]
@@ -146,7 +146,7 @@ def _section(name: str, result: dict[str, Any]) -> list[str]:
 
 
 def write_reports(out_dir: str | Path, report: dict[str, Any]) -> dict[str, Path]:
-    """Write the three files, each atomically (quest.io); return their paths."""
+    """Write the three files, each atomically (quest.store.files); return their paths."""
     out_dir = Path(out_dir)
     report = plain(report)
     paths = {ext: out_dir / f"eval_results.{ext}" for ext in ("json", "csv", "md")}
@@ -178,7 +178,7 @@ def log_wandb(logger_cfg: Any, report: dict[str, Any], out_dir: Path, group: str
     """One wandb run (job_type 'eval') in the training run's group; offline unless logger.mode says otherwise."""
     if not logger_cfg.wandb:
         return None
-    from quest.engine.logger import init_wandb
+    from quest.run.outputs import init_wandb
 
     target = report["target"]
     name = logger_cfg.name or f"eval-{report['suite']}-{target.get('attention')}"

@@ -14,15 +14,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from quest.attention.fused_check import configure as configure_fused
 from quest.attention.fused_check import record as fused_record
-from quest.config_checks import ConfigError
+from quest.config.checks import ConfigError
+from quest.config.wandb_check import check_wandb_credentials
 from quest.data.registry import training_only_data_keys
-from quest.engine.distributed import DistContext, init_distributed
-from quest.engine.logger import start_log_file, stop_log_file
-from quest.engine.precision import autocast_for
-from quest.errors import every_rank
-from quest.extras import require_all
-from quest.io import plain
-from quest.wandb_check import check_wandb_credentials
+from quest.run.outputs import start_log_file, stop_log_file
+from quest.runtime.distributed import DistContext, init_distributed
+from quest.runtime.errors import every_rank
+from quest.runtime.extras import require_all
+from quest.store.files import plain
+from quest.train.precision import autocast_for
 
 from .checks import check_eval_config
 from .context import EvalRun
@@ -115,7 +115,7 @@ def _target_report(target: EvalTarget) -> dict[str, Any]:
 
 def _decide(decide: Callable[[], Any], ctx: DistContext) -> Any:
     """The main process decides what the directory allows (it alone archives and writes); the others follow: its
-    refusal is raised on every process, printed once (quest.errors, ``every_rank``)."""
+    refusal is raised on every process, printed once (quest.runtime.errors, ``every_rank``)."""
     outcome: list[Any] = [None]
     if ctx.is_main:
         try:

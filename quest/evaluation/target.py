@@ -11,15 +11,15 @@ import torch
 import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
+from quest.config.schema import DataConfig
 from quest.data import get_dataset
-from quest.engine.builders import build_model, resolve_img_size
-from quest.engine.checkpoint import CheckpointRecordError, load_record
-from quest.engine.logger import wandb_group
-from quest.io import file_sha256
 from quest.models import create_model
-from quest.schema import DataConfig
-from quest.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
-from quest.weights_check import check_weights
+from quest.run.checkpoint import CheckpointRecordError, load_record
+from quest.run.outputs import wandb_group
+from quest.store.files import file_sha256
+from quest.store.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
+from quest.store.weights_check import check_weights
+from quest.train.builders import build_model, resolve_img_size
 
 from .config import evaluated_name
 from .directory import state_dict_sha256

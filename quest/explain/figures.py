@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from quest.extras import require
-from quest.io import save_figure
+from quest.runtime.extras import require
+from quest.store.files import save_figure
 
 __all__ = ["DPI", "compare_figure", "compare_runs", "explanation_grid", "grid_figure"]
 

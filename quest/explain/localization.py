@@ -33,7 +33,7 @@ def boxes_to_mask(boxes: np.ndarray | torch.Tensor, size: tuple[int, int]) -> to
 
 def _regions(binary: np.ndarray) -> list[tuple[int, int, int, int]]:
     """Bounding boxes (xmin, ymin, xmax, ymax) of the 8-connected regions of a boolean image."""
-    from quest.extras import require
+    from quest.runtime.extras import require
 
     ndimage = require("scipy.ndimage", "eval", "the localization metrics of eval=explain")
     labels, count = ndimage.label(binary, structure=np.ones((3, 3), dtype=bool))

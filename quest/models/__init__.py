@@ -1,5 +1,5 @@
 """timm integration: models built with a chosen attention formulation, CPU-sized presets, and the ``quest_vit``
-entry point that exported folders name (timm / Hugging Face interop: ``quest-export`` in quest.engine.export,
+entry point that exported folders name (timm / Hugging Face interop: ``quest-export`` in quest.tools.export,
 pretrained weights in quest.models.pretrained; docs/interop.md)."""
 from .factory import attention_layers, convert_attention, create_model, model_seq_len
 from .presets import CPU_PRESETS

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from quest.weights_check import check_weights
+from quest.store.weights_check import check_weights
 
 __all__ = ["pretrained_problem", "pretrained_state_dict", "load_pretrained_weights"]
 
@@ -75,13 +75,13 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from quest.io import DamagedFile
+        from quest.store.files import DamagedFile
 
         try:
             return load_file(str(path), device="cpu")
         except SafetensorError as exc:
             raise DamagedFile(path, f"not a whole safetensors file ({exc})") from None
-    from quest.torch_files import inspect_torch_file, state_dict_of, weights_problem
+    from quest.store.torch_files import inspect_torch_file, state_dict_of, weights_problem
 
     found = inspect_torch_file(path)
     problem = weights_problem(path, found)
@@ -180,7 +180,7 @@ def _formulation_params(model: nn.Module) -> set[str]:
 def load_pretrained_weights(model: nn.Module, source: str, download: bool = False) -> dict[str, Any]:
     """Load ``source``'s weights into ``model`` (built with its attention, class count and input size); returns
     what happened (for logs and the run record). Raises ``ValueError`` naming the weights that do not fit or hold
-    NaN/inf (quest.weights_check), before the model changes."""
+    NaN/inf (quest.store.weights_check), before the model changes."""
     from timm.models.vision_transformer import checkpoint_filter_fn
 
     state = dict(pretrained_state_dict(source, download))

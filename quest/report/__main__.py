@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from quest.errors import input_error, program_name
-from quest.output_folder import output_path
+from quest.runtime.errors import input_error, program_name
+from quest.store.output_folder import output_path
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
 
@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-report console script
-    from quest.errors import program_name, reporting_errors
+if __name__ == "__main__":  # quest's one error path (quest/runtime/errors.py), as the quest-report console script
+    from quest.runtime.errors import program_name, reporting_errors
 
     with reporting_errors(program_name("quest-report")):
         code = main()

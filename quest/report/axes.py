@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from quest.extras import require
+from quest.runtime.extras import require
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib import ticker  # noqa: E402

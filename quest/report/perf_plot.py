@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from quest.extras import require
-from quest.io import save_figure
+from quest.runtime.extras import require
+from quest.store.files import save_figure
 
 require("matplotlib", "report", "quest-plot perf")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quest.errors import input_error, program_name
-from quest.extras import require
-from quest.io import OutputExists, atomic_write, figure_bytes, save_figure
-from quest.output_folder import FolderHeld, holding, output_path
+from quest.runtime.errors import input_error, program_name
+from quest.runtime.extras import require
+from quest.store.files import OutputExists, atomic_write, figure_bytes, save_figure
+from quest.store.output_folder import FolderHeld, holding, output_path
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = Path(args.out)
     try:
-        # the figure held from the check to its save (quest.output_folder: .<name>.lock beside it, gone at the end);
+        # the figure held from the check to its save (quest.store.output_folder: .<name>.lock beside it, gone at the end);
         # drawn before anything in its folder changes, so that a refused input leaves an earlier figure where it was
         with holding(out.parent, "quest-plot", output=out.name) as folder:
             folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
@@ -320,8 +320,8 @@ def _figure(args: argparse.Namespace) -> tuple[Any, int]:
     return diagnostics_figure(args.run_dirs, _parse_layers(args.layers), keys, args.prefix), 120
 
 
-if __name__ == "__main__":  # quest's one error path (quest/errors.py), as the quest-plot console script
-    from quest.errors import program_name, reporting_errors
+if __name__ == "__main__":  # quest's one error path (quest/runtime/errors.py), as the quest-plot console script
+    from quest.runtime.errors import program_name, reporting_errors
 
     with reporting_errors(program_name("quest-plot")):
         code = main()

@@ -6,8 +6,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from quest.io import markdown_table, write_text_atomic
-from quest.output_folder import holding
+from quest.store.files import markdown_table, write_text_atomic
+from quest.store.output_folder import holding
 
 from .runs import PERF_METRICS, RunResult
 from .stats import lower_is_better, mean_std
@@ -197,7 +197,7 @@ def lr_csv(report: Report) -> str:
 def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) -> list[Path]:
     """runs.md (the results and, per run, where the time went) / runs.csv, and lr_sensitivity.md / .csv when there
     is an lr sweep, in ``out_dir``. Tables already there are refused (OutputExists), or with ``overwrite`` kept in
-    ``out_dir/.replaced/<UTC time>/``; ``out_dir`` is held while they are written (quest.output_folder)."""
+    ``out_dir/.replaced/<UTC time>/``; ``out_dir`` is held while they are written (quest.store.output_folder)."""
     out_dir = Path(out_dir)
     perf = perf_markdown(report)
     texts = {"runs.md": runs_markdown(report) + ("\n" + perf if perf else ""), "runs.csv": runs_csv(report)}
@@ -205,7 +205,7 @@ def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) 
         texts.update({"lr_sensitivity.md": lr_markdown(report), "lr_sensitivity.csv": lr_csv(report)})
     files = [out_dir / name for name in texts]
     # a second report into out_dir is refused, never interleaved; the lock file it made goes at the end and no record
-    # is kept (it replaces nothing in place), so out_dir holds the tables alone (quest.output_folder)
+    # is kept (it replaces nothing in place), so out_dir holds the tables alone (quest.store.output_folder)
     with holding(out_dir, "quest-report", transient=True) as folder:
         folder.refuse_present(files, overwrite)
         folder.make_room(files)

@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.io import DamagedFile, OutsideFolder, inside_folder, parse_json, read_json
-from quest.records import RecordError, check_fields
-from quest.run_files import RunSummary, check_metrics_row
+from quest.store.files import DamagedFile, OutsideFolder, inside_folder, parse_json, read_json
+from quest.store.records import RecordError, check_fields
+from quest.store.run_files import RunSummary, check_metrics_row
 
 __all__ = ["PlotInputError", "load_metrics", "run_formulation", "run_label"]
 
@@ -21,7 +21,7 @@ class PlotInputError(ValueError):
 
 
 def _own(run_dir: Path, name: str) -> Path:
-    """``run_dir/name`` when it is the run's own file (quest.io.inside_folder), never a link to another run's."""
+    """``run_dir/name`` when it is the run's own file (quest.store.files.inside_folder), never a link to another run's."""
     try:
         return inside_folder(run_dir / name, run_dir)
     except OutsideFolder as exc:
@@ -54,7 +54,7 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 logger.warning("%s:%d: skipping a truncated last line", path, number)
                 continue
             raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
-        try:  # every field checked (quest.run_files)
+        try:  # every field checked (quest.store.run_files)
             records.append(check_metrics_row(record, f"{path}:{number}"))
         except RecordError as exc:
             raise PlotInputError(str(exc)) from None
@@ -66,7 +66,7 @@ def run_formulation(run_dir: Path) -> str | None:
     summary_path = _own(Path(run_dir), "summary.json")
     if not summary_path.is_file():
         return None
-    try:  # every field it holds checked (quest.run_files); a label needs no status
+    try:  # every field it holds checked (quest.store.run_files); a label needs no status
         summary = read_json(summary_path) or {}
         check_fields(RunSummary, summary, summary_path)
     except (DamagedFile, RecordError) as exc:

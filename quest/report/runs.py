@@ -1,5 +1,5 @@
 """Loading run directories for the reports: a run is a directory with ``summary.json`` (written by
-quest.engine.fit), ``run.json`` (its config; older runs: ``.hydra/config.yaml``, written by Hydra for
+quest.train.fit), ``run.json`` (its config; older runs: ``.hydra/config.yaml``, written by Hydra for
 ``python train.py``) and ``eval/<suite>/<checkpoint stem>-<model|ema>/eval_results.json`` (written by ``eval.py``).
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quest.evaluation.results_file import checked_results
-from quest.io import OutsideFolder, inside_folder, parse_json
-from quest.records import RecordError
-from quest.run_files import checked_run_record, checked_summary
+from quest.store.files import OutsideFolder, inside_folder, parse_json
+from quest.store.records import RecordError
+from quest.store.results_file import checked_results
+from quest.store.run_files import checked_run_record, checked_summary
 
 log = logging.getLogger("quest.report")
 
@@ -83,7 +83,7 @@ def number(value: Any) -> float | None:
 
 
 def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
-    """A JSON object of a run directory, every field checked by ``check`` (quest.run_files) when given."""
+    """A JSON object of a run directory, every field checked by ``check`` (quest.store.run_files) when given."""
     try:
         data = parse_json(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -99,7 +99,7 @@ def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
 
 
 def _own(run_dir: Path, path: Path) -> Path:
-    """``path``, a file of ``run_dir``, when it is the run's own (quest.io.inside_folder): a link to another run's
+    """``path``, a file of ``run_dir``, when it is the run's own (quest.store.files.inside_folder): a link to another run's
     file is refused, never counted as this run's."""
     try:
         return inside_folder(path, run_dir)
@@ -108,7 +108,7 @@ def _own(run_dir: Path, path: Path) -> Path:
 
 
 def _read_config(run_dir: Path) -> dict[str, Any] | None:
-    """The run's own record of its config (run.json, written by quest.engine.fit), else Hydra's copy of the latest
+    """The run's own record of its config (run.json, written by quest.train.fit), else Hydra's copy of the latest
     command's config for runs written before run.json existed."""
     record = _own(run_dir, run_dir / "run.json")
     if record.is_file():
@@ -153,7 +153,7 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
                    key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
     for path in files:
-        try:  # every field checked; an older quest's upgraded (quest.compat)
+        try:  # every field checked; an older quest's upgraded (quest.store.compat)
             report = checked_results(_read_json(path, "evaluation results"), path)
         except RecordError as exc:
             raise ReportInputError(str(exc)) from None

@@ -29,7 +29,7 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     (fewer than two values on either side, or both samples constant)."""
     if len(a) < 2 or len(b) < 2:
         return None
-    from quest.extras import require  # scipy is slow to import: only when a test is actually run
+    from quest.runtime.extras import require  # scipy is slow to import: only when a test is actually run
 
     ttest_ind = require("scipy.stats", "report", "the Welch t-test of quest.report").ttest_ind
 

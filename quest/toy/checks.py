@@ -1,5 +1,5 @@
 """Checks of a toy-study config (configs/toy/toy.yaml) that run before anything trains: every value in range, every
-problem named by its key and reported together, as train.py's are (quest.engine.checks). The study's own checks of
+problem named by its key and reported together, as train.py's are (quest.train.checks). The study's own checks of
 names (formulations, variants) and of the device follow in quest.toy.study."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
-from quest.config_checks import DEVICE_PATTERN, Checks, float_keys, is_int, is_number
+from quest.config.checks import DEVICE_PATTERN, Checks, float_keys, is_int, is_number
 
 from .config import ToyConfig
 
@@ -28,7 +28,7 @@ def _range(values: Any) -> bool:
 
 
 def check_toy_config(cfg: Mapping[str, Any]) -> None:
-    """Raise :class:`quest.config_checks.ConfigError` naming every bad value of a toy-study config (a plain dict of
+    """Raise :class:`quest.config.checks.ConfigError` naming every bad value of a toy-study config (a plain dict of
     :class:`~quest.toy.config.ToyConfig`)."""
     c = Checks(OmegaConf.create(dict(cfg)))
     c.finite(*float_keys(ToyConfig))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from quest.extras import require
+from quest.runtime.extras import require
 
 matplotlib = require("matplotlib", "report", "the toy study's figures")
 matplotlib.use("Agg")
@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from quest.io import save_figure  # noqa: E402
 from quest.report.plot import formulation_color  # noqa: E402
+from quest.store.files import save_figure  # noqa: E402
 
 __all__ = ["plot_heatmaps", "plot_key_norms", "key_norms_figure", "plot_sensitivity"]
 

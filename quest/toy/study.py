@@ -26,9 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from quest.attention import list_attentions
-from quest.io import atomic_write, write_csv_atomic, write_json_atomic
-from quest.output_folder import OutputFolder, holding
-from quest.workers import die_with_parent
+from quest.runtime.workers import die_with_parent
+from quest.store.files import atomic_write, write_csv_atomic, write_json_atomic
+from quest.store.output_folder import OutputFolder, holding
 
 from .batched import RunSpec, train_chunk
 from .checks import check_toy_config
@@ -119,7 +119,7 @@ _WORKER_CFG: dict = {}
 
 
 def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
-    die_with_parent()  # quest/workers.py: a study killed by a signal takes its workers with it
+    die_with_parent()  # quest/runtime/workers.py: a study killed by a signal takes its workers with it
     _WORKER_CFG.update(cfg)
     if threads:
         torch.set_num_threads(int(threads))
@@ -243,7 +243,7 @@ def run_study(cfg: Mapping[str, Any], out_dir: str | Path, accepted: Callable[[]
     if not _can_plot():  # said before the grid trains, not after
         log.warning("matplotlib is not installed: the study writes its CSVs but no figures (pip install "
                     "'quest[report]')")
-    # held for the whole study (quest.output_folder): a second study into out_dir is refused naming this one
+    # held for the whole study (quest.store.output_folder): a second study into out_dir is refused naming this one
     with holding(out_dir, "quest-toy") as folder:
         if (cfg.get("study") or {}).get("name", "grid") == "sensitivity":
             return _run_sensitivity(cfg, folder, accepted)

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from quest.data import build_dataset  # noqa: E402
-from quest.engine.builders import build_model, resolve_img_size  # noqa: E402
-from quest.engine.checkpoint import load_checkpoint  # noqa: E402
+from quest.train.builders import build_model, resolve_img_size  # noqa: E402
+from quest.run.checkpoint import load_checkpoint  # noqa: E402
 from quest.evaluation import spsa as fixed  # noqa: E402
 from quest.evaluation.context import evenly_spaced  # noqa: E402
 from quest.evaluation.target import EvalTarget  # noqa: E402

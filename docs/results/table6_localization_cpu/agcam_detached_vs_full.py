@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from quest.data import build_dataset  # noqa: E402
-from quest.engine.builders import build_model, resolve_img_size  # noqa: E402
-from quest.engine.checkpoint import load_checkpoint  # noqa: E402
+from quest.train.builders import build_model, resolve_img_size  # noqa: E402
+from quest.run.checkpoint import load_checkpoint  # noqa: E402
 from quest.evaluation.target import EvalTarget  # noqa: E402
 from quest.evaluation.transforms import eval_transform  # noqa: E402
 from quest.explain import agcam, to_image  # noqa: E402

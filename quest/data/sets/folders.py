@@ -50,7 +50,7 @@ def _build(data: Any, split: str, transform: Callable | None, read_file: Callabl
     from ..preflight import apply_preflight
 
     root, _ = folder_classes(data, split)
-    # read_file: the training input's way to read a file (quest/data/train_input.py), else PIL's
+    # read_file: the training input's way to read a file (quest/data/pipelines/train_input.py), else PIL's
     ds = SafeImageFolder(root, transform=transform, bad_images=data.bad_images, loader=read_file)
     # every file checked before the first step (docs/data.md)
     if data.get("preflight", True):

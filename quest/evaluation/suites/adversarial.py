@@ -8,7 +8,7 @@ CUDA). Every setting of either is selectable (``space``, ``labels``, ``elliptica
 ``spsa.estimate_at``, ...), every result says which ran, with eps in both units, and lists where the settings
 differ from the authors'. With an attack-time estimator override, the clean numbers come twice: ``clean`` at the
 attack-time estimator and ``clean_as_trained`` (the model as trained: the paper tables' clean accuracy). Accuracy
-is always measured against the data set's labels, from integer counts (:class:`quest.engine.counts.Counts`). The
+is always measured against the data set's labels, from integer counts (:class:`quest.train.counts.Counts`). The
 settings and their meaning: quest.evaluation.adversarial_protocol.
 """
 from __future__ import annotations

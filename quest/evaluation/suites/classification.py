@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 from torch.utils.data import Dataset
 
-from quest.config_checks import Checks
+from quest.config.checks import Checks
 from quest.data import build_dataset
 
 from ..checks import sublist

@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional
 from PIL import Image
 from torch.utils.data import Dataset
 
-from quest.config_checks import Checks, is_int
+from quest.config.checks import Checks, is_int
 
 from ..checks import severities, sublist
 from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset

@@ -18,12 +18,12 @@ import torch.distributed as dist
 import torchvision.transforms as T
 from PIL import Image
 
-from quest.config_checks import Checks
+from quest.config.checks import Checks
 from quest.explain import AGCAM_GRADIENTS, METHODS, check_explainable
 from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
 from quest.explain.localization import LocalizationScores
 from quest.explain.scoring import normalised_maps, score_explanations
-from quest.io import atomic_write
+from quest.store.files import atomic_write
 
 from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import torch
 from timm.data import RealLabelsImagenet
 
-from quest.io import parse_json
+from quest.store.files import parse_json
 
 from ..context import EvalRun, ordered_topk, percent
 from ..imagenet_data import LAYOUTS, ImageList, real_files, require_dir

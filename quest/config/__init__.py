@@ -1,0 +1,1 @@
+"""The config: its schema, the checks of overrides and values, ``--help``, Hydra's registration."""

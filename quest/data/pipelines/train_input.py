@@ -1,0 +1,124 @@
+"""The training input pipelines ``data.pipeline=<name>`` can name: where each step of the training transform runs.
+
+Every pipeline draws the same augmentation (the recipe's RandomResizedCrop, flip, RandAugment, random erasing) from
+the same distributions; they differ in where the work is done and so in how many loader processes a GPU needs
+(docs/data.md, "Training input pipelines"; docs/benchmarks.md):
+
+- ``timm`` (the default, and the paper's): timm's ``create_transform`` on PIL images, everything in the loader's
+  worker processes, float tensors out.
+- ``split``: the workers decode (torchvision, libjpeg-turbo) and crop + flip to a uint8 tensor; RandAugment,
+  normalisation and random erasing run on the device on whole batches.
+- ``device``: the workers only read each file's bytes; the device decodes (nvJPEG on CUDA), crops, flips and does
+  the rest. Needs a data set that reads image files.
+
+A pipeline is registered with :func:`register_train_input`: a builder ``(recipe, data, img_size) -> TrainInput``
+and a check of the config it supports. One of your own is one module calling it, named in ``QUEST_PIPELINE_MODULES``
+(comma-separated) or installed as a ``quest.train_inputs`` entry point (docs/data.md, "Training input pipelines").
+This module imports no torch; listing or getting a pipeline imports the built-in ones (quest/data/pipelines/tensor_input.py),
+which do.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from quest.runtime.plugins import import_plugins
+
+__all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_input", "list_train_inputs",
+           "build_train_input", "jitter_active", "MODULES_ENV", "ENTRY_POINT_GROUP"]
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """What a pipeline builds for the training split.
+
+    ``transform`` runs per sample in the loader's workers; ``collate`` makes a batch of its outputs (``(images,
+    targets, n_skipped)``); ``finish(images, device)``, when set, turns a collated batch into the model's float input
+    on the device; ``read_file(path)``, when set, is how a data set that reads image files reads one for this
+    pipeline (quest.data.datasets.build_dataset passes it on).
+    """
+
+    transform: Callable[[Any], Any]
+    collate: Callable[[list], tuple[Any, Any, int]]
+    finish: Callable[[Any, Any], Any] | None
+    label: str  # what the run's summary and log record as its training input
+    read_file: Callable[[str], Any] | None = None
+
+
+@dataclass(frozen=True)
+class TrainInputKind:
+    name: str
+    build: Callable[[Any, Any, int], TrainInput]  # (recipe, data, img_size) -> TrainInput
+    check: Callable[[Any], None] | None  # given quest.config.checks.Checks: the recipe keys it cannot follow
+    reads_files: bool  # True: needs a data set that reads image files (quest.data.registry DataSet.reads_files)
+    description: str
+    # True: decodes on the CPU and can follow data.draft_decode (decode at reduced size; quest.data.pipelines.draft)
+    draft_decode: bool = False
+
+
+_REGISTRY: dict[str, TrainInputKind] = {}
+
+
+def register_train_input(name: str, description: str, *, check: Callable[[Any], None] | None = None,
+                         reads_files: bool = False, draft_decode: bool = False) -> Callable:
+    """Decorator: ``build(recipe, data, img_size) -> TrainInput`` becomes ``data.pipeline=<name>``. ``draft_decode``:
+    the builder follows ``data.draft_decode`` (otherwise that setting is refused with this pipeline)."""
+    def decorate(build: Callable[[Any, Any, int], TrainInput]) -> Callable[[Any, Any, int], TrainInput]:
+        _REGISTRY[name] = TrainInputKind(name, build, check, reads_files, description, draft_decode)
+        return build
+
+    return decorate
+
+
+MODULES_ENV = "QUEST_PIPELINE_MODULES"  # comma-separated modules that register pipelines of one's own
+ENTRY_POINT_GROUP = "quest.train_inputs"  # or an installed package's entry points in this group
+_STATE = {"loaded": False}
+
+
+def _load() -> None:
+    """Import the built-in pipelines (quest/data/pipelines/tensor_input.py registers them as it is imported, as a data set's
+    module does; by name, so that this registry stays below the modules that fill it), the modules of
+    ``QUEST_PIPELINE_MODULES`` and the ``quest.train_inputs`` entry points, once: as the data sets and evaluations."""
+    if _STATE["loaded"]:
+        return
+    _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
+    try:
+        import_plugins(f"{__package__}.tensor_input", MODULES_ENV, ENTRY_POINT_GROUP, "training input pipeline")
+    except BaseException:
+        _STATE["loaded"] = False
+        raise
+
+
+def list_train_inputs() -> list[str]:
+    _load()
+    return sorted(_REGISTRY)
+
+
+def get_train_input(name: str) -> TrainInputKind:
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown data.pipeline {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
+    """The training input of ``data.pipeline``; its label also names a resolution-capped copy of the data (quest-data
+    cap) when ``data.root`` is one. ``data`` is today's config (the schema gives every data set ``pipeline``; a stored
+    config that predates the key is upgraded where it is read: quest.store.compat.upgrade_data_config)."""
+    from quest.store.tool_records import read_capped
+
+    built = get_train_input(data.pipeline).build(recipe, data, img_size)
+    capped = read_capped(data.get("root"))
+    if capped is None:
+        return built
+    return dataclasses.replace(built, label=f"{built.label}; storage: {capped['layout']} capped at short side "
+                               f"{capped['short_side']} (quest-data cap, {capped['resample']}, JPEG quality "
+                               f"{capped['quality']}) from {capped['source']}")
+
+
+def jitter_active(recipe: Any) -> bool:
+    """timm's rule (create_transform): colour jitter applies unless an auto-augment policy other than 3-Augment is
+    on. quest passes ``color_jitter=null`` as 0.0, which timm still builds as a ColorJitter of strength 0."""
+    policy = recipe.get("auto_augment")
+    return bool(recipe.get("color_jitter")) and (not policy or "3a" in policy)

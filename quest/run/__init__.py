@@ -1,0 +1,1 @@
+"""A run directory and what it holds: the plan, checkpoints, counters, signals, outputs, attempts."""

@@ -1,0 +1,167 @@
+"""One error path for every entry point: a mistake the user can fix reaches them as one line,
+``<program>: error: <message>``, and a documented exit code; a bug of quest keeps its traceback, with one line
+saying that it is one.
+
+Every command (train.py and each job of a multirun, eval.py, the toy study, every ``quest-*`` tool) runs its work
+inside :func:`reporting_errors`. What counts as the user's (:func:`is_user_error`): a bad value or file
+(``ValueError``: quest's ConfigError, DamagedFile, ShardError, ... and the checks of the libraries it calls), the file
+system (``OSError``: a missing or unreadable path, a full disk, a read-only directory, a directory another process
+holds), too little memory for what the config asks (MemoryError, torch's allocators), a missing optional package
+(MissingExtra), a config the schema refuses (OmegaConf's errors), and any exception class that says so with
+:class:`UserError`. Everything else is a bug: its traceback is printed.
+
+``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows the traceback of a user error too.
+
+Under torchrun or srun every process runs the same command, so a refused start would say the same line once per
+process. A user error is printed by rank 0 alone, the others exiting with the same code silently, where every
+process is known to find the same one: before the process joined its group (:func:`joined_group`; the checks until
+then read the command line and the config, which every process shares), or when the exception is marked
+:func:`every_rank` (a decision of rank 0 broadcast to the others, a check whose message every rank computes from
+what all of them gathered). Any other user error of a process other than rank 0 may be its own (its node's files,
+its GPU's memory): it is printed, ``rank <n>: `` before the message, by the process that found it. A bug's
+traceback is printed by every process that has one.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
+           "describe", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
+
+EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
+EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
+#: the tools (quest-data, quest-export, quest-report, quest-plot) exit 2 when their input makes the command impossible,
+#: as argparse does for a bad argument: their 1 means "ran, and found problems" (quest-data check, an unreadable image)
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Mixin for an exception the user can fix from its message alone (no traceback is shown)."""
+
+
+def is_user_error(exc: BaseException) -> bool:
+    from omegaconf.errors import OmegaConfBaseException
+
+    from quest.runtime.extras import MissingExtra
+
+    return isinstance(exc, (UserError, ValueError, OSError, MissingExtra, OmegaConfBaseException)) or out_of_memory(exc)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """The machine's memory (or the GPU's) was too small for what the config asks: a user's to fix, like a full disk.
+    torch's CPU allocator says so in a RuntimeError, CUDA's in torch.OutOfMemoryError."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+def describe(exc: BaseException) -> str:
+    """The message for the one error line: the exception's own, and for the file system the path and, when the
+    disk is full, the space left where it was writing."""
+    if isinstance(exc, OSError) and exc.strerror:  # the system's error: strerror and the path, no class name
+        # of two paths (a rename, a link), the second is where it was going: the file the user knows (the first is
+        # a temporary of quest.store.files.atomic_write)
+        path = exc.filename2 or exc.filename
+        text = f"{exc.strerror}" + (f": {path}" if path else "")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and path:
+            folder = next((p for p in [Path(path), *Path(path).parents] if p.exists()), None)
+            if folder is not None:
+                text += f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB left on that file system)"
+        return text
+    if out_of_memory(exc):
+        tried = re.search(r"tried to allocate (\d+) bytes", str(exc))
+        size = f" (an allocation of {int(tried.group(1)) / 2**30:,.1f} GiB)" if tried else ""
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "MemoryError"
+        return (f"out of memory{size}: {first}. Lower what the config makes large (data.batch_size, "
+                "data.num_classes, model, data.num_workers, a data set's size) or use a machine with more memory")
+    return str(exc) or type(exc).__name__
+
+
+_joined = False  # whether this process has joined its torchrun / srun group (quest.runtime.distributed)
+
+
+def joined_group() -> None:
+    """This process joined its group: from now on a user error may be its own (module docstring)."""
+    global _joined
+    _joined = True
+
+
+def every_rank(exc: BaseException) -> BaseException:
+    """``exc``, marked as raised alike by every process of the group: printed by rank 0 alone."""
+    exc.quest_every_rank = True  # type: ignore[attr-defined]
+    return exc
+
+
+def group_rank() -> tuple[int, int]:
+    """(rank, number of processes) of this process in its torchrun or srun group, from the environment the
+    launcher set (quest.runtime.distributed reads the same); (0, 1) for a process on its own."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    return 0, 1
+
+
+def print_error(program: str, message: str, alike: bool = True) -> bool:
+    """The one error line, ``<program>: error: <message>``, on standard error; on a process other than rank 0 of
+    a group, nothing when every process finds the same error (``alike``), else with ``rank <n>: `` before the
+    message. Whether it printed."""
+    rank, world = group_rank()
+    if world > 1 and rank != 0:
+        if alike:
+            return False
+        message = f"rank {rank}: {message}"
+    print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+    return True
+
+
+def input_error(program: str, exc: BaseException) -> int:
+    """A tool's refusal of its input: the one error line, ``<program>: error: <message>``; returns EXIT_USAGE."""
+    print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def program_name(default: str) -> str:
+    """What the user typed: ``train.py`` / ``eval.py``, a ``quest-*`` script, ``python -m quest.<module>``, or
+    ``default``."""
+    path = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if path.name in ("train.py", "eval.py") or path.name.startswith("quest-"):
+        return path.name
+    package = Path(__file__).resolve().parent
+    try:
+        module = path.resolve().relative_to(package.parent).with_suffix("")
+    except ValueError:
+        return default
+    if module.parts[:1] != (package.name,):  # another program in the same tree (a venv inside the checkout)
+        return default
+    parts = module.parts[:-1] if module.name == "__main__" else module.parts
+    return "python -m " + ".".join(parts)
+
+
+@contextlib.contextmanager
+def reporting_errors(program: str) -> Iterator[None]:
+    """Run a command's work: a user error exits EXIT_ERROR with one line, a bug EXIT_BUG with its traceback and a
+    line saying so. SystemExit (an exit code already chosen) and KeyboardInterrupt pass through."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001  (the last place an exception can be reported well)
+        sys.stdout.flush()
+        if is_user_error(exc):
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                traceback.print_exc()
+            print_error(program, describe(exc), alike=not _joined or getattr(exc, "quest_every_rank", False))
+            raise SystemExit(EXIT_ERROR) from None
+        traceback.print_exc()
+        print(f"{program}: internal error: this is a bug in quest, not a mistake of yours; please report it with "
+              "the traceback above", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BUG) from None

@@ -1,0 +1,203 @@
+"""The folder a command writes its outputs into (``quest-export --out``, ``quest-report --out``, ``quest-plot --out``'s
+folder, ``quest-data cap``'s and ``make_shards``' output, the toy study's, a run's ``tensorboard/``): what a command
+may remove there (docs/training.md, "What a command may remove").
+
+- The command holds the folder (:func:`holding`: the lock file ``.lock`` of :class:`~quest.store.owned_dir.OwnedDirectory`,
+  naming the command, its pid and host) from before its first check to its end; a second command writing the same
+  folder is refused at once, naming the holder, and changes nothing (:class:`FolderHeld`).
+- Every check comes before the first change: a refused command leaves the folder as it was (the lock file put back,
+  a folder the lock made removed again).
+- It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
+  command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
+  an output (somebody else's, or one edited since) is refused (:meth:`OutputFolder.refuse_present`) or moved to
+  ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
+- The record is believed only once every field is checked (:func:`checked_record`: each path inside the folder, each
+  entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
+
+The data tools' record is their ledger (quest.store.ledger), which names each output and its stamp the same way.
+
+A command that writes one file into a folder that is not its own (``quest-plot --out fig.png``, often the user's
+working directory) holds that file, not the folder (:func:`holding` with ``output``): its lock file is
+``.<name>.lock`` beside it (``.fig.png.lock``), so that two figures can be drawn into one folder at once while a
+second command drawing the same figure is refused, and it keeps no ``.written.json``: such a command replaces
+nothing in place (any file already there is refused, or moved to ``.replaced/`` with ``--overwrite``), so a record
+would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
+alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
+finds it gone from its path and opens the path again (:func:`quest.store.files.lock_file` compares the file it locked with
+the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
+command's) is left, as every lock file is.
+
+``quest-export`` and ``quest-report --out`` hold their folder the same way (``transient``): an export folder is
+handed on whole (uploaded to a model hub, copied beside other models), a report's tables beside a paper's, so each
+ends holding its files alone; neither replaces anything in place (earlier files are refused, or moved to
+``.replaced/`` with ``--overwrite``), so neither keeps a record.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from quest.store.files import (
+    DamagedFile,
+    LockHeld,
+    file_sha256,
+    move_aside,
+    read_json,
+    refuse_present,
+    remove_made_dirs,
+    write_json_atomic,
+)
+from quest.store.owned_dir import OwnedDirectory, holder_text
+
+__all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
+
+#: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
+RECORD = ".written.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REMEDY = ("Move it away: without it no file in this folder counts as written by quest, and one in the way of an "
+           "output is kept in .replaced/ when it is replaced, never deleted")
+
+
+class FolderHeld(ValueError):
+    """Another command holds the folder (a ValueError: the user's to resolve, quest.runtime.errors)."""
+
+
+class OutputFolder(OwnedDirectory):
+    """A folder ``command`` writes outputs into (module docstring). Paths given to its methods are files in it."""
+
+    what = "this output folder"
+
+    def __init__(self, path: str | Path, command: str, lock: bool = True, output: str | None = None,
+                 transient: bool = False):
+        super().__init__(path, is_main=lock)
+        self.command, self.output = command, output
+        self.transient = transient or output is not None  # the lock file it made goes at the end
+        if output is not None:  # one file's lock, not the folder's (module docstring)
+            self.lock_name = f".{output}.lock"
+            self.what = f"{self.path / output}"
+
+    def unlock(self) -> None:
+        """Release the lock; a transient lock file (one output's, or an export's), made by this command, is removed
+        first (module docstring)."""
+        if self.transient and self._lock_fd is not None and not self._lock_was_there:
+            self.lock_path.unlink(missing_ok=True)  # still held: a process that opened it retries (lock_file)
+        super().unlock()
+
+    def holder(self) -> bytes:
+        return f"{self.command}, {holder_text().decode()}".encode()
+
+    def record(self) -> dict[str, dict[str, str]]:
+        """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}; every field checked before
+        it is believed (:func:`checked_record`): :class:`~quest.store.files.DamagedFile` naming the first one that is wrong."""
+        path = self.path / RECORD
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a plain file"
+            raise DamagedFile(path, f"{kind}, expected the record quest writes there", _REMEDY)
+        try:
+            found = read_json(path)
+        except DamagedFile as exc:  # not JSON, not an object: the same way out
+            raise DamagedFile(path, exc.problem, _REMEDY) from None
+        return checked_record(found, path)
+
+    def own(self, path: Path) -> bool:
+        """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes; a file
+        recorded without them, which the command appends to: its name)."""
+        entry = self.record().get(self._name(path))
+        if not (isinstance(entry, dict) and entry.get("by") == self.command and path.is_file()
+                and not path.is_symlink()):
+            return False
+        return "sha256" not in entry or entry["sha256"] == file_sha256(path)
+
+    def refuse_present(self, paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> None:
+        """A check, before any change: OutputExists naming those of ``paths`` that exist, unless ``overwrite``."""
+        refuse_present(paths, overwrite, flag)
+
+    def make_room(self, paths: Iterable[str | Path], keep_own: bool = False, label: str = "") -> Path | None:
+        """Every check has passed: claim the folder and move those of ``paths`` that exist into a new
+        ``.replaced/<UTC time>[-label]/`` (returned; None when none moved), but with ``keep_own`` a file this
+        command wrote and nobody changed since (:meth:`own`), which the command then replaces in place."""
+        self.claim()
+        present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+        return move_aside(self.path, [p for p in present if not (keep_own and self.own(p))], label)
+
+    def note(self, paths: Iterable[str | Path], digest: bool = True) -> None:
+        """Record ``paths`` (just written by this command) with their bytes' SHA-256 (``digest``; False for a file
+        the command goes on appending to, known by its name); entries of files now gone are dropped."""
+        files = {name: entry for name, entry in self.record().items() if (self.path / name).exists()}
+        files.update({self._name(Path(p)): {"by": self.command, **({"sha256": file_sha256(p)} if digest else {})}
+                      for p in paths})
+        write_json_atomic(self.path / RECORD, {"files": dict(sorted(files.items()))})
+
+    def _name(self, path: Path) -> str:
+        return str(Path(path).relative_to(self.path))
+
+
+def output_path(text: str) -> Path:
+    """The argparse type of a command's ``--out``: a path, never an empty one (``--out "$OUT"`` with ``OUT`` unset),
+    which would write the command's files into the working directory, nor one going up ('..') from a folder that
+    does not exist."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
+    path = Path(text)
+    for i, part in enumerate(path.parts):
+        # 'x/sub/..' with no x/sub: the folder would be made on the way (its lock's mkdir) and left behind, empty;
+        # resolved as written it names no folder, and normalised it would go wrong through a link
+        if part == ".." and not Path(*path.parts[:i]).is_dir():
+            raise argparse.ArgumentTypeError(
+                f"{text} goes up ('..') from {Path(*path.parts[:i])}, which is not an existing folder; expected a "
+                "path whose every '..' follows an existing folder (write it without the '..')")
+    return path
+
+
+def checked_record(found: Any, path: Path) -> dict[str, dict[str, str]]:
+    """``found`` (the JSON of a folder's :data:`RECORD` at ``path``; None: no record) as its files, once every field
+    is what :meth:`OutputFolder.note` writes: a relative path inside the folder -> {"by": a command, "sha256": 64 hex
+    digits (absent: a file appended to)}. A record says which files a command may replace in place."""
+    if found is None:
+        return {}
+    files = found.get("files")
+    if not isinstance(files, dict):
+        raise DamagedFile(path, f"its files is {files!r:.80}, expected an object of path -> entry", _REMEDY)
+    for name, entry in files.items():
+        parts = PurePosixPath(name).parts
+        if not name or "\0" in name or PurePosixPath(name).is_absolute() or ".." in parts:
+            raise DamagedFile(path, f"names {name!r:.120}, expected a path inside {path.parent}", _REMEDY)
+        if not (isinstance(entry, dict) and isinstance(entry.get("by"), str) and set(entry) <= {"by", "sha256"}
+                and ("sha256" not in entry or (isinstance(entry["sha256"], str) and _SHA256.fullmatch(entry["sha256"])))):
+            raise DamagedFile(path, f"its entry for {name!r:.120} is {entry!r:.120}, expected "
+                                    '{"by": <command>, "sha256": <64 hex digits>}', _REMEDY)
+    return files
+
+
+@contextmanager
+def holding(path: str | Path, command: str, output: str | None = None,
+            transient: bool = False) -> Iterator[OutputFolder]:
+    """Hold the folder ``path`` for ``command`` while the block runs, or with ``output`` (a file's name) only that
+    file in it (module docstring); :class:`FolderHeld` naming the holder when another command holds it. A block that
+    ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it was: the lock file put back or removed,
+    the folders the lock made removed. ``transient``: the folder's lock file, when this command made it, goes at the
+    end too (a folder that is handed on whole, such as an export uploaded to a model hub, holds its outputs alone)."""
+    folder = OutputFolder(path, command, output=output, transient=transient)
+    made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
+    try:
+        folder.lock()
+    except LockHeld as exc:
+        remove_made_dirs(made)
+        held = folder.path if output is None else folder.path / output
+        raise FolderHeld(f"{held} is being written by {exc.holder} (its lock file {exc.path}); wait for that "
+                         f"command to end, or give this {command} another "
+                         f"{'folder' if output is None else 'file'}") from None
+    try:
+        folder.record()  # a damaged record is refused now, before any change, not after the outputs are written
+        yield folder
+    finally:
+        claimed = folder.claimed
+        folder.unlock()
+        if not claimed:
+            remove_made_dirs(made)
+
+

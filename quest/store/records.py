@@ -1,0 +1,241 @@
+"""Typed records for what quest reads back from its own files: every field's type and range checked before anything
+believes it (docs/training.md, "What quest reads back").
+
+A file quest wrote may come back cut, edited by hand or from another program: a checkpoint whose ``metrics_bytes`` is
+-5 or the string "669", a training state whose step is -4, a config that is a list. A record class declares each
+field with its type (the annotation) and, where a type is not enough, its range (:func:`bounded` metadata); the
+reader calls :func:`check_fields` on what it loaded, which refuses the first field that does not fit with one
+message naming the file, the field, what it holds and what was expected. Nothing is coerced: a string is not a
+number, a bool is not an int, and a float field takes only finite numbers.
+
+The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, unions (``X | None``),
+``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
+dict of its fields), and ``torch.Tensor``.
+
+A file's key that a Python name cannot hold (``val/top1``) is declared with :func:`stored_as`; a field that names a
+path inside the file's folder with :func:`relative_path`; the type of the values under keys a record does not
+declare (a metrics row's per-layer statistics) with a class attribute ``extra_values``. Keys a record does not
+declare are otherwise left alone (a newer quest may add some); a declared key is always checked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import PurePosixPath
+from typing import Any
+
+__all__ = ["RecordError", "bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
+           "check_record", "field_problem", "Number"]
+
+# the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
+# nested in the file too, which the type checks reach without it)
+_FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
+
+#: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.store.files.plain writes nan as "nan")
+Number = float | typing.Literal["nan", "inf", "-inf"]
+
+
+class RecordError(ValueError):
+    """A file's field that is not of its declared type or range (the message names the file and the field)."""
+
+
+def bounded(low: float | None = None, high: float | None = None) -> dict[str, Any]:
+    """Field metadata: the value lies in [low, high] (either end open when None): ``field(metadata=bounded(0))``."""
+    return {"bounds": (low, high)}
+
+
+def stored_as(key: str, **metadata: Any) -> dict[str, Any]:
+    """Field metadata: the field's key in the file is ``key`` (``field(metadata=stored_as("val/top1",
+    **bounded(0, 100)))``), for keys that are not Python names."""
+    return {"key": key, **metadata}
+
+
+def relative_path(**metadata: Any) -> dict[str, Any]:
+    """Field metadata: a path (or a list of paths) relative to the file's folder, which must stay inside it."""
+    return {"path": True, **metadata}
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """The key a record's field has in its file."""
+    return f.metadata.get("key", f.name)
+
+
+def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
+    """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside ``folder`` (the
+    file's folder), or None."""
+    if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
+            and ".." not in PurePosixPath(name).parts:
+        return None
+    folder = "the folder" if folder is None else folder
+    return f"{where} is {name!r}, a path outside {folder}; expected a path relative to {folder} and inside it"
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if hint is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (list, tuple):
+        item = typing.get_args(hint)[0]
+        plural = {int: "integers", float: "finite numbers", str: "strings", bool: "booleans"}
+        return "a list" if item is Any else f"a list of {plural.get(item) or _type_name(item)}"
+    if origin is dict:
+        values = typing.get_args(hint)[1]
+        return "a mapping" if values is Any else f"a mapping of str to {_type_name(values)}"
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of {hint.__name__}'s fields"
+    return {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
+
+
+def field_problem(value: Any, hint: Any, bounds: tuple[float | None, float | None] = (None, None),
+                  where: str = "") -> str | None:
+    """Why ``value`` is not of type ``hint`` within ``bounds`` (naming the part at ``where`` inside it), or None."""
+    problem = _type_problem(value, hint, where)
+    if problem is None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, high = bounds
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = (f"between {low} and {high}" if low is not None and high is not None
+                    else f">= {low}" if low is not None else f"<= {high}")
+            return f"{where or 'it'} is {value!r}, expected a value {span}"
+    return problem
+
+
+def _type_problem(value: Any, hint: Any, where: str) -> str | None:
+    origin = typing.get_origin(hint)
+    label = where or "it"
+    if hint is Any or hint is object:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        problems = [_type_problem(value, option, where) for option in options]
+        if any(p is None for p in problems):
+            return None
+        # one option of the value's own kind explains best (a list's bad element, not "expected null")
+        inner = [p for option, p in zip(options, problems) if _same_kind(value, option)]
+        return inner[0] if inner else f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        return None if value in choices and type(value) in {type(c) for c in choices} else (
+            f"{label} is {_describe(value)}, expected {_type_name(hint)}")
+    if hint is type(None):
+        return None if value is None else f"{label} is {_describe(value)}, expected null"
+    if hint is bool:
+        return None if isinstance(value, bool) else f"{label} is {_describe(value)}, expected true or false"
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"{label} is {_describe(value)}, expected an integer"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else f"{label} is {_describe(value)}, expected a finite number"
+    if hint is str:
+        return None if isinstance(value, str) else f"{label} is {_describe(value)}, expected a string"
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+        item = typing.get_args(hint)[0] if typing.get_args(hint) else Any
+        for i, element in enumerate(value):
+            problem = _type_problem(element, item, f"{label}[{i}]")
+            if problem:
+                return problem
+        return None
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+        item = typing.get_args(hint)[1] if typing.get_args(hint) else Any
+        for key, element in value.items():
+            problem = _type_problem(element, item, f"{label}.{key}")
+            if problem:
+                return problem
+        return None
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+        return _fields_problem(hint, value, label)
+    if isinstance(hint, type):
+        return None if isinstance(value, hint) else f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+    return None  # a hint this checker does not know: not judged
+
+
+def _same_kind(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    kinds = {list: (list, tuple), tuple: (list, tuple), dict: Mapping}
+    return origin in kinds and isinstance(value, kinds[origin]) or (
+        dataclasses.is_dataclass(hint) and isinstance(value, Mapping))
+
+
+def _allows_none(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def record(cls: type, **bounds: Any) -> dict[str, Any]:
+    """Field metadata: a ``dict`` field whose mapping is checked as record class ``cls``."""
+    return {"record": cls, **bounds}
+
+
+def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
+    hints = typing.get_type_hints(cls)
+    declared = set()
+    for f in dataclasses.fields(cls):
+        key = key_of(f)
+        declared.add(key)
+        if key not in data:
+            continue
+        where = f"{prefix}.{key}" if prefix else key
+        hint = hints[f.name]
+        nested = f.metadata.get("record")  # a mapping declared as a plain dict, checked as this record class
+        if nested is not None:
+            hint = nested | None if _allows_none(hint) else nested
+        problem = field_problem(data[key], hint, f.metadata.get("bounds", (None, None)), where)
+        if problem is None and f.metadata.get("path") and data[key] is not None:
+            names = data[key] if isinstance(data[key], list) else [data[key]]
+            problem = next((p for i, name in enumerate(names)
+                            if (p := path_problem(name, f"{where}[{i}]" if isinstance(data[key], list) else where,
+                                                  _FOLDER.get()))), None)
+        if problem:
+            return problem
+    extra = getattr(cls, "extra_values", None)  # the type of every value under a key the record does not declare
+    if extra is not None:
+        for key, value in data.items():
+            if key not in declared:
+                problem = field_problem(value, extra, where=f"{prefix}.{key}" if prefix else str(key))
+                if problem:
+                    return problem
+    return None
+
+
+def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
+    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range, or
+    (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the field; fields
+    ``cls`` does not declare are the caller's to refuse."""
+    if not isinstance(data, Mapping):
+        raise RecordError(f"{source} holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields")
+    token = _FOLDER.set(folder)
+    try:
+        problem = _fields_problem(cls, data)
+    finally:
+        _FOLDER.reset(token)
+    if problem:
+        raise RecordError(f"{source}: {problem}")
+
+
+def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any = None) -> None:
+    """:func:`check_fields`, and every field of ``cls`` without a default present: what a reader of a whole file
+    calls (``what``: what the file should be, for the message)."""
+    check_fields(cls, data, source, folder)
+    missing = [key_of(f) for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and key_of(f) not in data]
+    if missing:
+        raise RecordError(f"{source}: no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}")

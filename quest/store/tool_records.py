@@ -1,0 +1,150 @@
+"""The files quest's data tools write and read back, as typed records (quest.store.records): ``_ledger.jsonl`` (its header
+and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
+field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
+before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
+a shard read and linked); a file that fails is one :class:`~quest.store.records.RecordError` naming the file and the field
+(docs/data.md, "What the data tools read back").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from quest.store.files import parse_json
+from quest.store.records import RecordError, bounded, check_fields, relative_path
+
+__all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
+           "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
+           "check_preflight_cache"]
+
+
+@dataclass
+class LedgerHeader:
+    tool: str
+    params: dict[str, Any]
+
+
+@dataclass
+class LedgerLine:
+    key: str  # what the output was made from (a path under the source, or a shard's name)
+    out: str | None = field(metadata=relative_path())  # the output's path under the ledger's folder; null: removed
+    stamp: str | None = None  # the source's state it was made from
+    made: str | None = None  # the output's own size and modification time as the tool wrote it (older ledgers: none)
+
+
+@dataclass
+class InfoSplit:
+    name: str = ""
+    num_samples: int = field(default=0, metadata=bounded(0))
+    filenames: list[str] = field(default_factory=list, metadata=relative_path())  # shards beside _info.json
+    shard_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ShardInfo:
+    splits: dict[str, InfoSplit] = field(default_factory=dict)
+    num_classes: int | None = field(default=None, metadata=bounded(1))
+    classes: list[str] | None = None
+    complete: bool = True
+
+
+@dataclass
+class CappedManifest:
+    short_side: int = field(metadata=bounded(16))
+    quality: int = field(metadata=bounded(1, 100))
+    complete: bool = True
+    resample: str = ""
+    source: str = ""  # where the copy was made from: a path outside the copy, by design
+    layout: Literal["image folder", "shards"] = "image folder"
+    splits: dict[str, Any] = field(default_factory=dict)
+    linked: list[str] = field(default_factory=list, metadata=relative_path())  # split folders linked: plain names
+
+
+@dataclass
+class CachedProblem:
+    path: str
+    reason: str
+
+
+@dataclass
+class PreflightCache:
+    fingerprint: str
+    images: int = field(metadata=bounded(0))
+    problems: list[CachedProblem] = field(default_factory=list)
+
+
+def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where: str = "") -> None:
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise RecordError(f"{source}: {f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}")
+
+
+def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
+    check_fields(LedgerHeader, header, source)
+    _require(header, ("tool", "params"), source, "the header line quest's data tools write")
+    return LedgerHeader(header["tool"], header["params"])
+
+
+def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
+    check_fields(LedgerLine, row, source, folder)  # out inside the folder: a rerun deletes it
+    _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
+    return LedgerLine(row["key"], row["out"], row.get("stamp"), row.get("made"))
+
+
+def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
+    """A shard folder's _info.json, checked (timm's layout; keys it does not declare are left alone)."""
+    check_fields(ShardInfo, info, source, folder)  # every filename inside the folder: a shard read and linked
+    for split, entry in (info.get("splits") or {}).items():
+        _require(entry, ("filenames",), source, "the list of the split's shard files", f"splits.{split}")
+        for i, length in enumerate(entry.get("shard_lengths", [])):
+            if length < 0:
+                raise RecordError(f"{source}: splits.{split}.shard_lengths[{i}] is {length}, expected a sample "
+                                  "count >= 0")
+    return info
+
+
+def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
+    check_fields(CappedManifest, manifest, source, folder)
+    _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
+    for i, name in enumerate(manifest.get("linked", [])):
+        if "/" in name:
+            raise RecordError(f"{source}: linked[{i}] is {name!r}; expected a split folder's name")
+    return manifest
+
+
+def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
+    check_fields(PreflightCache, data, source)
+    _require(data, ("fingerprint", "images", "problems"), source, "the pre-flight's cache record")
+    for i, p in enumerate(data["problems"]):
+        _require(p, ("path", "reason"), source, "a path and a reason", f"problems[{i}]")
+    problems = [CachedProblem(p["path"], p["reason"]) for p in data["problems"]]
+    for i, p in enumerate(problems):
+        if not p.path.startswith(f"{root}/"):
+            raise RecordError(f"{source}: problems[{i}].path is {p.path!r}, a path outside {root}; expected a file "
+                              "under it")
+    return PreflightCache(data["fingerprint"], data["images"], problems)
+
+
+CAPPED_INFO = "_capped.json"  # a capped copy's manifest, at its root (quest-data cap)
+
+
+def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> dict[str, Any] | None:
+    """The manifest of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
+    interrupted and ``complete_only``: a run on it would read a mix of old and new images, or miss some."""
+    if not root:
+        return None
+    path = Path(root).expanduser() / CAPPED_INFO
+    if not path.is_file():
+        return None
+    try:
+        manifest = parse_json(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
+                         "writes") from exc
+    check_capped(manifest, path.parent, path)  # every field's type and range (quest.store.tool_records)
+    if complete_only and manifest.get("complete") is False:
+        raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
+                         "complete: false); run the same quest-data cap command again to finish it")
+    return manifest

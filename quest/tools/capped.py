@@ -1,0 +1,318 @@
+"""``quest-data cap SRC DST --short-side 256``: a copy of an image folder, or of a directory of WebDataset shards, whose
+images have their short side at most N pixels (docs/data.md, "Resolution-capped storage").
+
+Decoding is most of a training input's CPU cost and grows with the pixels decoded; ImageNet's training images
+average about 400 x 350, so a copy capped at 256 decodes in about half the time (the FFCV recipe). It changes the
+data: an image larger than the cap is resized (PIL's antialiased bicubic) and re-encoded as JPEG (``--quality``),
+so crops that used to be downsampled from the original can become upsampled. Smaller images are copied byte for
+byte. A run on such a copy says so: ``DST/_capped.json`` records the cap, and the run's training input label names
+it (quest.data.pipelines.train_input.build_train_input).
+
+Resumable, safe to interrupt, and it follows its source: every output file is written whole (quest.store.files.atomic_write)
+and recorded with its source's size and modification time in ``DST/_ledger.jsonl`` (quest.store.ledger). Running
+the same command again keeps the outputs whose source is unchanged, redoes those whose source changed, removes
+those whose source is gone, moves anything it did not record to ``DST/.replaced/`` (never deleted), and ends with
+the copy a fresh run would make of today's source. The folder is held for the whole command: a second one into it
+is refused (quest.store.output_folder). ``_capped.json`` says ``complete: false`` from the first change to the last, and runs and
+``quest-data check`` refuse such a copy; it says ``complete: true`` only once the copy is whole. A folder that holds
+files quest-data cap did not write is refused. Only the
+training split is capped by default; the other splits are linked to the source (``DST/val -> SRC/val``), so
+validation and evaluation read the original images.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from PIL import Image
+
+from quest.data.entries import class_folders
+from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
+from quest.runtime.workers import die_with_parent
+from quest.store.files import REPLACED, atomic_write, write_text_atomic
+from quest.store.ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded, set_aside
+from quest.store.output_folder import OutputFolder, holding
+from quest.store.tool_records import CAPPED_INFO, read_capped
+
+__all__ = ["cap_image", "cap_folder", "cap_shards"]
+
+RESAMPLE = "PIL bicubic (antialiased)"
+TOOL = "quest-data cap"
+
+
+def cap_image(payload: bytes, short_side: int, quality: int) -> tuple[bytes, bool]:
+    """The image's bytes with its short side at most ``short_side`` (True when it was resized and re-encoded as
+    JPEG), or the bytes unchanged. A ValueError naming the reason when they are not an image."""
+    try:
+        with Image.open(io.BytesIO(payload)) as img:
+            width, height = img.size
+            if min(width, height) <= short_side:
+                return payload, False
+            factor = short_side / min(width, height)
+            size = (max(1, round(width * factor)), max(1, round(height * factor)))
+            out = io.BytesIO()
+            img.convert("RGB").resize(size, Image.Resampling.BICUBIC).save(out, "JPEG", quality=quality)
+    except Exception as exc:  # PIL raises several types for files that are not images
+        # PIL names the in-memory buffer by its address: the reason would differ on every run
+        raise ValueError(f"not a readable image ({re.sub(r'<_io.BytesIO object at 0x[0-9a-f]+>', 'it', str(exc))})"
+                         ) from exc
+    return out.getvalue(), True
+
+
+def _cap_file(job: tuple[str, str], short_side: int, quality: int) -> tuple[str | None, str | None]:
+    """Write one capped image (under its own name when kept, as ``<stem>.JPEG`` when re-encoded from another
+    format): (its path, None), or (None, the reason the source could not be read). A full disk is not a reason: it
+    stops the copy."""
+    src, folder = Path(job[0]), Path(job[1])
+    try:
+        payload, resized = cap_image(src.read_bytes(), short_side, quality)
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+    out = atomic_write(folder / (_jpeg_name(src) if resized else src.name), lambda f: f.write(payload))
+    return str(out), None
+
+
+def _run(jobs: Sequence[Any], work: Callable[[Any], Any], workers: int,
+         progress: Callable[[Iterable, int], Iterable] | None) -> Iterator[tuple[Any, Any]]:
+    """(job, result) in job order, each as soon as it is done, so that the caller records it before the next."""
+    if workers > 1 and len(jobs) > 16:
+        with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
+            results: Iterable = pool.map(work, jobs, chunksize=16)
+            yield from zip(jobs, progress(results, len(jobs)) if progress else results)
+        return
+    for job in (progress(jobs, len(jobs)) if progress else jobs):
+        yield job, work(job)
+
+
+def _jpeg_name(path: Path) -> str:
+    # a resized image is a JPEG whatever it was: its name keeps the stem and says so
+    return path.name if path.suffix[1:].lower() in ("jpg", "jpeg") else path.stem + ".JPEG"
+
+
+def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits: Sequence[str] = ("train",),
+               workers: int = 1, progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, Any]:
+    """An image folder ``src/<split>/<class>/<image>``: the ``splits`` capped into ``dst``, every other split folder
+    linked. Run again, it follows the source (module docstring). Returns the manifest written to
+    ``dst/_capped.json`` and, under ``this_run``, how many outputs this run kept, wrote and removed."""
+    from quest.data.preflight import folder_files
+
+    src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
+    _check(src, dst, short_side, quality)
+    folders = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+    missing = [s for s in splits if s not in folders]
+    if missing:
+        raise FileNotFoundError(f"{src} has no split folder {missing[0]!r} (its folders: {folders})")
+    splits = sorted(set(splits))
+    files = {split: [f for f in folder_files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS] for split in splits}
+    for split, found in files.items():
+        if len({(f.parent, Path(_jpeg_name(f)).stem.lower()) for f in found}) != len(found):
+            raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
+                             "would write both to one JPEG")
+    stamps = {str(f.relative_to(src)): file_stamp(f) for found in files.values() for f in found}
+    counts: dict[str, Any] = {}
+    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+        folder.claim()
+        ledger.begin()
+        _start(dst, src, short_side, quality)
+        linked = _link(dst, {s: src / s for s in folders if s not in splits})
+        ledger.drop_stale(stamps)
+        for split in splits:
+            _mirror_classes(src / split, dst / split, ledger)
+        todo = [(str(src / key), str(dst / Path(key).parent)) for key, stamp in stamps.items()
+                if ledger.current(key, stamp) is None]
+        problems: dict[str, str] = {}
+        for job, (out, reason) in _run(todo, partial(_cap_file, short_side=short_side, quality=quality), workers,
+                                       progress):
+            key = str(Path(job[0]).relative_to(src))
+            if out is not None:
+                ledger.record(key, str(Path(out).relative_to(dst)), stamps[key])
+            else:
+                problems[job[0]] = reason
+        for split in splits:
+            unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
+            counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
+        ledger.close()
+        manifest = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
+                                                           "linked": linked})
+    return {**manifest, "this_run": ledger.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
+
+
+def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
+    """``dst_split`` holds a folder for every class folder of the source, also one whose images are all unreadable
+    (ImageFolder numbers classes by their folders), and nothing the ledger does not list."""
+    classes = [p.name for p in class_folders(src_split)]  # the data set's classes (quest.data.entries)
+    dst_split.mkdir(parents=True, exist_ok=True)
+    for path in dst_split.iterdir():
+        if path.is_dir() and not path.is_symlink() and path.name not in classes:
+            # a class the source no longer has: its outputs left the ledger with their sources; anything else in it
+            # is kept in .replaced/, and the emptied folders go
+            remove_unrecorded(path, set(), ledger)
+            _remove_empty_folders(path, keep_top=False)
+    for name in classes:
+        (dst_split / name).mkdir(exist_ok=True)
+        remove_unrecorded(dst_split / name, set(), ledger)
+        _remove_empty_folders(dst_split / name, keep_top=True)  # sub-folders the source no longer has
+
+
+def _remove_empty_folders(top: Path, keep_top: bool) -> None:
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        if (not keep_top or Path(dirpath) != top) and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+
+
+def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
+    """``dst/<name>`` a link to each target, and no other link at the top of ``dst`` (one that leads elsewhere is
+    kept in .replaced/: a link the ledger does not record); the names linked."""
+    set_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
+        path.name not in targets or path.resolve() != targets[path.name].resolve())])
+    for name, target in targets.items():
+        link = dst / name
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
+    return sorted(targets)
+
+
+def _cap_shard(job: tuple[str, str], short_side: int, quality: int) -> str | None:
+    src, dst = Path(job[0]), Path(job[1])
+
+    def write(f) -> None:
+        with tarfile.open(src) as tar_in, tarfile.open(fileobj=f, mode="w") as tar_out:
+            for member in tar_in:
+                data = tar_in.extractfile(member).read() if member.isfile() else b""
+                name = member.name
+                if member.isfile() and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
+                    data, resized = cap_image(data, short_side, quality)
+                    if resized:  # the sample key stays, the extension says JPEG
+                        name = name.rsplit(".", 1)[0] + ".jpg"
+                out = tarfile.TarInfo(name)
+                out.size, out.mode, out.mtime = len(data), 0o444, 0
+                tar_out.addfile(out, io.BytesIO(data))
+
+    try:
+        atomic_write(dst, write)
+    except (ValueError, tarfile.TarError) as exc:
+        return f"{src.name}: {exc}"
+    return None
+
+
+def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits: Sequence[str] = ("train",),
+               workers: int = 1, progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, Any]:
+    """A directory of WebDataset shards with an ``_info.json`` (quest.tools.make_shards): the shards of ``splits``
+    capped into ``dst`` under the same names, the other splits' shards linked, the ``_info.json`` copied (the sample
+    counts stay). Run again, it follows the source (module docstring)."""
+    src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
+    _check(src, dst, short_side, quality)
+    info, info_path = load_info(src)
+    if info_path is None:
+        raise FileNotFoundError(f"{src} has no _info.json; index the shards first (python -m quest.tools.make_shards "
+                                "index)")
+    require_complete(info, info_path)
+    known = info.get("splits", {})
+    missing = [s for s in splits if s not in known]
+    if missing:
+        raise FileNotFoundError(f"{info_path} has no split {missing[0]!r} (its splits: {sorted(known)})")
+    splits = sorted(set(splits))
+    names = sorted({n for s in splits for n in known[s].get("filenames", [])})
+    gone = [n for n in names if not (src / n).is_file()]
+    if gone:
+        raise FileNotFoundError(f"{info_path} lists shards that do not exist: {', '.join(gone[:5])}")
+    for name in names:  # every shard reader refuses such a member: the copy would check clean without it
+        if (irregular := first_irregular(src / name)) is not None:
+            raise irregular
+    stamps = {n: file_stamp(src / n) for n in names}
+    links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
+    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+        folder.claim()
+        ledger.begin()
+        _start(dst, src, short_side, quality)
+        _link(dst, links)
+        ledger.drop_stale(stamps)
+        remove_unrecorded(dst, {CAPPED_INFO, LEDGER_NAME, info_path.name, *links}, ledger)
+        todo = [(str(src / n), str(dst / n)) for n in names if ledger.current(n, stamps[n]) is None]
+        problems = []
+        for job, reason in _run(todo, partial(_cap_shard, short_side=short_side, quality=quality), workers, progress):
+            if reason is None:
+                name = str(Path(job[1]).relative_to(dst))
+                ledger.record(name, name, stamps[name])
+            else:
+                problems.append(reason)
+        ledger.close()
+        if problems:
+            raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
+                             + "; ".join(problems[:5]))
+        write_text_atomic(dst / info_path.name, info_path.read_text())
+        manifest = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
+            known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
+    return {**manifest, "this_run": ledger.report(kept=len(names) - len(todo))}
+
+
+def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a directory; expected an image folder or a directory of shards")
+    if short_side < 16:
+        raise ValueError(f"--short-side must be at least 16 pixels, got {short_side}")
+    if not 1 <= quality <= 100:
+        raise ValueError(f"--quality must be in 1..100, got {quality}")
+    if dst.resolve() == src or src in dst.resolve().parents:
+        raise ValueError(f"the capped copy {dst} must not lie inside its source {src}")
+    old = read_capped(dst, complete_only=False)
+    if old is not None and (old["short_side"], old["quality"]) != (short_side, quality):
+        raise ValueError(f"{dst} holds a copy capped at short side {old['short_side']}, quality {old['quality']}; "
+                         "a different cap needs another folder")
+
+
+def _ledger(dst: Path, short_side: int, quality: int, splits: Sequence[str]) -> Ledger:
+    """The copy's ledger, once the folder is held (the caller) and checked: a copy goes into a new or empty folder,
+    or one an earlier run of this tool wrote (the rerun removes what the source no longer makes, which must never be
+    somebody else's files)."""
+    _refuse_foreign(dst)
+    _refuse_inner_links(dst)
+    return Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": list(splits)})
+
+
+def _refuse_foreign(dst: Path) -> None:
+    if not dst.is_dir() or (dst / CAPPED_INFO).exists() or (dst / LEDGER_NAME).exists():
+        return
+    found = sorted(p.name for p in dst.iterdir() if p.name != OutputFolder.lock_name)
+    if found:
+        raise ValueError(f"{dst} already holds files quest-data cap did not write ({', '.join(found[:5])}"
+                         f"{' ...' if len(found) > 5 else ''}); give a new or empty folder for the copy")
+
+
+def _refuse_inner_links(dst: Path) -> None:
+    """The copy's folders are its own: a link to a folder below its top (``dst/train/cat`` -> elsewhere) would let
+    the rerun write, and set aside, files outside ``dst``. The split links at its top are the tool's (``_link``)."""
+    if not dst.is_dir():
+        return
+    found = []
+    for top, dirs, _ in os.walk(dst):  # links are listed, never followed
+        if Path(top) == dst:
+            dirs[:] = [d for d in dirs if d != REPLACED]
+            continue
+        found += [Path(top, d) for d in dirs if Path(top, d).is_symlink()]
+    if found:
+        raise ValueError(f"{dst} holds links to folders elsewhere ({', '.join(map(str, found[:5]))}"
+                         f"{' ...' if len(found) > 5 else ''}); quest-data cap writes and removes files only inside "
+                         f"{dst}: make each a real folder, or give another folder for the copy")
+
+
+def _start(dst: Path, src: Path, short_side: int, quality: int) -> None:
+    # before any output changes: until _finish, the copy says it is incomplete, and runs and checks refuse it
+    manifest = {"complete": False, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+                "source": str(src)}
+    write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")
+
+
+def _finish(dst: Path, src: Path, short_side: int, quality: int, extra: dict[str, Any]) -> dict[str, Any]:
+    manifest = {"complete": True, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+                "source": str(src), **extra}
+    write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")  # last: the copy is complete
+    return manifest

@@ -1,0 +1,209 @@
+"""Writing tar shards for ``data=imagenet_wds`` (quest/data/shards.py; docs/distributed.md, "Sharded input"):
+
+    python -m quest.tools.make_shards convert /datasets/imagenet /datasets/imagenet-wds --name imagenet1k
+    python -m quest.tools.make_shards index /datasets/x train='x-train-{000..127}.tar' validation='x-val-*.tar'
+
+``convert``: an ImageFolder to shuffled shards and their _info.json (run again, it redoes exactly the shards whose
+files changed: docs/data.md, "Running a data tool again"); ``index``: count existing shards into one.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import logging
+import re
+import tarfile
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Sequence
+
+import numpy as np
+
+from quest.data.entries import class_listing
+from quest.data.folder import check_image_folder
+from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
+from quest.store.files import atomic_write, write_text_atomic
+from quest.store.ledger import Ledger, file_stamp, is_partial_write, set_aside
+from quest.store.output_folder import holding, output_path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["convert_image_folder", "write_index", "main"]
+
+TOOL = "make_shards convert"
+FORMAT = "tar: <key>.<ext> then <key>.cls, mode 0o444, mtime 0"  # in every shard's stamp: a new layout redoes all
+
+
+def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    member = tarfile.TarInfo(name)
+    member.size, member.mode, member.mtime = len(payload), 0o444, 0  # the same bytes on every conversion
+    tar.addfile(member, io.BytesIO(payload))
+
+
+def _write_shard(part: Sequence[tuple[Path, int]], root: Path, f: BinaryIO) -> None:
+    """One shard's tar into ``f`` (written whole by atomic_write: a killed conversion leaves no cut-short shard)."""
+    with tarfile.open(fileobj=f, mode="w") as tar:
+        for path, target in part:
+            rel = path.relative_to(root).with_suffix("")
+            key = "/".join(x.replace(".", "_") for x in rel.parts)  # the key ends at the first dot
+            ext = path.suffix[1:].lower().replace("jpeg", "jpg")
+            _add(tar, f"{key}.{ext}", path.read_bytes())
+            _add(tar, f"{key}.cls", str(target).encode())
+
+
+def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
+    info, path = load_info(out)
+    info.setdefault("splits", {}).update(splits)
+    info.update(extra)
+    path = path or out / INFO_NAMES[0]
+    write_text_atomic(path, json.dumps(info, indent=1) + "\n")
+    return path
+
+
+def _plain_name(flag: str, value: str) -> None:
+    """A part of a shard's file name: a shard is a file of the output folder, and a name with a ``/`` or ``..``
+    would be written elsewhere (a leading dot: a name a cut write's temporary could have)."""
+    if not value or "/" in value or "\0" in value or value.startswith("."):
+        raise ValueError(f"{flag} {value!r}: expected a plain name for the shard files' names (no '/', not empty, "
+                         "not starting with '.'), e.g. imagenet1k or train")
+
+
+def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]], name: str = "shards",
+                         shard_size: int = 1000, seed: int = 0) -> Path:
+    """ImageFolder ``src/<folder>/<class>/<image>`` -> ``out/<name>-<split>-NNNN.tar`` + ``_info.json``. Samples
+    are shuffled (``seed``) before sharding so that every shard mixes the classes: reading shuffles only the shard
+    order and windows of consecutive samples. Class index = sorted class-folder order, as ImageFolder.
+
+    Run again, it follows the source: a shard is kept when the files it is made of (names, sizes, modification
+    times, labels) and the settings are unchanged, written again otherwise, and shards of these splits that the
+    conversion no longer makes are removed (quest.store.ledger). ``_info.json`` says ``complete: false`` from the
+    first shard written to the last, and readers refuse the folder meanwhile."""
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
+        _plain_name(flag, value)
+    real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
+    if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
+        raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
+    planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
+    ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
+    out = Path(out)
+    with holding(out, TOOL) as folder, Ledger(out, TOOL, {}) as ledger:  # held: a second conversion is refused
+        taken = [n for n in [*planned, *INFO_NAMES] if (out / n).exists() and n not in ledger.outputs()]
+        if taken and not ledger.existed:
+            raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
+                             "make_shards did not record writing; give another folder or --name")
+        load_info(out)  # an _info.json that cannot be read is refused before anything changes
+        folder.claim()
+        ledger.begin()
+        _merge_info(out, {}, {"complete": False})  # before the first shard changes
+        ledger.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
+                          keys={k for k in ledger.entries if ours.fullmatch(k)})
+        # shards of these splits the ledger does not list (a kill came before their line, or somebody else's) and
+        # partial writes: kept in .replaced/, never deleted
+        set_aside(out, [path for path in out.iterdir() if path.is_file() and (
+            ours.fullmatch(path.name) and path.name not in ledger.outputs()
+            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))])
+        for shard, (write, stamp) in planned.items():
+            if ledger.current(shard, stamp) is None:
+                atomic_write(out / shard, write)
+                ledger.record(shard, shard, stamp)
+        written = {split: {"name": split, "num_samples": sum(n for _, n in shards),
+                           "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards]}
+                   for split, shards in lengths.items()}
+        for split, entry in written.items():
+            log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
+        log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
+                 ledger.written, ledger.removed, len(planned) - ledger.written)
+        return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+
+
+def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
+          ) -> tuple[dict[str, tuple[Callable[[BinaryIO], None], str]], dict[str, list[tuple[str, int]]], list[str]]:
+    """Every shard of the conversion, before anything is written: its name -> (its writer, the stamp of what it is
+    made of); each split's shards (name, sample count); the classes."""
+    classes: list[str] | None = None
+    planned: dict[str, tuple[Callable[[BinaryIO], None], str]] = {}
+    lengths: dict[str, list[tuple[str, int]]] = {}
+    for folder, split in splits:
+        root = check_image_folder(src / folder, f"convert {src / folder}")
+        listing = class_listing(root)  # the training data set's classes and files (quest.data.entries)
+        found = [class_dir.name for class_dir, _ in listing]
+        if classes is not None and found != classes:
+            raise ValueError(f"{root} has other class folders than the first split: {sorted(set(found) ^ set(classes))}")
+        classes = found
+        items = [(p, i) for i, (_, files) in enumerate(listing) for p in files
+                 if p.is_file() and p.suffix[1:].lower() in IMAGE_EXTS]
+        if not items:
+            raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_EXTS)})")
+        items = [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
+        count = -(-len(items) // shard_size)
+        width = max(4, len(str(count - 1)))
+        lengths[split] = []
+        for k in range(count):
+            part = items[k * shard_size: (k + 1) * shard_size]
+            digest = hashlib.sha256(f"{FORMAT}\0{split}\0{folder}\n".encode())
+            for path, target in part:
+                digest.update(f"{path.relative_to(root)}\0{file_stamp(path)}\0{target}\n".encode())
+            shard = f"{name}-{split}-{k:0{width}d}.tar"
+            planned[shard] = (partial(_write_shard, part, root), digest.hexdigest())
+            lengths[split].append((shard, len(part)))
+    return planned, lengths, classes or []
+
+
+def write_index(root: Path, splits: dict[str, str]) -> Path:
+    """Count the samples of existing shards (``{split: pattern}``) into ``root/_info.json`` (``root`` held meanwhile:
+    a conversion or another index into it is refused)."""
+    with holding(root, "make_shards index") as folder:
+        written = _count_splits(root, splits)
+        info, path = load_info(root)
+        # the splits an _info.json already holds are kept in the new one; the file itself, unless this command
+        # wrote it, in .replaced/ too
+        folder.make_room([path] if path is not None else [], keep_own=True)
+        info.setdefault("splits", {}).update(written)
+        path = path or root / INFO_NAMES[0]
+        write_text_atomic(path, json.dumps(info, indent=1) + "\n")
+        folder.note([path])
+        return path
+
+
+def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any]]:
+    written = {}
+    for split, pattern in splits.items():
+        shards = resolve_shards(root, pattern, count=True)
+        written[split] = {"name": split, "num_samples": sum(s.length for s in shards),
+                          "filenames": [str(s.path.relative_to(root)) for s in shards],
+                          "shard_lengths": [s.length for s in shards]}
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m quest.tools.make_shards", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
+    conv.add_argument("src", type=Path, help="the ImageFolder root (holding train/ and val/)")
+    conv.add_argument("out", type=output_path)
+    conv.add_argument("--split", action="append", metavar="FOLDER[:NAME]",
+                      help="a split folder and its name in _info.json (default: train, val:validation)")
+    conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k")
+    conv.add_argument("--shard-size", type=int, default=1000)
+    conv.add_argument("--seed", type=int, default=0)
+    idx = sub.add_parser("index", help="count existing shards into _info.json")
+    idx.add_argument("root", type=output_path)
+    idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "convert":
+        pairs = [(s.partition(":")[0], s.partition(":")[2] or s) for s in args.split or ["train", "val:validation"]]
+        print(convert_image_folder(args.src, args.out, pairs, args.name, args.shard_size, args.seed))
+    else:
+        print(write_index(args.root, dict(s.split("=", 1) for s in args.splits)))
+
+
+if __name__ == "__main__":  # quest's one error path (quest/runtime/errors.py): a bad folder or file is one line, exit 1
+    from quest.runtime.errors import program_name, reporting_errors
+
+    with reporting_errors(program_name("python -m quest.tools.make_shards")):
+        main()
