@@ -1,6 +1,7 @@
 """quest: train and evaluate timm Vision Transformers with swappable attention (standard, QNorm, QKNorm, QUEST,
-Elliptical, or your own), to reproduce and extend the QUEST paper. Sub-packages: attention, models, data, engine,
-diagnostics, evaluation, explain, toy, report; the commands in quest.cli (entered through quest_cli)."""
+Elliptical, or your own), to reproduce and extend the QUEST paper. One sub-package per concern (README, "Where things
+are"): attention, models, data, train, run, evaluation, diagnostics, explain, toy, report, tools, and below them
+config, store and runtime; the commands in quest.cli (entered through quest_cli)."""
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,8 @@ except PackageNotFoundError:  # a checkout on sys.path without an install
 
 __all__ = ["__version__", "register_with_timm"]
 
-_SUBPACKAGES = frozenset({"attention", "models", "data", "engine", "diagnostics", "evaluation", "explain", "toy",
-                          "report"})
+_SUBPACKAGES = frozenset({"attention", "config", "data", "diagnostics", "evaluation", "explain", "models", "report",
+                          "run", "runtime", "store", "tools", "toy", "train"})
 
 
 def __getattr__(name: str) -> Any:

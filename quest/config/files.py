@@ -14,7 +14,7 @@ def config_root() -> Path:
     spec = importlib.util.find_spec("quest.configs")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[1] / "configs"
+    return Path(__file__).resolve().parents[2] / "configs"  # quest/config/files.py -> the checkout
 
 
 def hydra_config_path(sub: str = "") -> str:
