@@ -33,6 +33,8 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from quest.runtime.phase import command_phases
+
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
            "describe", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
 
@@ -148,10 +150,12 @@ def program_name(default: str) -> str:
 
 @contextlib.contextmanager
 def reporting_errors(program: str) -> Iterator[None]:
-    """Run a command's work: a user error exits EXIT_ERROR with one line, a bug EXIT_BUG with its traceback and a
-    line saying so. SystemExit (an exit code already chosen) and KeyboardInterrupt pass through."""
+    """Run a command's work, its checks first (:func:`quest.runtime.phase.command_phases`): a user error exits
+    EXIT_ERROR with one line, a bug EXIT_BUG with its traceback and a line saying so. SystemExit (an exit code already
+    chosen) and KeyboardInterrupt pass through."""
     try:
-        yield
+        with command_phases(program):
+            yield
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:  # noqa: BLE001  (the last place an exception can be reported well)
