@@ -21,7 +21,8 @@ from quest.report.plot import main as plot_main
 from quest.run.checkpoint_record import CheckpointRecord
 from quest.run.directory import check_data, data_fingerprint
 from quest.run.outputs import start_log_file, stop_log_file
-from quest.store.files import DamagedFile, lock_file
+from quest.store.files import DamagedFile
+from quest.store.locks import lock_file
 from quest.store.output_folder import RECORD, holding, output_path
 from quest.store.tool_records import CAPPED_INFO
 from quest.tools.capped import cap_folder

@@ -22,8 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.store.files import REPLACED, move_aside, open_records, parse_json, write_text_atomic
-from quest.store.records import RecordError
+from quest.store.files import REPLACED, DamagedFile, move_aside, open_records, parse_json, write_text_atomic
 
 from .tool_records import check_ledger_header, check_ledger_line
 
@@ -91,8 +90,8 @@ class Ledger:
             except json.JSONDecodeError:
                 if number == len(lines):
                     continue  # a line cut by a kill: its output, if any, is not on the record and will be redone
-                raise RecordError(f"{self.path} line {number} is not JSON; expected a line {{\"key\": ..., "
-                                  "\"out\": ...}") from None
+                raise DamagedFile(self.path, f"line {number} is not JSON; expected a line {{\"key\": ..., "
+                                             "\"out\": ...}", joined=" ") from None
             entry = check_ledger_line(row, self.folder, f"{self.path} line {number}")
             if entry.out is None:
                 self.entries.pop(entry.key, None)

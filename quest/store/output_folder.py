@@ -9,7 +9,7 @@ may remove there (docs/training.md, "What a command may remove").
   a folder the lock made removed again).
 - It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
   command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
-  an output (somebody else's, or one edited since) is refused (:meth:`OutputFolder.refuse_present`) or moved to
+  an output (somebody else's, or one edited since) is refused (:func:`quest.store.files.refuse_present`) or moved to
   ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
 - The record is believed only once every field is checked (:func:`checked_record`: each path inside the folder, each
   entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
@@ -23,7 +23,7 @@ second command drawing the same figure is refused, and it keeps no ``.written.js
 nothing in place (any file already there is refused, or moved to ``.replaced/`` with ``--overwrite``), so a record
 would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
 alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
-finds it gone from its path and opens the path again (:func:`quest.store.files.lock_file` compares the file it locked with
+finds it gone from its path and opens the path again (:func:`quest.store.locks.lock_file` compares the file it locked with
 the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
 command's) is left, as every lock file is.
 
@@ -41,17 +41,9 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from quest.store.files import (
-    DamagedFile,
-    LockHeld,
-    file_sha256,
-    move_aside,
-    read_json,
-    refuse_present,
-    remove_made_dirs,
-    write_json_atomic,
-)
-from quest.store.owned_dir import OwnedDirectory, holder_text
+from quest.store.files import DamagedFile, file_sha256, move_aside, read_json, remove_made_dirs, write_json_atomic
+from quest.store.locks import LockHeld, holder_text
+from quest.store.owned_dir import OwnedDirectory
 
 __all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
 
@@ -111,10 +103,6 @@ class OutputFolder(OwnedDirectory):
                 and not path.is_symlink()):
             return False
         return "sha256" not in entry or entry["sha256"] == file_sha256(path)
-
-    def refuse_present(self, paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> None:
-        """A check, before any change: OutputExists naming those of ``paths`` that exist, unless ``overwrite``."""
-        refuse_present(paths, overwrite, flag)
 
     def make_room(self, paths: Iterable[str | Path], keep_own: bool = False, label: str = "") -> Path | None:
         """Every check has passed: claim the folder and move those of ``paths`` that exist into a new

@@ -5,8 +5,9 @@ A file quest wrote may come back cut, edited by hand or from another program: a 
 -5 or the string "669", a training state whose step is -4, a config that is a list. A record class declares each
 field with its type (the annotation) and, where a type is not enough, its range (:func:`bounded` metadata); the
 reader calls :func:`check_fields` on what it loaded, which refuses the first field that does not fit with one
-message naming the file, the field, what it holds and what was expected. Nothing is coerced: a string is not a
-number, a bool is not an int, and a float field takes only finite numbers.
+:class:`~quest.store.files.DamagedFile` (the error of every file quest cannot believe) naming the file, the field,
+what it holds and what was expected. Nothing is coerced: a string is not a number, a bool is not an int, and a float
+field takes only finite numbers.
 
 The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, unions (``X | None``),
 ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
@@ -28,7 +29,9 @@ from contextvars import ContextVar
 from pathlib import PurePosixPath
 from typing import Any
 
-__all__ = ["RecordError", "bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
+from quest.store.files import DamagedFile
+
+__all__ = ["bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
            "check_record", "field_problem", "Number"]
 
 # the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
@@ -37,10 +40,6 @@ _FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
 
 #: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.store.files.plain writes nan as "nan")
 Number = float | typing.Literal["nan", "inf", "-inf"]
-
-
-class RecordError(ValueError):
-    """A file's field that is not of its declared type or range (the message names the file and the field)."""
 
 
 def bounded(low: float | None = None, high: float | None = None) -> dict[str, Any]:
@@ -217,18 +216,18 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
 
 
 def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
-    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range, or
-    (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the field; fields
-    ``cls`` does not declare are the caller's to refuse."""
+    """Refuse (:class:`~quest.store.files.DamagedFile`) the first field of ``data`` that is not of ``cls``'s declared
+    type and range, or (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the
+    field; fields ``cls`` does not declare are the caller's to refuse."""
     if not isinstance(data, Mapping):
-        raise RecordError(f"{source} holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields")
+        raise DamagedFile(source, f"holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields", joined=" ")
     token = _FOLDER.set(folder)
     try:
         problem = _fields_problem(cls, data)
     finally:
         _FOLDER.reset(token)
     if problem:
-        raise RecordError(f"{source}: {problem}")
+        raise DamagedFile(source, problem, joined=": ")
 
 
 def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any = None) -> None:
@@ -238,4 +237,5 @@ def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any 
     missing = [key_of(f) for f in dataclasses.fields(cls)
                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and key_of(f) not in data]
     if missing:
-        raise RecordError(f"{source}: no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}")
+        raise DamagedFile(source, f"no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}",
+                          joined=": ")
