@@ -26,9 +26,10 @@ from quest.store.files import REPLACED, DamagedFile, move_aside, open_records, p
 
 from .tool_records import check_ledger_header, check_ledger_line
 
-__all__ = ["LEDGER_NAME", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
+__all__ = ["LEDGER_NAME", "UNRECORDED", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
 
 #: the label of the ``.replaced/<UTC time>-<label>/`` that holds files a tool found where it writes but did not write
+#: (a tool deletes only what its ledger says it wrote: quest.store.files.move_aside with this label)
 UNRECORDED = "unrecorded"
 
 LEDGER_NAME = "_ledger.jsonl"
@@ -144,7 +145,7 @@ class Ledger:
         if self.unchanged(out):
             (self.folder / out).unlink()
         else:
-            set_aside(self.folder, [self.folder / out])
+            move_aside(self.folder, [self.folder / out], UNRECORDED)
         self.made.pop(out, None)
         self._write({"key": key, "out": None})
         self.removed += 1
@@ -171,15 +172,9 @@ class Ledger:
         self.close()
 
 
-def set_aside(folder: Path, paths: list[Path]) -> None:
-    """Move files a tool found where it writes, and did not write, to ``folder/.replaced/<UTC time>-unrecorded/``
-    under their paths: a tool deletes only what its ledger says it wrote."""
-    move_aside(folder, paths, UNRECORDED)
-
-
 def remove_unrecorded(folder: Path, keep: set[str], ledger: Ledger) -> list[str]:
     """Move every file under ``folder`` (a folder this tool writes) that the ledger does not list and ``keep`` (paths
-    relative to the ledger's folder) does not name to ``.replaced/`` (:func:`set_aside`): outputs a kill left
+    relative to the ledger's folder) does not name to ``.replaced/`` (``.replaced/<UTC time>-unrecorded/``): outputs a kill left
     unrecorded, partial writes, somebody else's files. Hidden files other than partial writes stay (a data check's
     cache, the lock file). The paths moved."""
     listed = ledger.outputs() | keep
@@ -192,6 +187,6 @@ def remove_unrecorded(folder: Path, keep: set[str], ledger: Ledger) -> list[str]
             rel = str(path.relative_to(ledger.folder))
             if rel not in listed and (not name.startswith(".") or is_partial_write(name)):
                 found.append(path)
-    set_aside(ledger.folder, found)
+    move_aside(ledger.folder, found, UNRECORDED)
     ledger.removed += len(found)
     return [str(p.relative_to(ledger.folder)) for p in found]
