@@ -151,3 +151,17 @@ def test_a_sharded_name_outside_the_checkpoint_folder_is_refused(name):
 def test_a_good_record_reads_back_unchanged():
     good = _good_record()
     assert CheckpointRecord.from_dict(good, "ck.pt").to_dict() == good
+
+
+def test_a_checkpoint_without_the_state_a_resume_needs_is_refused_as_the_file_it_is():
+    """A record whose scheduler (or RNG) is gone can be evaluated but not resumed: one DamagedFile naming the file and
+    what it lacks, before any part of the run changes (the parts here are never touched)."""
+    from quest.run.checkpoint import STATEFUL_PARTS, Checkpointer
+    from quest.store.files import DamagedFile
+
+    saved = CheckpointRecord.from_dict({**_good_record(), "scheduler": None}, "ck.pt")
+    with pytest.raises(CheckpointRecordError, match=r"^ck\.pt is a checkpoint that holds no \['scheduler'\]: it cannot "
+                                                    r"be resumed") as caught:
+        Checkpointer(Path("checkpoints"), ctx=None, sharded=False).restore(
+            saved, Path("ck.pt"), dict.fromkeys(STATEFUL_PARTS))
+    assert isinstance(caught.value, DamagedFile) and caught.value.path == Path("ck.pt")

@@ -15,7 +15,8 @@ from quest.report.runs import flatten
 from quest.report.settings import DATA_SET, setting
 from quest.run.checkpoint_record import DataFingerprint
 from quest.run.directory import check_data, data_fingerprint, data_record
-from quest.store.records import RecordError, check_fields
+from quest.store.files import DamagedFile
+from quest.store.records import check_fields
 
 
 def _folder(root: Path, names: dict[str, dict[str, int]]) -> Path:
@@ -77,7 +78,7 @@ def test_a_checkpoint_written_before_the_digest_resumes(tmp_path):
     older = {k: v for k, v in now.items() if k != "files_sha256"}
     check_fields(DataFingerprint, older, "last.pt")  # a valid record without it
     check_fields(DataFingerprint, now, "last.pt")
-    with pytest.raises(RecordError, match="files_sha256"):
+    with pytest.raises(DamagedFile, match="files_sha256"):
         check_fields(DataFingerprint, {**now, "files_sha256": 7}, "last.pt")
     check_data(older, now, tmp_path / "run")  # not compared on it
     with pytest.raises(ConfigError, match="val_size: 3 -> 2"):

@@ -15,8 +15,8 @@ from PIL import Image
 
 from quest.data.preflight import _cache_paths, check_image_folder_files
 from quest.data.shard_index import ShardError, load_info
+from quest.store.files import DamagedFile
 from quest.store.ledger import LEDGER_NAME, Ledger
-from quest.store.records import RecordError
 from quest.store.tool_records import (
     CAPPED_INFO,
     CappedManifest,
@@ -63,7 +63,7 @@ LEDGER_FAULTS = ([("header", path, value) for path, value in faults(LedgerHeader
 @pytest.mark.parametrize("part,path,value", LEDGER_FAULTS, ids=[f"{p}.{f}={v!r}" for p, f, v in LEDGER_FAULTS])
 def test_a_ledger_field_that_does_not_fit_is_refused_naming_the_line_and_field(tmp_path, part, path, value):
     header, line = (planted(HEADER, path, value), LINE) if part == "header" else (HEADER, planted(LINE, path, value))
-    with pytest.raises(RecordError) as refused:
+    with pytest.raises(DamagedFile) as refused:
         _ledger(tmp_path, header, line)
     number = 1 if part == "header" else 2
     assert f"{tmp_path / LEDGER_NAME} line {number}: {path} is" in str(refused.value)
@@ -73,7 +73,7 @@ def test_only_a_cut_last_ledger_line_is_passed_over(tmp_path):
     (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + "\n" + json.dumps(LINE) + '\n{"key": "train/c')
     assert list(Ledger(tmp_path, HEADER["tool"], HEADER["params"]).entries) == [LINE["key"]]
     (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + '\n{"key": "train/c\n' + json.dumps(LINE) + "\n")
-    with pytest.raises(RecordError, match="line 2 is not JSON"):
+    with pytest.raises(DamagedFile, match="line 2 is not JSON"):
         Ledger(tmp_path, HEADER["tool"], HEADER["params"])
 
 
@@ -91,7 +91,7 @@ def test_a_rerun_whose_ledger_names_a_file_outside_its_folder_deletes_nothing(tm
     lines.append(json.dumps({"key": "train/cat/gone.png", "out": "../victim.png", "stamp": "1:1"}))
     (dst / LEDGER_NAME).write_text("\n".join(lines) + "\n")
     before = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(RecordError, match=r"out is '\.\./victim\.png', a path outside"):
+    with pytest.raises(DamagedFile, match=r"out is '\.\./victim\.png', a path outside"):
         cap_folder(src, dst, short_side=16)
     assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -122,7 +122,7 @@ CAPPED_FAULTS = list(faults(CappedManifest)) + [("linked", ["../val"]), ("linked
 @pytest.mark.parametrize("path,value", CAPPED_FAULTS, ids=[f"{f}={v!r}" for f, v in CAPPED_FAULTS])
 def test_a_capped_manifest_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
     (tmp_path / CAPPED_INFO).write_text(json.dumps(planted(CAPPED, path, value)))
-    with pytest.raises(RecordError) as refused:
+    with pytest.raises(DamagedFile) as refused:
         read_capped(tmp_path)
     assert f"{tmp_path / CAPPED_INFO}: {path}" in str(refused.value)
 

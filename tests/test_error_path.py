@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
-from quest.store.files import lock_file
+from quest.store.locks import lock_file
 
 from .helpers import FAST
 from .interop_helpers import make_image_folder

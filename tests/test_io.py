@@ -128,3 +128,16 @@ def test_nothing_in_quest_writes_a_result_file_around_the_io_layer():
     # /proc/self/clear_refs (resets the resident peak), not a file quest keeps
     allowed = {"run/checkpoint.py", "train/telemetry.py"}
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
+
+
+@pytest.mark.parametrize("joined", [" is damaged: ", ": ", " "])
+def test_a_damaged_file_error_crosses_a_process_boundary_whole(joined):
+    """A DamagedFile raised in a worker reaches the parent with its message, path and problem (pickled as a pool
+    sends it back)."""
+    import pickle
+
+    error = io.DamagedFile(Path("d/run.json"), "epoch is -1, expected a value >= 0", "Move it away", joined)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is io.DamagedFile and str(back) == str(error) == \
+        f"d/run.json{joined}epoch is -1, expected a value >= 0. Move it away"
+    assert (back.path, back.problem, back.joined) == (Path("d/run.json"), "epoch is -1, expected a value >= 0", joined)

@@ -1,6 +1,6 @@
-"""No file replaced silently (quest.store.files.keep_or_refuse): a command that writes into a folder refuses to replace what
-it finds there, naming the files and the flag; with the flag the old files are kept in .replaced/<UTC time>/, and
-files the command does not write are never touched."""
+"""No file replaced silently (quest.store.files.refuse_present, then move_aside): a command that writes into a folder
+refuses to replace what it finds there, naming the files and the flag; with the flag the old files are kept in
+.replaced/<UTC time>/, and files the command does not write are never touched."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quest.report.__main__ import main as report_main
-from quest.store.files import OutputExists, keep_or_refuse
+from quest.store.files import OutputExists, move_aside, refuse_present
 from quest.tools.export import export_run
 from quest.tools.export import main as export_main
 from quest.train import fit
@@ -27,7 +27,7 @@ def _digest(root: Path) -> dict[str, str]:
 
 @given(existing=st.sets(st.sampled_from(["a.json", "b.md", "c.bin"])), other=st.booleans(),
        overwrite=st.booleans())
-def test_keep_or_refuse_never_loses_a_file(tmp_path_factory, existing, other, overwrite):
+def test_refuse_present_then_move_aside_never_loses_a_file(tmp_path_factory, existing, other, overwrite):
     root = tmp_path_factory.mktemp("out")
     for name in existing:
         (root / name).write_text(f"old {name}")
@@ -37,11 +37,12 @@ def test_keep_or_refuse_never_loses_a_file(tmp_path_factory, existing, other, ov
     targets = [root / n for n in ("a.json", "b.md", "c.bin")]
     if existing and not overwrite:
         with pytest.raises(OutputExists) as info:
-            keep_or_refuse(targets, overwrite, keep_in=root)
+            refuse_present(targets, overwrite)
         assert all(str(root / n) in str(info.value) for n in existing) and "--overwrite" in str(info.value)
         assert _digest(root) == before  # refused: nothing moved
         return
-    kept = keep_or_refuse(targets, overwrite, keep_in=root)
+    assert sorted(refuse_present(targets, overwrite)) == sorted(root / n for n in existing)
+    kept = move_aside(root, targets)
     if not existing:
         assert kept is None and _digest(root) == before
         return

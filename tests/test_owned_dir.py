@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quest.store.files import LockHeld
-from quest.store.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten, holder_text
+from quest.config.differences import ABSENT, Difference, differences, flatten
+from quest.store.files import replaced_dir
+from quest.store.locks import LockHeld, holder_text
+from quest.store.owned_dir import OwnedDirectory
 
 STAMP = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 
@@ -95,7 +97,7 @@ def test_archive_moves_what_it_is_given_but_never_the_lock_nor_the_archive(tmp_p
     owner = OwnedDirectory(tmp_path)
     owner.lock()
     try:
-        earlier = owner.replaced_dir()
+        earlier = replaced_dir(owner.path)
         (earlier / "old.txt").write_text("old")
         dest = owner.archive(["a.txt", "sub", ".lock", ".replaced", "missing.txt"])
     finally:

@@ -21,7 +21,8 @@ from quest.report.plot import main as plot_main
 from quest.run.checkpoint_record import CheckpointRecord
 from quest.run.directory import check_data, data_fingerprint
 from quest.run.outputs import start_log_file, stop_log_file
-from quest.store.files import DamagedFile, lock_file
+from quest.store.files import DamagedFile
+from quest.store.locks import lock_file
 from quest.store.output_folder import RECORD, holding, output_path
 from quest.store.tool_records import CAPPED_INFO
 from quest.tools.capped import cap_folder
@@ -36,14 +37,16 @@ GOOD = {"by": "quest-export", "sha256": "0" * 64}
 @pytest.mark.parametrize(("content", "named"), [
     ("[]", "JSON list"),
     ('{"files": 3', "not valid JSON"),
-    ('{"files": []}', "its files is []"),
+    ('{"files": []}', "files is list []"),
     (json.dumps({"files": {"../outside.txt": GOOD}}), "'../outside.txt'"),
     (json.dumps({"files": {"/etc/passwd": GOOD}}), "'/etc/passwd'"),
-    (json.dumps({"files": {"a\u0000b": GOOD}}), "expected a path inside"),
-    (json.dumps({"files": {"model.safetensors": "quest-export"}}), "its entry for 'model.safetensors'"),
-    (json.dumps({"files": {"x": {"by": 5}}}), "its entry for 'x'"),
+    (json.dumps({"files": {"a\u0000b": GOOD}}), "a path outside"),
+    (json.dumps({"files": {"model.safetensors": "quest-export"}}), "files['model.safetensors'] is str"),
+    (json.dumps({"files": {"x": {"by": 5}}}), "files.x.by is int 5"),
+    (json.dumps({"files": {"x": {"sha256": "0" * 64}}}), "files.x has no by"),
+    (json.dumps({"x": 1}), "no files"),
     (json.dumps({"files": {"x": {"by": "quest-export", "sha256": "zz"}}}), "64 hex digits"),
-    (json.dumps({"files": {"x": {**GOOD, "keep": True}}}), "its entry for 'x'"),
+    (json.dumps({"files": {"x": {**GOOD, "keep": True}}}), "files.x holds keep"),
 ])
 def test_a_damaged_record_is_refused_when_the_folder_is_held_and_nothing_changes(tmp_path, content, named):
     folder = tmp_path / "out"

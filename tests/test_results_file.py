@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from quest.evaluation.directory import EvalDirectoryError, read_results
 from quest.report.runs import ReportInputError, _eval_metrics
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile
 from quest.store.results_file import METRIC_RULES, EvalResultsRecord, checked_results
 
 from .record_faults import SAMPLES, faults, planted
@@ -36,7 +36,7 @@ def test_a_good_file_reads_back_unchanged():
 @pytest.mark.parametrize(("field", "value"), list(faults(EvalResultsRecord)),
                          ids=lambda v: v if isinstance(v, str) else repr(v))
 def test_every_top_level_field_of_a_wrong_type_or_range_is_refused_naming_it(field, value):
-    with pytest.raises(RecordError, match=rf"^r\.json: {field}"):
+    with pytest.raises(DamagedFile, match=rf"^r\.json: {field}"):
         checked_results(planted(GOOD, field, value), "r.json")
 
 
@@ -53,14 +53,14 @@ def test_a_number_of_the_results_out_of_its_kind_is_refused_naming_it(where, nam
     if field_problem(value, hint, bounds) is None:
         assert checked_results(record, "r.json")["results"] == record["results"]
     else:
-        with pytest.raises(RecordError, match=rf"^r\.json: results\.{where}\.{name} is"):
+        with pytest.raises(DamagedFile, match=rf"^r\.json: results\.{where}\.{name} is"):
             checked_results(record, "r.json")
 
 
 def test_a_number_inside_a_list_of_an_evaluation_is_checked():
     bad = json.loads(json.dumps(GOOD))
     bad["results"]["adversarial"]["fgsm"][0]["top1"] = "5"
-    with pytest.raises(RecordError, match=r"results\.adversarial\.fgsm\[0\]\.top1 is str '5'"):
+    with pytest.raises(DamagedFile, match=r"results\.adversarial\.fgsm\[0\]\.top1 is str '5'"):
         checked_results(bad, "r.json")
 
 

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from quest.store import run_files as rf
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile
 
 from .record_faults import OUTSIDE, faults, planted
 
@@ -91,7 +91,7 @@ def test_the_faults_cover_every_kind_and_the_paths():
 def test_every_field_of_a_wrong_type_range_or_path_is_refused_naming_the_file_and_it(kind, field, value):
     _, good, read = KINDS[kind]
     named = re.escape(f"history[0].{field}" if kind == "history entry" else field)
-    with pytest.raises(RecordError, match=rf"^f\.json: {named}[ .\[]"):  # the field, or the element inside it
+    with pytest.raises(DamagedFile, match=rf"^f\.json: {named}[ .\[]"):  # the field, or the element inside it
         read(planted(copy.deepcopy(good), field, value), "f.json")
 
 
@@ -100,27 +100,27 @@ def test_every_field_of_a_wrong_type_range_or_path_is_refused_naming_the_file_an
                                            ("config.json", "architecture")])
 def test_a_missing_required_field_is_refused_naming_it(kind, key):
     _, good, read = KINDS[kind]
-    with pytest.raises(RecordError, match=rf"^f\.json: no {key}; expected"):
+    with pytest.raises(DamagedFile, match=rf"^f\.json: no {key}; expected"):
         read({k: v for k, v in good.items() if k != key}, "f.json")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_not_an_object_is_refused_naming_the_file(kind):
     _, _, read = KINDS[kind]
-    with pytest.raises(RecordError, match=r"^f\.json"):
+    with pytest.raises(DamagedFile, match=r"^f\.json"):
         read([1, 2], "f.json")
 
 
 def test_unknown_keys_are_allowed_for_a_newer_quest_but_a_metrics_value_must_be_a_number():
     assert rf.checked_summary({**SUMMARY, "new_key": {"x": 1}}, "f.json")["new_key"] == {"x": 1}
     assert rf.checked_export_config({**EXPORT, "label_descriptions": {"a": "A"}}, "f.json")
-    with pytest.raises(RecordError, match=r"^m:3: diag/layer00/entropy is str"):
+    with pytest.raises(DamagedFile, match=r"^m:3: diag/layer00/entropy is str"):
         rf.check_metrics_row({**VAL_ROW, "diag/layer00/entropy": "1.5"}, "m:3")
 
 
 def test_an_input_size_without_three_parts_is_refused():
     bad = planted(copy.deepcopy(EXPORT), "pretrained_cfg.input_size", [16])
-    with pytest.raises(RecordError, match=r"pretrained_cfg\.input_size is \[16\], expected \[channels"):
+    with pytest.raises(DamagedFile, match=r"pretrained_cfg\.input_size is \[16\], expected \[channels"):
         rf.checked_export_config(bad, "f.json")
 
 
@@ -169,6 +169,6 @@ def test_eval_weights_refuse_an_exported_config_field_naming_it(tmp_path):
     from quest.evaluation.foreign import export_record
 
     (tmp_path / "config.json").write_text(json.dumps(planted(copy.deepcopy(EXPORT), "model_args.attention", 3)))
-    with pytest.raises(RecordError, match=rf"^{tmp_path / 'config.json'}: model_args\.attention is int 3"):
+    with pytest.raises(DamagedFile, match=rf"^{tmp_path / 'config.json'}: model_args\.attention is int 3"):
         export_record(f"local-dir:{tmp_path}")
     assert export_record("timm-name") is None

@@ -4,7 +4,7 @@ second instance of it at once.
 - A file the command did not write, in the place of one of its outputs, is refused (the message names it, and the
   folder is byte for byte as it was) or moved to ``.replaced/<UTC time>[-label]/`` under the same path with its
   bytes; which of the two is fixed per command and place below. Never lost.
-- While another process holds the folder (simulated by taking its lock here with quest.store.files.lock_file: no timing), the
+- While another process holds the folder (simulated by taking its lock here with quest.store.locks.lock_file: no timing), the
   command is refused at once, naming the holder, before it loads what it reads (a model, a data set), and the
   folder is byte for byte as it was.
 """
@@ -29,7 +29,8 @@ from PIL import Image
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.report.__main__ import main as report_main
 from quest.report.plot import main as plot_main
-from quest.store.files import REPLACED, lock_file
+from quest.store.files import REPLACED
+from quest.store.locks import lock_file
 from quest.tools.capped import cap_folder
 from quest.tools.export import main as export_main
 from quest.tools.make_shards import convert_image_folder, write_index

@@ -18,8 +18,7 @@ from typing import Any, Callable, Iterable
 from PIL import Image
 
 from quest.runtime.workers import die_with_parent
-from quest.store.files import parse_json
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile, parse_json
 from quest.store.tool_records import check_preflight_cache
 
 from .entries import class_listing, not_read_reason
@@ -114,7 +113,7 @@ def _read_cache(root: Path, fingerprint: str) -> Report | None:
     for path in _cache_paths(root):
         try:
             cached = check_preflight_cache(parse_json(path.read_text()), root, path)
-        except RecordError as exc:  # a cache is only a shortcut: not believed, the folder is checked again
+        except DamagedFile as exc:  # a cache is only a shortcut: not believed, the folder is checked again
             log.warning("the pre-flight's cache is not used: %s", exc)
             continue
         except (OSError, ValueError):

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from quest.store.files import parse_json
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile, parse_json
 from quest.store.tool_records import check_info
 
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
@@ -61,7 +60,7 @@ def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
                 raise ShardError(f"{path} is not valid JSON: {exc}") from None
             try:  # every field's type and range, every filename inside root, before anything reads a shard
                 return check_info(info, root, path), path
-            except RecordError as exc:
+            except DamagedFile as exc:
                 raise ShardError(str(exc)) from None
     return {}, None
 

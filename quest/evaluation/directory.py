@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
+from quest.config.differences import differences
 from quest.runtime.errors import UserError
-from quest.store.files import REPLACED, LockHeld, json_text, parse_json, write_text_atomic
-from quest.store.owned_dir import OwnedDirectory, differences
-from quest.store.records import RecordError
+from quest.store.files import REPLACED, DamagedFile, json_text, parse_json, write_text_atomic
+from quest.store.locks import LockHeld
+from quest.store.owned_dir import OwnedDirectory
 from quest.store.results_file import checked_results
 
 log = logging.getLogger("quest.eval")
@@ -107,7 +108,7 @@ def read_results(path: Path) -> dict[str, Any]:
         raise EvalDirectoryError(f"{path}: permission denied (reading it needs read permission on the file)") from None
     try:
         return checked_results(data, path)  # every field checked; an older quest's results upgraded (quest.store.compat)
-    except RecordError as exc:
+    except DamagedFile as exc:
         raise EvalDirectoryError(f"{exc} (damaged or edited?); move it aside or pass eval.overwrite=true to archive "
                                  "it to .replaced/ and evaluate again") from None
 

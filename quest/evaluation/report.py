@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from quest.store.files import json_text, markdown_table, plain, write_csv_atomic, write_text_atomic
+from quest.report.markdown import markdown_table
+from quest.store.files import json_text, plain, write_csv_atomic, write_text_atomic
 
 __all__ = ["write_reports", "flatten_numbers", "flatten_texts", "log_wandb", "headline_numbers",
            "format_headline"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.extras import require
-from quest.store.files import OutputExists, atomic_write, figure_bytes, save_figure
+from quest.store.files import OutputExists, atomic_write, figure_bytes, refuse_present, save_figure
 from quest.store.output_folder import FolderHeld, holding, output_path
 
 require("matplotlib", "report", "quest.report.plot")
@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the figure held from the check to its save (quest.store.output_folder: .<name>.lock beside it, gone at the end);
         # drawn before anything in its folder changes, so that a refused input leaves an earlier figure where it was
         with holding(out.parent, "quest-plot", output=out.name) as folder:
-            folder.refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
+            refuse_present([out], args.overwrite)  # an earlier figure is replaced only when asked
             fig, dpi = _figure(args)
             image = figure_bytes(fig, out, dpi=dpi)  # rendered before the first change: a refused format moves nothing
             folder.make_room([out])

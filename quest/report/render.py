@@ -6,9 +6,10 @@ import io
 from pathlib import Path
 from typing import Any
 
-from quest.store.files import markdown_table, write_text_atomic
+from quest.store.files import refuse_present, write_text_atomic
 from quest.store.output_folder import holding
 
+from .markdown import markdown_table
 from .runs import PERF_METRICS, RunResult
 from .stats import lower_is_better, mean_std
 from .tables import LR_KEYS, Report, Row
@@ -207,7 +208,7 @@ def write_outputs(report: Report, out_dir: str | Path, overwrite: bool = False) 
     # a second report into out_dir is refused, never interleaved; the lock file it made goes at the end and no record
     # is kept (it replaces nothing in place), so out_dir holds the tables alone (quest.store.output_folder)
     with holding(out_dir, "quest-report", transient=True) as folder:
-        folder.refuse_present(files, overwrite)
+        refuse_present(files, overwrite)
         folder.make_room(files)
         return [write_text_atomic(out_dir / name, text if text.endswith("\n") else text + "\n")
                 for name, text in texts.items()]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.store.files import DamagedFile, OutsideFolder, inside_folder, parse_json, read_json
-from quest.store.records import RecordError, check_fields
+from quest.store.records import check_fields
 from quest.store.run_files import RunSummary, check_metrics_row
 
 __all__ = ["PlotInputError", "load_metrics", "run_formulation", "run_label"]
@@ -56,7 +56,7 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
             raise PlotInputError(f"{path}:{number}: not valid JSON ({err.msg}); expected one JSON object per line")
         try:  # every field checked (quest.store.run_files)
             records.append(check_metrics_row(record, f"{path}:{number}"))
-        except RecordError as exc:
+        except DamagedFile as exc:
             raise PlotInputError(str(exc)) from None
     return records
 
@@ -69,7 +69,7 @@ def run_formulation(run_dir: Path) -> str | None:
     try:  # every field it holds checked (quest.store.run_files); a label needs no status
         summary = read_json(summary_path) or {}
         check_fields(RunSummary, summary, summary_path)
-    except (DamagedFile, RecordError) as exc:
+    except DamagedFile as exc:
         logger.warning("%s; labelling the run by its directory name", exc)
         return None
     return summary.get("attention") or summary.get("choices", {}).get("attention")

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quest.store.files import OutsideFolder, inside_folder, parse_json
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile, OutsideFolder, inside_folder, parse_json
 from quest.store.results_file import checked_results
 from quest.store.run_files import checked_run_record, checked_summary
 
@@ -93,7 +92,7 @@ def _read_json(path: Path, what: str, check: Any = None) -> dict[str, Any]:
     if check is not None:
         try:
             check(data, path)
-        except RecordError as exc:
+        except DamagedFile as exc:
             raise ReportInputError(str(exc)) from None
     return data
 
@@ -155,7 +154,7 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
     for path in files:
         try:  # every field checked; an older quest's upgraded (quest.store.compat)
             report = checked_results(_read_json(path, "evaluation results"), path)
-        except RecordError as exc:
+        except DamagedFile as exc:
             raise ReportInputError(str(exc)) from None
         if report["status"] == "running":  # in progress, or killed: not results yet (see docs/evaluation.md)
             log.warning("%s: an evaluation in progress or interrupted (status running); left out", path.parent)

@@ -266,8 +266,8 @@ class Checkpointer:
         missing = [k for k in ("scheduler", "rng") + (() if self.sharded else ("optimizer",))
                    if getattr(saved, k) is None]
         if missing:
-            raise CheckpointRecordError(f"checkpoint {path} holds no {missing}: it cannot be resumed (it can be "
-                                        "evaluated, or used with trainer.init_from=)")
+            raise CheckpointRecordError(path, f"is a checkpoint that holds no {missing}: it cannot be resumed (it can "
+                                        "be evaluated, or used with trainer.init_from=)", joined=" ")
         check_resumed_weights(saved, path, parts, self.sharded)  # before any part changes
         if self.sharded:
             from quest.runtime.fsdp import load_sharded

@@ -13,7 +13,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from quest.store.records import RecordError, bounded, check_fields, record
+from quest.store.files import DamagedFile
+from quest.store.records import bounded, check_fields, record
 from quest.store.torch_files import FORMAT
 
 from .train_state import TrainState
@@ -28,8 +29,11 @@ SUPPORTED_VERSIONS = (1,)
 STATEFUL_PARTS = ("model", "ema", "optimizer", "scheduler", "scaler", "state")
 
 
-class CheckpointRecordError(ValueError):
-    """A checkpoint's dict does not match the record: keys missing or unknown, or a version this quest cannot read."""
+class CheckpointRecordError(DamagedFile):
+    """A checkpoint that loads whole but whose dict does not match the record: keys missing or unknown, a version this
+    quest cannot read, a field of the wrong type or range. Its own class because the way out differs from a file cut
+    short: another copy of the same file would not help (resume planning and evaluation pass its message on as it
+    is, where a file torch cannot load is told to be restored from a copy)."""
 
 
 @dataclass
@@ -108,32 +112,32 @@ class CheckpointRecord:
     def from_dict(cls, stored: dict[str, Any], path: str | Path = "checkpoint") -> "CheckpointRecord":
         """The record of a loaded checkpoint dict; CheckpointRecordError naming what does not fit."""
         if not isinstance(stored, dict) or stored.get("format") != FORMAT:
-            raise CheckpointRecordError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
+            raise CheckpointRecordError(path, f"is not a quest checkpoint (expected format {FORMAT!r})", joined=" ")
         if "version" not in stored:  # load_record upgrades a file written before the key; a dict must say it
-            raise CheckpointRecordError(f"{path} has no record version (a file is read with load_record, which "
-                                        "upgrades the layouts of older quest: quest.store.compat.upgrade_checkpoint)")
+            raise CheckpointRecordError(path, "has no record version (a file is read with load_record, which upgrades "
+                                        "the layouts of older quest: quest.store.compat.upgrade_checkpoint)", joined=" ")
         version = stored["version"]
         if version not in SUPPORTED_VERSIONS:
             raise CheckpointRecordError(
-                f"{path} is a quest checkpoint of record version {version!r}; this quest reads version(s) "
-                f"{', '.join(map(str, SUPPORTED_VERSIONS))} (written by a newer quest? update quest to read it)")
+                path, f"is a quest checkpoint of record version {version!r}; this quest reads version(s) "
+                f"{', '.join(map(str, SUPPORTED_VERSIONS))} (written by a newer quest? update quest to read it)", joined=" ")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(stored) - names - {"format"})
         missing = [k for k in cls.required() if k not in stored]
         if unknown or missing:
             raise CheckpointRecordError(
-                f"{path} (record version {version}) does not match the checkpoint record of this quest: "
+                path, f"(record version {version}) does not match the checkpoint record of this quest: "
                 + "; ".join(([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
-                + f" (a record holds {sorted(names)}, of which {list(cls.required())} are required)")
+                + f" (a record holds {sorted(names)}, of which {list(cls.required())} are required)", joined=" ")
         try:
             check_fields(cls, stored, path)
-        except RecordError as exc:
-            raise CheckpointRecordError(f"{exc} (a damaged or hand-edited checkpoint: use another, e.g. "
-                                        "checkpoints/best.pt, or start the run again)") from None
+        except DamagedFile as exc:
+            raise CheckpointRecordError(exc.path, f"{exc.problem} (a damaged or hand-edited checkpoint: use another, e.g. "
+                                        "checkpoints/best.pt, or start the run again)", joined=exc.joined) from None
         sharded = stored.get("sharded")
         if sharded is not None and (Path(sharded).name != sharded or sharded in ("", ".", "..")):
-            raise CheckpointRecordError(f"{path}: sharded is {sharded!r}, expected the name of a directory beside "
-                                        "the checkpoint (no path)")
+            raise CheckpointRecordError(path, f"sharded is {sharded!r}, expected the name of a directory beside the "
+                                        "checkpoint (no path)", joined=": ")
         return cls(**{k: v for k, v in stored.items() if k != "format"})
 
     def stateful(self) -> dict[str, Any]:

@@ -23,13 +23,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from quest.config.checks import ConfigError
+from quest.config.differences import ABSENT, Difference, differences, flatten
 from quest.config.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.runtime.errors import UserError
 from quest.store.compat import upgrade_run_config
-from quest.store.files import REPLACED, DamagedFile, LockHeld, write_json_atomic
-from quest.store.owned_dir import ABSENT, Difference, OwnedDirectory, differences, flatten
-from quest.store.records import RecordError
+from quest.store.files import REPLACED, DamagedFile, write_json_atomic
+from quest.store.locks import LockHeld
+from quest.store.owned_dir import OwnedDirectory
 from quest.store.run_files import read_run_record
 
 log = logging.getLogger("quest.train")
@@ -177,7 +178,7 @@ class RunDirectory(OwnedDirectory):
         damaged one is kept aside before it is rewritten)."""
         try:
             return read_run_record(self.path / "run.json")
-        except (DamagedFile, RecordError):
+        except DamagedFile:
             return None
 
     def writable(self, logger: Any = None) -> None:

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from quest.config.checks import ConfigError
+from quest.config.differences import Difference
 from quest.store.compat import checkpoint_metrics_text
-from quest.store.files import DamagedFile, OutsideFolder, inside_folder, read_json, write_text_atomic
-from quest.store.owned_dir import Difference
-from quest.store.records import RecordError
+from quest.store.files import DamagedFile, OutsideFolder, inside_folder, read_json, replaced_dir, write_text_atomic
 from quest.store.run_files import checked_run_record, checked_summary
 from quest.store.torch_files import ZIP_MAGIC, damaged_member
 
@@ -91,10 +90,8 @@ def _json(directory: RunDirectory, name: str, plan: Plan) -> dict[str, Any] | No
     try:
         data = read_json(path)
         return None if data is None else _CHECKS[name](data, path)
-    except DamagedFile as exc:
+    except DamagedFile as exc:  # not JSON, not an object, a field of the wrong type or range
         plan.aside.append((name, f"damaged: {exc.problem}"))
-    except RecordError as exc:
-        plan.aside.append((name, f"damaged: {str(exc).removeprefix(f'{path}: ')}"))
     return None
 
 
@@ -241,7 +238,7 @@ def carry_out(directory: RunDirectory, plan: Plan, continuing: bool = True) -> N
         aside.append(("summary.json", f"the final summary of a run that now continues (status "
                                       f"{plan.summary['status']!r} at step {plan.summary.get('step')})"))
     if aside:  # a missing metrics.jsonl is rebuilt with nothing to keep aside
-        dest = directory.replaced_dir()
+        dest = replaced_dir(directory.path)
         for name, why in aside:
             source = directory.path / name
             if not source.exists():

@@ -1,23 +1,20 @@
 """Writing result files so that a reader never sees half of one: a temporary sibling, fsync, then a rename; a
-failed write (a full disk, Ctrl-C) removes the temporary and leaves the previous file as it was. And the one
-markdown table renderer the reports share.
+failed write (a full disk, Ctrl-C) removes the temporary and leaves the previous file as it was; reading back a
+JSON file quest wrote (:func:`read_json`, :class:`DamagedFile` when it cannot be believed); a command's refusal to
+replace what it finds (:func:`refuse_present`) and the one place it keeps what it replaces (:func:`move_aside`).
 
 Used by the training engine (summary.json, run.json, checkpoints), the evaluation reports, ``quest.report`` and the
-toy study.
+toy study. The locks of the folders quest writes are quest.store.locks.
 """
 from __future__ import annotations
 
 import csv
-import errno
-import fcntl
 import hashlib
 import io
 import json
-import logging
 import math
 import os
 import shutil
-import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,11 +23,11 @@ from typing import Any, BinaryIO, TextIO
 
 from omegaconf import OmegaConf
 
-__all__ = ["DamagedFile", "LockHeld", "OutsideFolder", "inside_folder", "atomic_write",
-           "lock_file", "move_aside", "replaced_dir", "REPLACED",
+__all__ = ["DamagedFile", "OutputExists", "OutsideFolder", "inside_folder", "atomic_write",
+           "move_aside", "remove_made_dirs", "replaced_dir", "REPLACED",
            "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
            "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
-           "json_text", "markdown_table", "plain"]
+           "json_text", "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -81,12 +78,23 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
 
 
 class DamagedFile(ValueError):
-    """A file quest wrote earlier that cannot be read back as what it should hold (cut short, overwritten, another
-    format). The message names the file and what was expected; ``path`` and ``problem`` say it to code."""
+    """A file quest wrote earlier, or one standing where quest expects its own, that cannot be believed: cut short,
+    overwritten, another format, or a field that is not of its declared type or range (quest.store.records). One
+    error for every such file, so that a reader that keeps a damaged file aside, or refuses it, catches one class.
 
-    def __init__(self, path: Path, problem: str, remedy: str = ""):
-        super().__init__(f"{path} is damaged: {problem}" + (f". {remedy}" if remedy else ""))
-        self.path, self.problem = Path(path), problem
+    The message names the file and what was expected; ``path`` and ``problem`` say it to code. ``joined`` is what
+    stands between the two in the message: " is damaged: " for a file judged whole, ": " for a problem that starts
+    with the field it names (``run.json: epoch is -1, expected a value >= 0``), " " for a problem that is the rest
+    of a sentence about the file (``ledger.jsonl line 3 is not JSON``)."""
+
+    def __init__(self, path: str | Path, problem: str, remedy: str = "", joined: str = " is damaged: "):
+        super().__init__(f"{path}{joined}{problem}" + (f". {remedy}" if remedy else ""))
+        self.path, self.problem, self.remedy, self.joined = Path(path), problem, remedy, joined
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # raised in a worker process, it crosses to the parent whole (the default would call __init__ with the
+        # message alone)
+        return type(self), (self.path, self.problem, self.remedy, self.joined)
 
 
 def readable(path: Path, what: str) -> None:
@@ -172,67 +180,6 @@ def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> Path:
     return atomic_write(path, lambda f: f.write(data))
 
 
-class LockHeld(OSError):
-    """Another process holds the lock; ``holder`` is what it wrote into the lock file (its pid and host)."""
-
-    def __init__(self, path: Path, holder: str):
-        super().__init__(f"{path} is locked by {holder}")
-        self.path, self.holder = path, holder
-
-
-def lock_file(path: Path, what: str) -> int:
-    """An exclusive lock on ``path`` (created if missing), held until the returned descriptor is closed or the
-    process ends, however it ends. Raises :class:`LockHeld` when another process holds it; on a file system without
-    flock (some network mounts) warns that ``what`` is unprotected and returns the descriptor anyway. The file
-    locked is the one at ``path`` when the lock is taken: a holder may remove its lock file as it lets go. A link, a
-    directory or a special file where the lock file belongs is :class:`DamagedFile`: it is never followed or written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = _open_lock(path, what)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise LockHeld(path, holder) from None
-        except OSError as exc:
-            logging.getLogger("quest").warning("cannot lock %s (%s); make sure no other process uses %s", path, exc,
-                                               what)
-            return fd
-        if _same_file(fd, path):
-            return fd
-        # the holder removed the lock file as it let go (a lock file a command made for one output, quest.store.output_folder)
-        # between this open and this flock: the file locked is no longer at ``path``, and a third process may lock
-        # the one there now; try again with the file that is there
-        os.close(fd)
-
-
-def _open_lock(path: Path, what: str) -> int:
-    """The lock file at ``path``, opened (made if missing), never through a link: the holder's name written into a
-    file elsewhere would overwrite it."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-            raise
-        kind = f"a symbolic link to {os.readlink(path)}" if path.is_symlink() else "a directory or special file"
-        raise DamagedFile(path, f"{kind}, expected the plain lock file that names the command writing {what}",
-                          "Move it away; quest makes the lock file again") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device opened: no lock file of quest's
-        os.close(fd)
-        raise DamagedFile(path, f"a special file, expected the plain lock file that names the command writing {what}",
-                          "Move it away; quest makes the lock file again")
-    return fd
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        found, held = os.stat(path), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
-
-
 def file_sha256(path: str | Path) -> str:
     """The SHA-256 of a file's bytes, read in blocks (a checkpoint can be gigabytes)."""
     with open(path, "rb") as f:
@@ -288,13 +235,6 @@ def write_csv_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]] | Itera
     return write_text_atomic(path, csv_text(rows, fields))
 
 
-def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """A GitHub markdown table, one string per line; ``|`` inside a cell is escaped."""
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(map(esc, row)) + " |" for row in rows]
-
-
 class OutputExists(ValueError):
     """A command would replace files it finds in place (quest.runtime.errors counts a ValueError as the user's)."""
 
@@ -309,17 +249,6 @@ def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--
                            f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
                            "them), or choose another output")
     return present
-
-
-def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite",
-                   keep_in: str | Path | None = None) -> Path | None:
-    """Before a command writes ``paths``: when some already exist, refuse (OutputExists naming them and ``flag``),
-    or with ``overwrite`` move them into a new ``.replaced/<UTC time>/`` (in ``keep_in``, default the first path's
-    folder) and return it. Nothing a command did not ask to replace is replaced, and nothing is deleted."""
-    present = refuse_present(paths, overwrite, flag)
-    if not present:
-        return None
-    return move_aside(Path(keep_in if keep_in is not None else present[0].parent), present)
 
 
 #: where a folder quest owns keeps what a command replaced (a run, an evaluation's results, an export): nothing is

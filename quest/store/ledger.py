@@ -22,14 +22,14 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.store.files import REPLACED, move_aside, open_records, parse_json, write_text_atomic
-from quest.store.records import RecordError
+from quest.store.files import REPLACED, DamagedFile, move_aside, open_records, parse_json, write_text_atomic
 
 from .tool_records import check_ledger_header, check_ledger_line
 
-__all__ = ["LEDGER_NAME", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
+__all__ = ["LEDGER_NAME", "UNRECORDED", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
 
 #: the label of the ``.replaced/<UTC time>-<label>/`` that holds files a tool found where it writes but did not write
+#: (a tool deletes only what its ledger says it wrote: quest.store.files.move_aside with this label)
 UNRECORDED = "unrecorded"
 
 LEDGER_NAME = "_ledger.jsonl"
@@ -91,8 +91,8 @@ class Ledger:
             except json.JSONDecodeError:
                 if number == len(lines):
                     continue  # a line cut by a kill: its output, if any, is not on the record and will be redone
-                raise RecordError(f"{self.path} line {number} is not JSON; expected a line {{\"key\": ..., "
-                                  "\"out\": ...}") from None
+                raise DamagedFile(self.path, f"line {number} is not JSON; expected a line {{\"key\": ..., "
+                                             "\"out\": ...}", joined=" ") from None
             entry = check_ledger_line(row, self.folder, f"{self.path} line {number}")
             if entry.out is None:
                 self.entries.pop(entry.key, None)
@@ -145,7 +145,7 @@ class Ledger:
         if self.unchanged(out):
             (self.folder / out).unlink()
         else:
-            set_aside(self.folder, [self.folder / out])
+            move_aside(self.folder, [self.folder / out], UNRECORDED)
         self.made.pop(out, None)
         self._write({"key": key, "out": None})
         self.removed += 1
@@ -172,15 +172,9 @@ class Ledger:
         self.close()
 
 
-def set_aside(folder: Path, paths: list[Path]) -> None:
-    """Move files a tool found where it writes, and did not write, to ``folder/.replaced/<UTC time>-unrecorded/``
-    under their paths: a tool deletes only what its ledger says it wrote."""
-    move_aside(folder, paths, UNRECORDED)
-
-
 def remove_unrecorded(folder: Path, keep: set[str], ledger: Ledger) -> list[str]:
     """Move every file under ``folder`` (a folder this tool writes) that the ledger does not list and ``keep`` (paths
-    relative to the ledger's folder) does not name to ``.replaced/`` (:func:`set_aside`): outputs a kill left
+    relative to the ledger's folder) does not name to ``.replaced/`` (``.replaced/<UTC time>-unrecorded/``): outputs a kill left
     unrecorded, partial writes, somebody else's files. Hidden files other than partial writes stay (a data check's
     cache, the lock file). The paths moved."""
     listed = ledger.outputs() | keep
@@ -193,6 +187,6 @@ def remove_unrecorded(folder: Path, keep: set[str], ledger: Ledger) -> list[str]
             rel = str(path.relative_to(ledger.folder))
             if rel not in listed and (not name.startswith(".") or is_partial_write(name)):
                 found.append(path)
-    set_aside(ledger.folder, found)
+    move_aside(ledger.folder, found, UNRECORDED)
     ledger.removed += len(found)
     return [str(p.relative_to(ledger.folder)) for p in found]

@@ -9,10 +9,10 @@ may remove there (docs/training.md, "What a command may remove").
   a folder the lock made removed again).
 - It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
   command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
-  an output (somebody else's, or one edited since) is refused (:meth:`OutputFolder.refuse_present`) or moved to
+  an output (somebody else's, or one edited since) is refused (:func:`quest.store.files.refuse_present`) or moved to
   ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
-- The record is believed only once every field is checked (:func:`checked_record`: each path inside the folder, each
-  entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
+- The record is believed only once every field is checked (:class:`WrittenRecord`: each path inside the folder,
+  each entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
 
 The data tools' record is their ledger (quest.store.ledger), which names each output and its stamp the same way.
 
@@ -23,7 +23,7 @@ second command drawing the same figure is refused, and it keeps no ``.written.js
 nothing in place (any file already there is refused, or moved to ``.replaced/`` with ``--overwrite``), so a record
 would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
 alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
-finds it gone from its path and opens the path again (:func:`quest.store.files.lock_file` compares the file it locked with
+finds it gone from its path and opens the path again (:func:`quest.store.locks.lock_file` compares the file it locked with
 the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
 command's) is left, as every lock file is.
 
@@ -35,31 +35,41 @@ ends holding its files alone; neither replaces anything in place (earlier files 
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
 
-from quest.store.files import (
-    DamagedFile,
-    LockHeld,
-    file_sha256,
-    move_aside,
-    read_json,
-    refuse_present,
-    remove_made_dirs,
-    write_json_atomic,
-)
-from quest.store.owned_dir import OwnedDirectory, holder_text
+from quest.store.files import DamagedFile, file_sha256, move_aside, read_json, remove_made_dirs, write_json_atomic
+from quest.store.locks import LockHeld, holder_text
+from quest.store.owned_dir import OwnedDirectory
+from quest.store.records import check_record, matching, relative_path
 
-__all__ = ["FolderHeld", "OutputFolder", "RECORD", "checked_record", "holding", "output_path"]
+__all__ = ["FolderHeld", "OutputFolder", "RECORD", "WrittenEntry", "WrittenRecord", "holding", "output_path"]
 
 #: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
 RECORD = ".written.json"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REMEDY = ("Move it away: without it no file in this folder counts as written by quest, and one in the way of an "
            "output is kept in .replaced/ when it is replaced, never deleted")
+
+
+@dataclass
+class WrittenEntry:
+    """One file of :class:`WrittenRecord`: the command that wrote it and the SHA-256 of what it wrote (absent: a file
+    the command appends to, known by its name)."""
+
+    closed: ClassVar[bool] = True  # nothing else: an entry another program wrote is not believed
+    by: str
+    sha256: str = field(default="", metadata=matching("[0-9a-f]{64}", "64 hex digits (a SHA-256)"))
+
+
+@dataclass
+class WrittenRecord:
+    """:data:`RECORD`, as :meth:`OutputFolder.note` writes it: each file's path (inside the folder) -> its entry. A
+    record says which files a command may replace in place."""
+
+    files: dict[str, WrittenEntry] = field(metadata=relative_path())
 
 
 class FolderHeld(ValueError):
@@ -92,16 +102,20 @@ class OutputFolder(OwnedDirectory):
 
     def record(self) -> dict[str, dict[str, str]]:
         """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}; every field checked before
-        it is believed (:func:`checked_record`): :class:`~quest.store.files.DamagedFile` naming the first one that is wrong."""
+        it is believed (:class:`WrittenRecord`): :class:`~quest.store.files.DamagedFile` naming the first one that is
+        wrong."""
         path = self.path / RECORD
         if path.is_symlink() or (path.exists() and not path.is_file()):
             kind = "a symbolic link" if path.is_symlink() else "not a plain file"
             raise DamagedFile(path, f"{kind}, expected the record quest writes there", _REMEDY)
         try:
             found = read_json(path)
-        except DamagedFile as exc:  # not JSON, not an object: the same way out
-            raise DamagedFile(path, exc.problem, _REMEDY) from None
-        return checked_record(found, path)
+            if found is None:
+                return {}
+            check_record(WrittenRecord, found, path, "the record quest writes there", folder=self.path)
+        except DamagedFile as exc:  # not JSON, not an object, a field: the same way out
+            raise DamagedFile(path, exc.problem, _REMEDY, exc.joined) from None
+        return found["files"]
 
     def own(self, path: Path) -> bool:
         """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes; a file
@@ -111,10 +125,6 @@ class OutputFolder(OwnedDirectory):
                 and not path.is_symlink()):
             return False
         return "sha256" not in entry or entry["sha256"] == file_sha256(path)
-
-    def refuse_present(self, paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> None:
-        """A check, before any change: OutputExists naming those of ``paths`` that exist, unless ``overwrite``."""
-        refuse_present(paths, overwrite, flag)
 
     def make_room(self, paths: Iterable[str | Path], keep_own: bool = False, label: str = "") -> Path | None:
         """Every check has passed: claim the folder and move those of ``paths`` that exist into a new
@@ -151,26 +161,6 @@ def output_path(text: str) -> Path:
                 f"{text} goes up ('..') from {Path(*path.parts[:i])}, which is not an existing folder; expected a "
                 "path whose every '..' follows an existing folder (write it without the '..')")
     return path
-
-
-def checked_record(found: Any, path: Path) -> dict[str, dict[str, str]]:
-    """``found`` (the JSON of a folder's :data:`RECORD` at ``path``; None: no record) as its files, once every field
-    is what :meth:`OutputFolder.note` writes: a relative path inside the folder -> {"by": a command, "sha256": 64 hex
-    digits (absent: a file appended to)}. A record says which files a command may replace in place."""
-    if found is None:
-        return {}
-    files = found.get("files")
-    if not isinstance(files, dict):
-        raise DamagedFile(path, f"its files is {files!r:.80}, expected an object of path -> entry", _REMEDY)
-    for name, entry in files.items():
-        parts = PurePosixPath(name).parts
-        if not name or "\0" in name or PurePosixPath(name).is_absolute() or ".." in parts:
-            raise DamagedFile(path, f"names {name!r:.120}, expected a path inside {path.parent}", _REMEDY)
-        if not (isinstance(entry, dict) and isinstance(entry.get("by"), str) and set(entry) <= {"by", "sha256"}
-                and ("sha256" not in entry or (isinstance(entry["sha256"], str) and _SHA256.fullmatch(entry["sha256"])))):
-            raise DamagedFile(path, f"its entry for {name!r:.120} is {entry!r:.120}, expected "
-                                    '{"by": <command>, "sha256": <64 hex digits>}', _REMEDY)
-    return files
 
 
 @contextmanager

@@ -1,86 +1,22 @@
-"""A directory quest owns (a run directory, an evaluation directory): one lock file that names its holder, one place
-for what a command replaces (``.replaced/<UTC time>[-label]/``), and one way to compare the config stored in it with
-a new one (:func:`flatten`, :func:`differences`, :class:`Difference`).
+"""A directory quest owns (a run directory, an evaluation directory): one lock file that names its holder, and one
+place for what a command replaces (``.replaced/<UTC time>[-label]/``, :func:`quest.store.files.replaced_dir`).
 
-The lock is :func:`quest.store.files.lock_file` (flock: exclusive, never waits, released by the OS when the process ends,
-however it ends). A command takes it before any check, and a refused one must change nothing: until :meth:`claim`
-the lock file is put back as it was on :meth:`unlock`, or removed when this command made it.
-
-The third-party ``filelock`` is not used: its 3.x releases, which torch's unpinned requirement still admits, open the
-lock file with ``O_TRUNC`` on every attempt, a refused one included (the holder's name is erased and a refused command
-changes the directory), and the 4.x releases that no longer do would be a new pinned dependency for the fifteen lines
-of :func:`quest.store.files.lock_file`, which tests hold locks with anyway.
+The lock is :func:`quest.store.locks.lock_file` (flock: exclusive, never waits, released by the OS when the process
+ends, however it ends). A command takes it before any check, and a refused one must change nothing: until
+:meth:`OwnedDirectory.claim` the lock file is put back as it was on :meth:`OwnedDirectory.unlock`, or removed when
+this command made it.
 """
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from quest.store.files import REPLACED, lock_file, move_aside, replaced_dir
+from quest.store.files import REPLACED, move_aside
+from quest.store.locks import holder_text, lock_file
 
-__all__ = ["ABSENT", "Difference", "OwnedDirectory", "differences", "flatten", "holder_text"]
-
-
-class _Absent:
-    """A key one config lacks; shown as ``(absent)`` (a string would be quoted and could be a real value)."""
-
-    def __repr__(self) -> str:
-        return "(absent)"
-
-
-ABSENT: Any = _Absent()
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value of nested dicts. Lists are values, not branches: a list-valued key (``data.mean``) is one
-    key that differs as a whole. An empty dict below the top is kept as a value (``{"a": {}}`` -> ``{"a": {}}``), so
-    that it differs from a missing key; the empty top-level dict has no keys."""
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out if out or not prefix else {prefix: {}}
-    return {prefix: tree}
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One key whose value differs between the stored config and the new one (:data:`ABSENT` where one lacks it)."""
-
-    key: str
-    stored: Any
-    new: Any
-
-    def __str__(self) -> str:
-        return self.show()
-
-    def show(self, width: int | None = None) -> str:
-        """``key: stored -> new`` with each value's repr cut to ``width`` characters (a long list stays one line)."""
-        cut = (lambda v: f"{v!r:.{width}}") if width else repr
-        return f"{self.key}: {cut(self.stored)} -> {cut(self.new)}"
-
-
-def differences(stored: Mapping[str, Any], new: Mapping[str, Any],
-                defaults: Mapping[str, Any] | None = None) -> list[Difference]:
-    """The keys of two nested configs whose values differ, in key order. A key one of them lacks counts as its value
-    in ``defaults`` (flattened keys; e.g. the schema's default, for a config an older quest stored), else as
-    :data:`ABSENT`."""
-    a, b, defaults = flatten(dict(stored)), flatten(dict(new)), defaults or {}
-    found = []
-    for key in sorted(set(a) | set(b)):
-        old, now = a.get(key, defaults.get(key, ABSENT)), b.get(key, defaults.get(key, ABSENT))
-        if old != now:
-            found.append(Difference(key, old, now))
-    return found
-
-
-def holder_text() -> bytes:
-    """What a lock file says while this process holds it: a second process names it in its refusal."""
-    return f"pid {os.getpid()} on {os.uname().nodename}\n".encode()
+__all__ = ["OwnedDirectory"]
 
 
 class OwnedDirectory:
@@ -102,7 +38,7 @@ class OwnedDirectory:
 
     def lock(self) -> None:
         """Take the directory's lock and write this process's pid and host into it. Raises
-        :class:`quest.store.files.LockHeld` (its ``holder``: what the lock file says) when another process holds it."""
+        :class:`quest.store.locks.LockHeld` (its ``holder``: what the lock file says) when another process holds it."""
         if not self.is_main:
             return
         self._lock_was_there = self.lock_path.exists()
@@ -161,10 +97,6 @@ class OwnedDirectory:
             return False
         finally:
             os.close(fd)
-
-    def replaced_dir(self, label: str = "") -> Path:
-        """A new ``.replaced/<UTC time>[-label]/`` (made): where files a command replaces are kept."""
-        return replaced_dir(self.path, label)
 
     def archive(self, names: Iterable[str], label: str = "") -> Path | None:
         """Move those of ``names`` (relative to the directory) that exist into a new ``.replaced/<UTC time>[-label]/``;

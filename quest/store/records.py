@@ -5,22 +5,27 @@ A file quest wrote may come back cut, edited by hand or from another program: a 
 -5 or the string "669", a training state whose step is -4, a config that is a list. A record class declares each
 field with its type (the annotation) and, where a type is not enough, its range (:func:`bounded` metadata); the
 reader calls :func:`check_fields` on what it loaded, which refuses the first field that does not fit with one
-message naming the file, the field, what it holds and what was expected. Nothing is coerced: a string is not a
-number, a bool is not an int, and a float field takes only finite numbers.
+:class:`~quest.store.files.DamagedFile` (the error of every file quest cannot believe) naming the file, the field,
+what it holds and what was expected. Nothing is coerced: a string is not a number, a bool is not an int, and a float
+field takes only finite numbers.
 
 The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, unions (``X | None``),
 ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
 dict of its fields), and ``torch.Tensor``.
 
 A file's key that a Python name cannot hold (``val/top1``) is declared with :func:`stored_as`; a field that names a
-path inside the file's folder with :func:`relative_path`; the type of the values under keys a record does not
-declare (a metrics row's per-layer statistics) with a class attribute ``extra_values``. Keys a record does not
-declare are otherwise left alone (a newer quest may add some); a declared key is always checked.
+path inside the file's folder (or a mapping keyed by such paths) with :func:`relative_path`; a string of a fixed form
+(a SHA-256) with :func:`matching`; the type of the values under keys a record does not declare (a metrics row's
+per-layer statistics) with a class attribute ``extra_values``. Keys a record does not declare are otherwise left
+alone (a newer quest may add some), unless its class attribute ``closed`` is true: then the record is the whole
+mapping, every key declared and every field without a default present, wherever it sits. A declared key is always
+checked.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -28,7 +33,9 @@ from contextvars import ContextVar
 from pathlib import PurePosixPath
 from typing import Any
 
-__all__ = ["RecordError", "bounded", "record", "stored_as", "relative_path", "key_of", "path_problem", "check_fields",
+from quest.store.files import DamagedFile
+
+__all__ = ["bounded", "record", "stored_as", "relative_path", "matching", "key_of", "path_problem", "check_fields",
            "check_record", "field_problem", "Number"]
 
 # the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
@@ -37,10 +44,6 @@ _FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
 
 #: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.store.files.plain writes nan as "nan")
 Number = float | typing.Literal["nan", "inf", "-inf"]
-
-
-class RecordError(ValueError):
-    """A file's field that is not of its declared type or range (the message names the file and the field)."""
 
 
 def bounded(low: float | None = None, high: float | None = None) -> dict[str, Any]:
@@ -55,8 +58,15 @@ def stored_as(key: str, **metadata: Any) -> dict[str, Any]:
 
 
 def relative_path(**metadata: Any) -> dict[str, Any]:
-    """Field metadata: a path (or a list of paths) relative to the file's folder, which must stay inside it."""
+    """Field metadata: a path (or a list of paths, or a mapping's keys) relative to the file's folder, which must stay
+    inside it."""
     return {"path": True, **metadata}
+
+
+def matching(pattern: str, what: str, **metadata: Any) -> dict[str, Any]:
+    """Field metadata: a string that matches ``pattern`` whole (``what`` says its form in the message:
+    ``field(metadata=matching("[0-9a-f]{64}", "64 hex digits"))``)."""
+    return {"pattern": (re.compile(pattern), what), **metadata}
 
 
 def key_of(f: dataclasses.Field) -> str:
@@ -67,7 +77,7 @@ def key_of(f: dataclasses.Field) -> str:
 def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
     """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside ``folder`` (the
     file's folder), or None."""
-    if isinstance(name, str) and name and not PurePosixPath(name).is_absolute() \
+    if isinstance(name, str) and name and "\0" not in name and not PurePosixPath(name).is_absolute() \
             and ".." not in PurePosixPath(name).parts:
         return None
     folder = "the folder" if folder is None else folder
@@ -156,7 +166,7 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
             return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
         item = typing.get_args(hint)[1] if typing.get_args(hint) else Any
         for key, element in value.items():
-            problem = _type_problem(element, item, f"{label}.{key}")
+            problem = _type_problem(element, item, _key_label(label, key))
             if problem:
                 return problem
         return None
@@ -198,14 +208,25 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
         nested = f.metadata.get("record")  # a mapping declared as a plain dict, checked as this record class
         if nested is not None:
             hint = nested | None if _allows_none(hint) else nested
-        problem = field_problem(data[key], hint, f.metadata.get("bounds", (None, None)), where)
-        if problem is None and f.metadata.get("path") and data[key] is not None:
-            names = data[key] if isinstance(data[key], list) else [data[key]]
-            problem = next((p for i, name in enumerate(names)
-                            if (p := path_problem(name, f"{where}[{i}]" if isinstance(data[key], list) else where,
-                                                  _FOLDER.get()))), None)
+        value = data[key]
+        problem = field_problem(value, hint, f.metadata.get("bounds", (None, None)), where)
+        if problem is None and f.metadata.get("path") and value is not None:
+            named = ([(name, f"a key of {where}") for name in value] if isinstance(value, Mapping)
+                     else [(name, f"{where}[{i}]") for i, name in enumerate(value)] if isinstance(value, list)
+                     else [(value, where)])
+            problem = next((p for name, at in named if (p := path_problem(name, at, _FOLDER.get()))), None)
+        pattern, form = f.metadata.get("pattern", (None, ""))
+        if problem is None and pattern is not None and isinstance(value, str) and not pattern.fullmatch(value):
+            problem = f"{where} is {value!r:.80}, expected {form}"
         if problem:
             return problem
+    if getattr(cls, "closed", False):  # the whole mapping: no key it does not declare, every required one there
+        unknown = [str(k) for k in data if k not in declared]
+        missing = [key for key in _required(cls) if key not in data]
+        if unknown or missing:
+            found = f"holds {', '.join(unknown)}" if unknown else f"has no {', '.join(missing)}"
+            return (f"{prefix or 'it'} {found}, expected the keys {', '.join(key_of(f) for f in dataclasses.fields(cls))}"
+                    f" ({', '.join(_required(cls))} required)")
     extra = getattr(cls, "extra_values", None)  # the type of every value under a key the record does not declare
     if extra is not None:
         for key, value in data.items():
@@ -216,26 +237,37 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
     return None
 
 
+def _key_label(label: str, key: str) -> str:
+    """Where the value under ``key`` of the mapping at ``label`` sits: dotted, or subscripted where a dot would read
+    as part of the path (a file's name, ``files['model.safetensors']``)."""
+    return f"{label}[{key!r}]" if not key or any(c in key for c in ". ") else f"{label}.{key}"
+
+
+def _required(cls: type) -> list[str]:
+    return [key_of(f) for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
 def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
-    """Refuse (:class:`RecordError`) the first field of ``data`` that is not of ``cls``'s declared type and range, or
-    (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the field; fields
-    ``cls`` does not declare are the caller's to refuse."""
+    """Refuse (:class:`~quest.store.files.DamagedFile`) the first field of ``data`` that is not of ``cls``'s declared
+    type and range, or (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the
+    field; fields ``cls`` does not declare are the caller's to refuse."""
     if not isinstance(data, Mapping):
-        raise RecordError(f"{source} holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields")
+        raise DamagedFile(source, f"holds {_describe(data)}, expected a mapping of {cls.__name__}'s fields", joined=" ")
     token = _FOLDER.set(folder)
     try:
         problem = _fields_problem(cls, data)
     finally:
         _FOLDER.reset(token)
     if problem:
-        raise RecordError(f"{source}: {problem}")
+        raise DamagedFile(source, problem, joined=": ")
 
 
 def check_record(cls: type, data: Any, source: Any, what: str = "", folder: Any = None) -> None:
     """:func:`check_fields`, and every field of ``cls`` without a default present: what a reader of a whole file
     calls (``what``: what the file should be, for the message)."""
     check_fields(cls, data, source, folder)
-    missing = [key_of(f) for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and key_of(f) not in data]
+    missing = [key for key in _required(cls) if key not in data]
     if missing:
-        raise RecordError(f"{source}: no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}")
+        raise DamagedFile(source, f"no {', '.join(missing)}; expected {what or f'the fields of {cls.__name__}'}",
+                          joined=": ")

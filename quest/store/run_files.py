@@ -2,7 +2,7 @@
 ``run.json``, ``summary.json`` (written by train.py) and an exported folder's ``config.json`` (written by
 quest-export). Every reader of these files (resume, quest-report, quest-plot, quest-export, eval.py ``weights=``)
 goes through the readers here, which check every field's type and range before anything believes it; a file that
-fails is one :class:`~quest.store.records.RecordError` naming the file and the field (docs/training.md, "What quest reads
+fails is one :class:`~quest.store.files.DamagedFile` naming the file and the field (docs/training.md, "What quest reads
 back"). No torch here: quest-report and quest-plot import it.
 
 Keys a record does not declare are allowed (a newer quest may write more); a declared key is always checked, and a
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from quest.store.files import read_json
-from quest.store.records import Number, RecordError, bounded, check_record, record, relative_path, stored_as
+from quest.store.files import DamagedFile, read_json
+from quest.store.records import Number, bounded, check_record, record, relative_path, stored_as
 
 __all__ = ["MetricsRow", "RunRecord", "RunSummary", "ExportConfig", "check_metrics_row", "read_run_record",
            "read_summary", "checked_run_record", "checked_summary", "checked_export_config", "SUMMARY_STATUSES"]
@@ -269,13 +269,13 @@ def checked_summary(data: Any, path: Path | str) -> dict[str, Any]:
 
 
 def read_run_record(path: Path | str) -> dict[str, Any] | None:
-    """run.json, checked; None when there is none. DamagedFile (not JSON), RecordError (a field) naming the file."""
+    """run.json, checked; None when there is none. DamagedFile (not JSON, a field) naming the file."""
     data = read_json(path)
     return None if data is None else checked_run_record(data, path)
 
 
 def read_summary(path: Path | str) -> dict[str, Any] | None:
-    """summary.json, checked; None when there is none. DamagedFile (not JSON), RecordError (a field) naming it."""
+    """summary.json, checked; None when there is none. DamagedFile (not JSON, a field) naming it."""
     data = read_json(path)
     return None if data is None else checked_summary(data, path)
 
@@ -291,5 +291,5 @@ def checked_export_config(data: Any, path: Path | str) -> dict[str, Any]:
             check_record(ExportOnnx, data["quest"]["onnx"], f"{path}: quest.onnx", "the ONNX file's name")
     size = (data.get("pretrained_cfg") or {}).get("input_size")
     if size is not None and len(size) != 3:
-        raise RecordError(f"{path}: pretrained_cfg.input_size is {size!r}, expected [channels, height, width]")
+        raise DamagedFile(path, f"pretrained_cfg.input_size is {size!r}, expected [channels, height, width]", joined=": ")
     return data

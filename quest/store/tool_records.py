@@ -2,7 +2,7 @@
 and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
 field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
 before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
-a shard read and linked); a file that fails is one :class:`~quest.store.records.RecordError` naming the file and the field
+a shard read and linked); a file that fails is one :class:`~quest.store.files.DamagedFile` naming the file and the field
 (docs/data.md, "What the data tools read back").
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from quest.store.files import parse_json
-from quest.store.records import RecordError, bounded, check_fields, relative_path
+from quest.store.files import DamagedFile, parse_json
+from quest.store.records import bounded, check_fields, relative_path
 
 __all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
            "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
@@ -78,7 +78,7 @@ class PreflightCache:
 def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where: str = "") -> None:
     missing = [k for k in keys if k not in data]
     if missing:
-        raise RecordError(f"{source}: {f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}")
+        raise DamagedFile(source, f"{f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}", joined=": ")
 
 
 def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
@@ -100,8 +100,8 @@ def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
         _require(entry, ("filenames",), source, "the list of the split's shard files", f"splits.{split}")
         for i, length in enumerate(entry.get("shard_lengths", [])):
             if length < 0:
-                raise RecordError(f"{source}: splits.{split}.shard_lengths[{i}] is {length}, expected a sample "
-                                  "count >= 0")
+                raise DamagedFile(source, f"splits.{split}.shard_lengths[{i}] is {length}, expected a sample "
+                                          "count >= 0", joined=": ")
     return info
 
 
@@ -110,7 +110,7 @@ def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
     _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
     for i, name in enumerate(manifest.get("linked", [])):
         if "/" in name:
-            raise RecordError(f"{source}: linked[{i}] is {name!r}; expected a split folder's name")
+            raise DamagedFile(source, f"linked[{i}] is {name!r}; expected a split folder's name", joined=": ")
     return manifest
 
 
@@ -122,8 +122,8 @@ def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
     problems = [CachedProblem(p["path"], p["reason"]) for p in data["problems"]]
     for i, p in enumerate(problems):
         if not p.path.startswith(f"{root}/"):
-            raise RecordError(f"{source}: problems[{i}].path is {p.path!r}, a path outside {root}; expected a file "
-                              "under it")
+            raise DamagedFile(source, f"problems[{i}].path is {p.path!r}, a path outside {root}; expected a file "
+                                      "under it", joined=": ")
     return PreflightCache(data["fingerprint"], data["images"], problems)
 
 

@@ -36,8 +36,8 @@ from PIL import Image
 from quest.data.entries import class_folders
 from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
 from quest.runtime.workers import die_with_parent
-from quest.store.files import REPLACED, atomic_write, write_text_atomic
-from quest.store.ledger import LEDGER_NAME, Ledger, file_stamp, remove_unrecorded, set_aside
+from quest.store.files import REPLACED, atomic_write, move_aside, write_text_atomic
+from quest.store.ledger import LEDGER_NAME, UNRECORDED, Ledger, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAPPED_INFO, read_capped
 
@@ -170,8 +170,8 @@ def _remove_empty_folders(top: Path, keep_top: bool) -> None:
 def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
     """``dst/<name>`` a link to each target, and no other link at the top of ``dst`` (one that leads elsewhere is
     kept in .replaced/: a link the ledger does not record); the names linked."""
-    set_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
-        path.name not in targets or path.resolve() != targets[path.name].resolve())])
+    move_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
+        path.name not in targets or path.resolve() != targets[path.name].resolve())], UNRECORDED)
     for name, target in targets.items():
         link = dst / name
         if not link.is_symlink():

@@ -28,10 +28,19 @@ import torch
 from omegaconf import OmegaConf
 
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
+from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
-from quest.store.files import DamagedFile, atomic_write, file_sha256, inside_folder, json_text, markdown_table, write_text_atomic
+from quest.store.files import (
+    DamagedFile,
+    atomic_write,
+    file_sha256,
+    inside_folder,
+    json_text,
+    refuse_present,
+    write_text_atomic,
+)
 from quest.store.output_folder import holding, output_path
 from quest.store.run_files import read_summary
 from quest.store.weights_check import check_weights
@@ -234,7 +243,7 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
     # held from the first look at the folder to the last file: a second export into it is refused at once, never
     # interleaved with this one (quest.store.output_folder)
     with holding(out, "quest-export", transient=True) as folder:
-        folder.refuse_present(files, overwrite)
+        refuse_present(files, overwrite)
         path = resolve_checkpoint(source)
         ckpt = load_record(path)  # weights_only=True
         summary = run_summary(path)

@@ -24,8 +24,8 @@ import numpy as np
 from quest.data.entries import class_listing
 from quest.data.folder import check_image_folder
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
-from quest.store.files import atomic_write, write_text_atomic
-from quest.store.ledger import Ledger, file_stamp, is_partial_write, set_aside
+from quest.store.files import atomic_write, move_aside, write_text_atomic
+from quest.store.ledger import UNRECORDED, Ledger, file_stamp, is_partial_write
 from quest.store.output_folder import holding, output_path
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,9 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
                           keys={k for k in ledger.entries if ours.fullmatch(k)})
         # shards of these splits the ledger does not list (a kill came before their line, or somebody else's) and
         # partial writes: kept in .replaced/, never deleted
-        set_aside(out, [path for path in out.iterdir() if path.is_file() and (
+        move_aside(out, [path for path in out.iterdir() if path.is_file() and (
             ours.fullmatch(path.name) and path.name not in ledger.outputs()
-            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))])
+            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))], UNRECORDED)
         for shard, (write, stamp) in planned.items():
             if ledger.current(shard, stamp) is None:
                 atomic_write(out / shard, write)

@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
-from quest.store.files import markdown_table
+from quest.report.markdown import markdown_table
 
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 

@@ -19,6 +19,7 @@ from timm.utils import random_seed
 
 from quest.attention.fused_check import configure as configure_fused
 from quest.attention.fused_check import record as fused_record
+from quest.config.differences import Difference
 from quest.run.attempts import run_perf
 from quest.run.checkpoint import Checkpointer
 from quest.run.directory import RunDirectory, data_record
@@ -27,7 +28,6 @@ from quest.run.plan import Plan, carry_out, finished_summary, survey
 from quest.run.signals import INTERRUPTED, REQUEUED, StopSignals
 from quest.runtime.distributed import DistContext, barrier, init_distributed
 from quest.store.files import write_text_atomic
-from quest.store.owned_dir import Difference
 
 from .builders import build_model, model_meta, resolve_img_size
 from .checks import check_train_config
