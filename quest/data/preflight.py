@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.runtime.phase import after_checks
 from quest.runtime.workers import die_with_parent
 from quest.store.files import DamagedFile, parse_json
 from quest.store.tool_records import check_preflight_cache
@@ -124,13 +125,13 @@ def _read_cache(root: Path, fingerprint: str) -> Report | None:
 
 
 def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
-    from quest.store.files import write_json_atomic
+    from quest.store.files import make_dirs, write_json_atomic
 
     record = {"fingerprint": fingerprint, "images": report.images,
               "problems": [{"path": p.path, "reason": p.reason} for p in report.problems]}
     for path in _cache_paths(root):  # the root when writable, else the user's cache directory
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent)
             write_json_atomic(path, record)
             return
         except OSError:
@@ -164,7 +165,8 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
         else:
             report.problems.append(Problem(name, reason))
     if use_cache:
-        _write_cache(root, fingerprint, report)
+        # a cache is a change too: written once the command's checks have all passed (quest.runtime.phase)
+        after_checks(lambda: _write_cache(root, fingerprint, report))
     return report
 
 

@@ -21,6 +21,7 @@ from quest.run.outputs import start_log_file, stop_log_file
 from quest.runtime.distributed import DistContext, init_distributed
 from quest.runtime.errors import every_rank
 from quest.runtime.extras import require_all
+from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import plain
 from quest.train.precision import autocast_for
 
@@ -135,7 +136,13 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
 
     Every check that can refuse runs before the first evaluation: config values, what is evaluated, every data root
     read, command-line keys that would be ignored, and the results directory (quest.evaluation.directory), which is
-    marked ``running`` until every result is in and ``partial`` when an evaluation fails."""
+    marked ``running`` until every result is in and ``partial`` when an evaluation fails. Nothing is written before
+    the results directory is claimed (quest.runtime.phase)."""
+    with command_phases("run_evaluation"):  # called by quest-eval: its phases; called as a library: its own
+        return _run_evaluation(cfg, output_dir, overrides)
+
+
+def _run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str] | None) -> dict[str, Any]:
     check_eval_config(cfg, EVALUATIONS)  # every key and value, before any data or model is loaded
     settings = cfg.eval
     names = _check_names(settings)
@@ -167,6 +174,8 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
         report["fingerprint"] = fp = fingerprint(resolved, plain(report["target"]), inputs)
         report["key"] = fingerprint_key(fp)
         action, stored = _decide(lambda: directory.begin(fp, settings.overwrite), ctx)
+        if action != "done":
+            begin_changes()  # the main process claimed the directory in begin(); the other ranks' changes begin too
         if action == "done":
             log.info("%s already holds these results (complete, same checkpoint, settings and data); nothing to do "
                      "(eval.overwrite=true evaluates again, archiving them first)", output_dir)

@@ -18,12 +18,12 @@ to wait for.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ChangeBeforeChecks", "Phase", "begin_changes", "command_phases", "current", "may_change"]
+__all__ = ["ChangeBeforeChecks", "Phase", "after_checks", "begin_changes", "command_phases", "current", "may_change"]
 
 
 class ChangeBeforeChecks(RuntimeError):
@@ -32,10 +32,12 @@ class ChangeBeforeChecks(RuntimeError):
 
 @dataclass
 class Phase:
-    """The phase of one command: ``checking`` until its first change begins (:func:`begin_changes`)."""
+    """The phase of one command: ``checking`` until its first change begins (:func:`begin_changes`); ``deferred``:
+    what the checks want written once they have all passed (:func:`after_checks`)."""
 
     command: str
     checking: bool = True
+    deferred: list[Callable[[], None]] = field(default_factory=list)
 
 
 _CURRENT: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("quest_command_phase", default=None)
@@ -63,10 +65,25 @@ def command_phases(command: str) -> Iterator[Phase]:
 
 
 def begin_changes() -> None:
-    """Every check of the running command has passed: from now on it may write."""
+    """Every check of the running command has passed: from now on it may write; what its checks deferred is written
+    first (:func:`after_checks`)."""
     phase = _CURRENT.get()
-    if phase is not None:
-        phase.checking = False
+    if phase is None or not phase.checking:
+        return
+    phase.checking = False
+    deferred, phase.deferred = phase.deferred, []
+    for write in deferred:
+        write()
+
+
+def after_checks(write: Callable[[], None]) -> None:
+    """``write`` now when no command is checking, else once its checks have passed (a cache a check computed, such
+    as the data pre-flight's): a refused command drops it and leaves nothing."""
+    phase = _CURRENT.get()
+    if phase is not None and phase.checking:
+        phase.deferred.append(write)
+    else:
+        write()
 
 
 def may_change(path: str | Path) -> None:

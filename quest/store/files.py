@@ -23,8 +23,10 @@ from typing import Any, BinaryIO, TextIO
 
 from omegaconf import OmegaConf
 
+from quest.runtime.phase import may_change
+
 __all__ = ["DamagedFile", "OutputExists", "OutsideFolder", "inside_folder", "atomic_write",
-           "move_aside", "remove_made_dirs", "replaced_dir", "REPLACED",
+           "make_dirs", "move_aside", "remove_made_dirs", "replaced_dir", "REPLACED",
            "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
            "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
            "json_text", "plain"]
@@ -62,6 +64,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write`` on a binary file that becomes ``path`` only once complete and on disk, with the mode of the
     file it replaces or, for a new one, the mode the umask gives (:func:`new_file_mode`)."""
     path = Path(path)
+    may_change(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -157,6 +160,7 @@ def open_records(path: str | Path) -> TextIO:
     """A line-per-record text file (JSON lines) opened for appending, line-buffered, after a last line that a killed
     writer left half-written has been cut off: every record appended starts on a line of its own."""
     path = Path(path)
+    may_change(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file() and path.stat().st_size:
         with open(path, "rb+") as f:
@@ -262,6 +266,7 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
     import datetime
 
     root = Path(folder) / REPLACED
+    may_change(root)
     if root.is_symlink() or (root.exists() and not root.is_dir()):  # what is kept stays in the folder
         kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
         raise DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command "
@@ -277,6 +282,16 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
             return dest
         except FileExistsError:
             n += 1
+
+
+def make_dirs(path: str | Path) -> Path:
+    """``path`` and its missing parents made (``mkdir -p``), once the command's checks are done (every folder a
+    command makes is a change: quest.runtime.phase)."""
+    path = Path(path)
+    if not path.is_dir():
+        may_change(path)
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def remove_made_dirs(made: Iterable[str | Path]) -> None:

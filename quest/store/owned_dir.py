@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from quest.runtime.phase import begin_changes
 from quest.store.files import REPLACED, move_aside
 from quest.store.locks import holder_text, lock_file
 
@@ -63,8 +64,10 @@ class OwnedDirectory:
 
     def claim(self) -> None:
         """Every check has passed and the command will write: the lock file keeps naming this process after it
-        ends (a refused command changes nothing, the lock file's content included)."""
+        ends (a refused command changes nothing, the lock file's content included), and the command's changes begin
+        (quest.runtime.phase)."""
         self._claimed = True
+        begin_changes()
 
     def unlock(self) -> None:
         """Release the lock; unclaimed, leave the lock file as it was before :meth:`lock`, or gone if it made it."""

@@ -19,6 +19,7 @@ from quest.data.preflight import Problem, Report, check_image_folder_files, fold
 from quest.data.shard_index import info_lengths, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
 from quest.runtime.errors import input_error, program_name
+from quest.runtime.phase import begin_changes
 from quest.store.output_folder import output_path
 from quest.store.tool_records import read_capped
 
@@ -93,6 +94,7 @@ def check_root(root: str | Path, workers: int | None = None, use_cache: bool = T
     except ValueError as exc:
         print(f"{root}: {exc}", file=out)
         return 1
+    begin_changes()  # the pre-flight is this command's work; its cache (quest.data.preflight) is its one write
     if _is_shard_dir(root):
         reports = _shard_reports(root, workers, bar)
         unit = "samples (headers and labels read, images not decoded):"

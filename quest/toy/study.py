@@ -233,7 +233,7 @@ def check_study(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
 def run_study(cfg: Mapping[str, Any], out_dir: str | Path, accepted: Callable[[], None] | None = None
               ) -> dict[str, Any]:
     """Train the study of ``cfg`` (a plain dict of :class:`~quest.toy.config.ToyConfig`) into ``out_dir``.
-    ``accepted``: called once every check has passed, before the study's first change (the command's record and
+    ``accepted``: called once every check has passed and the folder is claimed, before the study trains (the command's record and
     log file go there: a refused study leaves them as they were)."""
     auto = cfg.get("device") in (None, "auto")
     cfg = check_study(cfg)
@@ -269,11 +269,11 @@ def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str],
                 raise ValueError(
                     f"{path} holds results of a different toy config (fingerprint {fingerprint}, this config "
                     f"{t.fingerprint}); use another output directory (hydra.run.dir=... or out_dir=...)")
-    if accepted is not None:
-        accepted()
     kept = folder.make_room([Path(t.path) for t in tasks] + [folder.path / name for name in files], keep_own=True)
     if kept is not None:
         log.warning("files this study did not write were in the places of its outputs: moved to %s", kept)
+    if accepted is not None:  # the folder is claimed: the command's changes have begun (quest.runtime.phase)
+        accepted()
 
 
 def _note(folder: OutputFolder, files: Sequence[str]) -> None:

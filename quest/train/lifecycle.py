@@ -27,6 +27,7 @@ from quest.run.outputs import RunLogger, start_log_file, start_wandb, stop_log_f
 from quest.run.plan import Plan, carry_out, finished_summary, survey
 from quest.run.signals import INTERRUPTED, REQUEUED, StopSignals
 from quest.runtime.distributed import DistContext, barrier, init_distributed
+from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import write_text_atomic
 
 from .builders import build_model, model_meta, resolve_img_size
@@ -56,28 +57,30 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
     Every check that can refuse (the config's keys and values, the lock, the run directory's files, resume
     compatibility, the data) runs before anything is written into the run directory (quest.run.plan), so a
     refused command changes nothing. ``provenance``: files (relative path -> text) written into the run directory
-    once the checks have passed, such as Hydra's record of the command (``.hydra/``)."""
-    check_train_config(cfg)
-    run_dir = Path(run_dir)
-    ctx = init_distributed(cfg.trainer.device)
-    # attention.fused=on checks the kernels on this device here, before the run directory is made
-    configure_fused(cfg.attention.get("fused", "auto"), ctx.device)
-    directory = RunDirectory(run_dir, ctx.is_main)
-    if ctx.is_main:
-        directory.writable(cfg.logger)
-    directory.lock()
-    try:
-        return _fit(cfg, directory, choices, ctx, provenance or {})
-    finally:
-        directory.unlock()
+    once the checks have passed, such as Hydra's record of the command (``.hydra/``). Nothing is written before
+    the run directory is claimed (quest.runtime.phase)."""
+    with command_phases("fit"):  # called by quest-train: its phases; called as a library: its own
+        check_train_config(cfg)
+        run_dir = Path(run_dir)
+        ctx = init_distributed(cfg.trainer.device)
+        # attention.fused=on checks the kernels on this device here, before the run directory is made
+        configure_fused(cfg.attention.get("fused", "auto"), ctx.device)
+        directory = RunDirectory(run_dir, ctx.is_main)
+        if ctx.is_main:
+            directory.writable(cfg.logger)
+        directory.lock()
+        try:
+            return _fit(cfg, directory, choices, ctx, provenance or {})
+        finally:
+            directory.unlock()
 
 
 def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], continuing: bool) -> logging.Handler | None:
     """Every check has passed: claim the lock, clear a killed write's temporaries, make the plan's repairs, write
     the command's record and start train.log. Returns the log handler to remove at the end."""
+    directory.claim()  # every rank's changes begin here (quest.runtime.phase); only the main process writes
     if not directory.is_main:
         return None
-    directory.claim()
     handler = start_log_file(directory.path / "train.log")
     Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
     carry_out(directory, plan, continuing)
@@ -102,6 +105,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     finished = finished_summary(cfg, plan)
     if finished is not None:
         if plan.aside or plan.metrics_text is not None:
+            begin_changes()  # every check has passed; unclaimed, the lock file is left as it was
             carry_out(directory, plan, continuing=False)  # repairs only: nothing of the finished run is replaced
         log.info("%s already holds this finished run; nothing to do: %s", run_dir, summary_line(finished))
         log.info("to train it longer: trainer.epochs=<more> hydra.run.dir=%s; to train it again: "
