@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from quest.runtime.extras import require
-from quest.store.files import save_figure
+from quest.store.files import make_dirs, save_figure
 
 __all__ = ["DPI", "compare_figure", "compare_runs", "explanation_grid", "grid_figure"]
 
@@ -24,7 +24,7 @@ def explanation_grid(images: torch.Tensor, columns: Sequence[tuple[str, torch.Te
     ``row_key``: one line under the grid saying how to read the row labels."""
     fig = grid_figure(images, columns, boxes, row_labels, title, row_key)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     save_figure(fig, out, dpi=DPI)
     return out
 
@@ -81,7 +81,7 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = 
                  suite: str | None = None) -> Path:
     """Images (rows) x runs (columns): one method's maps of each run on the same images, written to ``out``."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     save_figure(compare_figure(run_dirs, method, suite), out, dpi=DPI)
     return out
 

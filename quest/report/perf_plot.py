@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from quest.runtime.extras import require
-from quest.store.files import save_figure
+from quest.store.files import make_dirs, save_figure
 
 require("matplotlib", "report", "quest-plot perf")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -55,6 +55,6 @@ def perf_figure(run_dirs: Sequence[str | Path]) -> Figure:
 
 def plot_perf(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     save_figure(perf_figure(run_dirs), out, dpi=120)
     return out

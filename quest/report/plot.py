@@ -23,7 +23,7 @@ from typing import Any
 
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.extras import require
-from quest.store.files import OutputExists, atomic_write, figure_bytes, refuse_present, save_figure
+from quest.store.files import OutputExists, atomic_write, figure_bytes, make_dirs, refuse_present, save_figure
 from quest.store.output_folder import FolderHeld, holding, output_path
 
 require("matplotlib", "report", "quest.report.plot")
@@ -220,7 +220,7 @@ def plot_diagnostics(
     """
     fig = diagnostics_figure(run_dirs, layers, keys, prefix)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     save_figure(fig, out, dpi=120)
     return out
 

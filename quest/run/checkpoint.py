@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import random
 import shutil
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 
 from quest.runtime.distributed import DistContext, gather_objects
 from quest.store.compat import upgrade_checkpoint
-from quest.store.files import atomic_write
+from quest.store.files import atomic_write, remove, same_file_as
 from quest.store.torch_files import FORMAT, checkpoint_problem, inspect_torch_file
 from quest.store.weights_check import check_weights
 
@@ -78,27 +77,12 @@ def save_checkpoint(path: str | Path, record: CheckpointRecord | dict[str, Any])
 
 
 def replace_with_link(source: Path, target: Path) -> None:
-    """Make ``target`` the same file as ``source`` atomically: a hard link where the file system has them (no copy
-    of a large checkpoint), else a copy; either way through a temporary name, then a rename."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
-    tmp.unlink(missing_ok=True)
+    """Make ``target`` the same file as ``source`` (quest.store.files.same_file_as: a hard link, else a copy; a full
+    disk is not worked around by a copy), or :class:`CheckpointWriteError` naming it and the space left."""
     try:
-        try:
-            os.link(source, tmp)
-        except OSError as exc:
-            if exc.errno in _NO_SPACE:
-                raise
-            with open(source, "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, 16 * 2**20)
-                dst.flush()
-                os.fsync(dst.fileno())
-        os.replace(tmp, target)
+        same_file_as(source, target, keep_errnos=_NO_SPACE)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise _write_error(target, exc) from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load_record(path: str | Path, map_location: str | torch.device = "cpu") -> CheckpointRecord:
@@ -213,7 +197,7 @@ class Checkpointer:
         ours = [pattern for name in ("last", "best") for pattern in (f".{name}.pt*.tmp", f"{name}.dcp.tmp")]
         stale = sorted({p for pattern in ours for p in self.dir.glob(pattern)}) if self.dir.is_dir() else []
         for p in stale:
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            remove(p)
         if stale:
             log.info("removed %d temporary file(s) of an interrupted checkpoint write: %s", len(stale),
                      ", ".join(p.name for p in stale))

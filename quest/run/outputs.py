@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from quest.runtime.errors import UserError
-from quest.store.files import DamagedFile, json_text, move_aside, open_records, parse_json, write_json_atomic
+from quest.runtime.phase import may_change
+from quest.store.files import DamagedFile, json_text, move_aside, open_records, parse_json, remove, write_json_atomic
 from quest.store.output_folder import RECORD, OutputFolder
 from quest.store.run_files import check_metrics_row
 
@@ -156,11 +157,12 @@ class RunLogger:
         stale = sorted(directory.glob("events.out.tfevents.*"))
         for path in stale:  # a view of metrics.jsonl, rewritten below
             if view.own(path):
-                path.unlink()
+                remove(path)
         kept = move_aside(self.run_dir, [p for p in stale if p.exists()], TENSORBOARD_DIR)  # not this run's
         if kept is not None:
             log.warning("event files this run did not write were in %s: moved to %s", directory, kept)
         before = set(directory.glob("events.out.tfevents.*"))
+        may_change(directory)  # TensorBoard's writer writes there, not quest.store: the same rule
         writer = SummaryWriter(log_dir=str(directory))
         view.note(sorted(set(directory.glob("events.out.tfevents.*")) - before), digest=False)
         if cfg is not None:

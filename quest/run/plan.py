@@ -24,7 +24,6 @@ every other check has passed. The rules, for ``trainer.resume=auto``:
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,16 @@ from typing import Any
 from quest.config.checks import ConfigError
 from quest.config.differences import Difference
 from quest.store.compat import checkpoint_metrics_text
-from quest.store.files import DamagedFile, OutsideFolder, inside_folder, read_json, replaced_dir, write_text_atomic
+from quest.store.files import (
+    DamagedFile,
+    OutsideFolder,
+    copy,
+    inside_folder,
+    move,
+    read_json,
+    replaced_dir,
+    write_text_atomic,
+)
 from quest.store.run_files import checked_run_record, checked_summary
 from quest.store.torch_files import ZIP_MAGIC, damaged_member
 
@@ -244,11 +252,10 @@ def carry_out(directory: RunDirectory, plan: Plan, continuing: bool = True) -> N
             if not source.exists():
                 continue
             target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
             if name == "metrics.jsonl" and plan.metrics_text is not None:
-                shutil.copy2(source, target)  # rewritten below; the copy is what it held
+                copy(source, target)  # rewritten below; the copy is what it held
             else:
-                shutil.move(str(source), target)
+                move(source, target)
             log.warning("%s: %s; the previous file is kept as %s", source, why, target)
         write_text_atomic(dest / "why.txt", "".join(f"{n}: {w}\n" for n, w in aside))
     if plan.metrics_text is not None:

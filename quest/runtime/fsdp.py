@@ -23,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.optim import Optimizer
 
 from .distributed import DistContext, barrier
+from .phase import may_change
 
 __all__ = ["shard_model", "save_sharded", "load_sharded", "full_model_state_dict"]
 
@@ -40,6 +41,7 @@ def shard_model(model: nn.Module, ctx: DistContext) -> nn.Module:
 
 def save_sharded(path: Path, model: nn.Module, optimizer: Optimizer, ctx: DistContext) -> None:
     """Every rank writes its shard into a temporary directory; rank 0 swaps it in once all are done."""
+    may_change(path)  # torch's distributed checkpoint writes the shards, not quest.store: the same rule
     tmp = path.with_name(path.name + ".tmp")
     if ctx.is_main and tmp.exists():
         shutil.rmtree(tmp)

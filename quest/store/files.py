@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from quest.runtime.phase import may_change
 
 __all__ = ["DamagedFile", "OutputExists", "OutsideFolder", "inside_folder", "atomic_write",
-           "make_dirs", "move_aside", "remove_made_dirs", "replaced_dir", "REPLACED",
+           "copy", "make_dirs", "make_link", "move", "move_aside", "remove", "remove_empty_dirs", "remove_made_dirs",
+           "same_file_as", "replaced_dir", "REPLACED",
            "figure_bytes", "new_file_mode", "open_records", "parse_json", "read_json", "file_sha256", "readable",
            "refuse_present", "save_figure", "write_text_atomic", "write_json_atomic", "write_csv_atomic", "csv_text",
            "json_text", "plain"]
@@ -294,6 +295,76 @@ def make_dirs(path: str | Path) -> Path:
     return path
 
 
+def remove(path: str | Path) -> None:
+    """Remove ``path``: a folder with what it holds, else the file or link itself (never what a link leads to)."""
+    path = Path(path)
+    may_change(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_empty_dirs(top: str | Path, keep_top: bool) -> None:
+    """Remove every folder under ``top`` (and ``top`` itself unless ``keep_top``) that holds nothing, deepest first."""
+    for dirpath, _, _ in os.walk(top, topdown=False):
+        if (not keep_top or Path(dirpath) != Path(top)) and not os.listdir(dirpath):
+            may_change(dirpath)
+            os.rmdir(dirpath)
+
+
+def move(source: str | Path, target: str | Path) -> Path:
+    """``source`` moved to ``target`` (its folder made): a rename within a file system (a link stays a link), a copy
+    and removal across them."""
+    target = Path(target)
+    may_change(source)
+    make_dirs(target.parent)
+    shutil.move(str(source), target)
+    return target
+
+
+def copy(source: str | Path, target: str | Path) -> Path:
+    """A copy of ``source`` (bytes, mode and times) at ``target``, its folder made."""
+    target = Path(target)
+    make_dirs(target.parent)
+    may_change(target)
+    shutil.copy2(source, target)
+    return target
+
+
+def make_link(link: str | Path, target: str | Path) -> Path:
+    """A symbolic link at ``link`` to ``target``, its folder made."""
+    link, target = Path(link), Path(target)
+    make_dirs(link.parent)
+    may_change(link)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+    return link
+
+
+def same_file_as(source: str | Path, target: str | Path, keep_errnos: tuple[int, ...] = ()) -> None:
+    """Make ``target`` the same file as ``source`` atomically: a hard link where the file system has them (no copy
+    of a large checkpoint), else a copy (an OSError whose errno is in ``keep_errnos``, such as a full disk, is raised
+    instead); either way through a temporary name, then a rename. A failure leaves ``target`` as it was."""
+    source, target = Path(source), Path(target)
+    may_change(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError as exc:
+            if exc.errno in keep_errnos:
+                raise
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 * 2**20)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def remove_made_dirs(made: Iterable[str | Path]) -> None:
     """Remove the directories a refused command made (deepest first), each only while empty, stopping at the first
     that is not: whatever anything wrote in them stays, and a directory that was there before is never in ``made``."""
@@ -314,7 +385,6 @@ def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "")
     dest = replaced_dir(folder, label)
     for path in present:
         rel = path.relative_to(folder) if path.is_relative_to(folder) else Path(path.name)
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(path), dest / rel)  # os.replace within a file system (a link stays a link); a copy across them
+        move(path, dest / rel)
     return dest
 

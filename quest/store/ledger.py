@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.store.files import REPLACED, DamagedFile, move_aside, open_records, parse_json, write_text_atomic
+from quest.store.files import REPLACED, DamagedFile, make_dirs, move_aside, open_records, parse_json, remove, write_text_atomic
 
 from .tool_records import check_ledger_header, check_ledger_line
 
@@ -66,7 +66,7 @@ class Ledger:
     def begin(self) -> None:
         """Start writing: the folder made, the ledger rewritten whole (so no append continues a cut line)."""
         if self._append is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.folder)
             self._rewrite()
             self._append = open_records(self.path)  # closed by close()
 
@@ -143,7 +143,7 @@ class Ledger:
         place that is not what the tool wrote is moved to ``.replaced/`` instead."""
         out, _ = self.entries.pop(key)
         if self.unchanged(out):
-            (self.folder / out).unlink()
+            remove(self.folder / out)
         else:
             move_aside(self.folder, [self.folder / out], UNRECORDED)
         self.made.pop(out, None)

@@ -36,7 +36,7 @@ from PIL import Image
 from quest.data.entries import class_folders
 from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
 from quest.runtime.workers import die_with_parent
-from quest.store.files import REPLACED, atomic_write, move_aside, write_text_atomic
+from quest.store.files import REPLACED, atomic_write, make_dirs, make_link, move_aside, remove_empty_dirs, write_text_atomic
 from quest.store.ledger import LEDGER_NAME, UNRECORDED, Ledger, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAPPED_INFO, read_capped
@@ -148,23 +148,17 @@ def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
     """``dst_split`` holds a folder for every class folder of the source, also one whose images are all unreadable
     (ImageFolder numbers classes by their folders), and nothing the ledger does not list."""
     classes = [p.name for p in class_folders(src_split)]  # the data set's classes (quest.data.entries)
-    dst_split.mkdir(parents=True, exist_ok=True)
+    make_dirs(dst_split)
     for path in dst_split.iterdir():
         if path.is_dir() and not path.is_symlink() and path.name not in classes:
             # a class the source no longer has: its outputs left the ledger with their sources; anything else in it
             # is kept in .replaced/, and the emptied folders go
             remove_unrecorded(path, set(), ledger)
-            _remove_empty_folders(path, keep_top=False)
+            remove_empty_dirs(path, keep_top=False)
     for name in classes:
-        (dst_split / name).mkdir(exist_ok=True)
+        make_dirs(dst_split / name)
         remove_unrecorded(dst_split / name, set(), ledger)
-        _remove_empty_folders(dst_split / name, keep_top=True)  # sub-folders the source no longer has
-
-
-def _remove_empty_folders(top: Path, keep_top: bool) -> None:
-    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
-        if (not keep_top or Path(dirpath) != top) and not os.listdir(dirpath):
-            os.rmdir(dirpath)
+        remove_empty_dirs(dst_split / name, keep_top=True)  # sub-folders the source no longer has
 
 
 def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
@@ -175,8 +169,7 @@ def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
     for name, target in targets.items():
         link = dst / name
         if not link.is_symlink():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(target, target_is_directory=target.is_dir())
+            make_link(link, target)
     return sorted(targets)
 
 

@@ -23,7 +23,7 @@ from quest.explain import AGCAM_GRADIENTS, METHODS, check_explainable
 from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
 from quest.explain.localization import LocalizationScores
 from quest.explain.scoring import normalised_maps, score_explanations
-from quest.store.files import atomic_write
+from quest.store.files import atomic_write, make_dirs
 
 from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input
@@ -171,7 +171,7 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     std = torch.tensor(run.target.std).view(1, -1, 1, 1)
     pictures = (images.cpu() * std + mean).clamp(0, 1)
     boxes = [dataset.boxes(i) for i in indices]
-    run.out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(run.out_dir)
     maps_path = run.out_dir / "explain_maps.pt"
     atomic_write(maps_path, lambda f: torch.save({
         "indices": indices, "labels": labels, "predictions": predicted.tolist(),
