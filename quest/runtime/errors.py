@@ -135,7 +135,7 @@ def program_name(default: str) -> str:
     path = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     if path.name in ("train.py", "eval.py") or path.name.startswith("quest-"):
         return path.name
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # quest/, this module being quest/runtime/errors.py
     try:
         module = path.resolve().relative_to(package.parent).with_suffix("")
     except ValueError:

@@ -207,7 +207,7 @@ def test_a_tool_refusing_its_input_prints_one_error_line_and_exits_2(tmp_path, c
 
 @pytest.mark.parametrize("argv0, expected", [
     ("train.py", "train.py"), ("/usr/bin/quest-eval", "quest-eval"),
-    (str(Path(__file__).parents[2] / "quest" / "data" / "check.py"), "python -m quest.tools.data_check"),
+    (str(Path(__file__).parents[2] / "quest" / "tools" / "data_check.py"), "python -m quest.tools.data_check"),
     (str(Path(__file__).parents[2] / "quest" / "toy" / "__main__.py"), "python -m quest.toy"),
     # another program under the same tree (a venv inside the checkout): not a quest module
     (str(Path(__file__).parents[2] / ".venv" / "lib" / "pytest" / "__main__.py"), "fallback"),
