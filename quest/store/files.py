@@ -311,17 +311,6 @@ def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--
     return present
 
 
-def keep_or_refuse(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite",
-                   keep_in: str | Path | None = None) -> Path | None:
-    """Before a command writes ``paths``: when some already exist, refuse (OutputExists naming them and ``flag``),
-    or with ``overwrite`` move them into a new ``.replaced/<UTC time>/`` (in ``keep_in``, default the first path's
-    folder) and return it. Nothing a command did not ask to replace is replaced, and nothing is deleted."""
-    present = refuse_present(paths, overwrite, flag)
-    if not present:
-        return None
-    return move_aside(Path(keep_in if keep_in is not None else present[0].parent), present)
-
-
 #: where a folder quest owns keeps what a command replaced (a run, an evaluation's results, an export): nothing is
 #: deleted, every replacement gets its own ``.replaced/<UTC time>[-<label>]/``
 REPLACED = ".replaced"
