@@ -329,6 +329,7 @@ def test_crop_and_flip_follow_timm_on_any_image_size(width, height, size, seed, 
 def test_a_pipeline_of_one_s_own_is_one_module_named_in_quest_pipeline_modules(tmp_path, monkeypatch):
     """As a data set or an evaluation of one's own: the module registers itself when the registry loads, and a run
     names it with data.pipeline=<name>."""
+    import quest.data.pipelines.kinds as kinds
     import quest.data.pipelines.train_input as registry
 
     (tmp_path / "my_pipeline.py").write_text(
@@ -339,7 +340,7 @@ def test_a_pipeline_of_one_s_own_is_one_module_named_in_quest_pipeline_modules(t
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(registry.MODULES_ENV, "my_pipeline")
     monkeypatch.setitem(registry._STATE, "loaded", False)
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the test's registration goes with it
+    monkeypatch.setattr(kinds, "_REGISTRY", dict(kinds.registered()))  # the test's registration goes with it
     assert "mine" in registry.list_train_inputs()
     summary = fit(compose_cfg(*FAST, "trainer.max_steps=1", "data.pipeline=mine"), tmp_path / "run")
     assert summary["status"] == "stopped" and summary["train_input"].startswith("timm: PIL decode")

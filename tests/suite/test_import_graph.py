@@ -2,12 +2,18 @@
 functions alike, only ``if TYPE_CHECKING:`` blocks left out) has no cycle.
 
 A lazy import inside a function still ties two modules into one: neither can be read, tested or moved without the
-other. An edge to a package also counts its ``__init__``, which Python runs first (importing ``quest.engine.x`` from
-outside quest.engine runs quest/engine/__init__.py), except from inside that package, where it already ran.
+other. An edge to a package also counts its ``__init__``, which Python runs first (importing ``quest.data.x`` from
+outside quest.data runs quest/data/__init__.py), except from inside that package, where it already ran.
+
+An import by name is an import too: ``importlib.import_module`` or ``__import__`` of a string the source spells out
+(a literal, ``f"{__package__}.x"``, ``f"{__name__}.x"``, or ``".x"`` relative to either), and a call of a function of
+the package that hands one of its parameters to them (quest.runtime.plugins.import_plugins) with such a string. A
+registry that imports the modules filling it by name is still below them and above them at once.
 """
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -35,14 +41,74 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
 
 
+#: the functions that import the module a string argument names, and the position of that argument
+IMPORT_BY_NAME = {"import_module": 0, "__import__": 0}
+
+
+def _called(call: ast.Call) -> str:
+    """The name a call calls: ``f`` of ``f(...)`` and of ``a.b.f(...)``."""
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def importers(trees: list[ast.AST]) -> dict[str, int]:
+    """:data:`IMPORT_BY_NAME` and every function of the package that hands one of its parameters to them (name ->
+    that parameter's position)."""
+    found = dict(IMPORT_BY_NAME)
+    for tree in trees:
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+            for call in ast.walk(fn):
+                if (isinstance(call, ast.Call) and _called(call) in IMPORT_BY_NAME and call.args
+                        and isinstance(call.args[0], ast.Name) and call.args[0].id in params):
+                    found[fn.name] = params.index(call.args[0].id)
+    return found
+
+
+def _spelled_out(node: ast.expr, names: dict[str, str]) -> str | None:
+    """The string ``node`` always is: a literal, or an f-string of literals and ``__name__`` / ``__package__``
+    (``names``); None for anything computed."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.JoinedStr):
+        parts = [_spelled_out(v.value if isinstance(v, ast.FormattedValue) and not v.format_spec else v, names)
+                 for v in node.values]
+        return None if None in parts else "".join(parts)
+    return None
+
+
+def _imports_by_name(tree: ast.AST, known: dict[str, int], names: dict[str, str]) -> list[str]:
+    """The modules a module imports by a string it spells out (:func:`importers`), absolute names."""
+    found = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or (position := known.get(_called(call))) is None:
+            continue
+        if len(call.args) <= position or (target := _spelled_out(call.args[position], names)) is None:
+            continue
+        if target.startswith("."):  # import_module(".x", package)
+            anchor = _spelled_out(call.args[position + 1], names) if len(call.args) > position + 1 else None
+            if anchor is None:
+                continue
+            target = importlib.util.resolve_name(target, anchor)
+        found.append(target)
+    return found
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules its import statements load (parents included, as Python runs them)."""
+    """Module -> the package's modules its import statements and its imports by name load (parents included, as
+    Python runs them)."""
     mods = module_files(root, package)
+    trees = {mod: ast.parse(path.read_text(), str(path)) for mod, path in mods.items()}
+    known = importers(list(trees.values()))
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        targets: list[str] = []
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        targets = _imports_by_name(trees[mod], known, {"__name__": mod, "__package__": here})
+        for node in _imports(trees[mod]):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
                 continue
@@ -122,6 +188,26 @@ def test_quest_has_no_import_cycle():
       "pkg/b.py": "from pkg import a\n"}, []),
     # a module importing its own package's other modules from inside the package: no cycle
     ({"pkg/__init__.py": "from .a import x\n", "pkg/a.py": "from .b import y\n", "pkg/b.py": ""}, []),
+    # imports by name: a literal, f"{__package__}.x", a relative name and __import__ close a cycle as a statement does
+    ({"pkg/__init__.py": "", "pkg/a.py": "import importlib\ndef f():\n    importlib.import_module('pkg.b')\n",
+      "pkg/b.py": "from pkg import a\n"}, [["pkg.a", "pkg.b"]]),
+    ({"pkg/__init__.py": "", "pkg/a.py": "from importlib import import_module\nimport_module(f'{__package__}.b')\n",
+      "pkg/b.py": "from pkg import a\n"}, [["pkg.a", "pkg.b"]]),
+    ({"pkg/__init__.py": "", "pkg/a.py": "import importlib\nimportlib.import_module('.b', __package__)\n",
+      "pkg/b.py": "from pkg import a\n"}, [["pkg.a", "pkg.b"]]),
+    ({"pkg/__init__.py": "", "pkg/a.py": "__import__('pkg.b')\n", "pkg/b.py": "from pkg import a\n"},
+     [["pkg.a", "pkg.b"]]),
+    # through a function of the package that imports the name it is given (quest.runtime.plugins.import_plugins):
+    # a registry that loads the modules filling it, which import the registry (quest/data/pipelines/train_input.py
+    # and tensor_input.py once)
+    ({"pkg/__init__.py": "", "pkg/plugins.py": "import importlib\ndef load(what, builtin):\n"
+                                               "    importlib.import_module(builtin)\n",
+      "pkg/registry.py": "from pkg.plugins import load\ndef get():\n    load('pipelines', f'{__package__}.builtin')\n",
+      "pkg/builtin.py": "from pkg.registry import get\n"}, [["pkg.builtin", "pkg.registry"]]),
+    # a string that is not spelled out, or that names no module of the package, is no edge
+    ({"pkg/__init__.py": "", "pkg/a.py": "import importlib, logging\nlog = logging.getLogger('pkg.b')\n"
+                                         "def f(name):\n    importlib.import_module(name)\n",
+      "pkg/b.py": "from pkg import a\n"}, []),
 ])
 def test_the_cycle_finder_finds_what_python_would_run_into(tmp_path, files, expected):
     for name, text in files.items():
