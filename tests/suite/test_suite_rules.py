@@ -131,3 +131,17 @@ def test_ci_runs_the_readme_install_and_test_commands():
     assert set(shlex.split(test)) <= set(ci_test)
     install = next(line for line in _readme_block("Install") if "pip install" in line)
     assert install.split("pip install", 1)[1].strip() in ci, install
+
+
+def test_every_test_module_lives_in_the_folder_of_its_concern():
+    """tests/<concern>/test_*.py, <concern> a package of quest, bench/ (the bench scripts) or suite/ (the suite's and
+    the house's rules), each folder a package so that its tests import the helpers at tests/ (docs/testing.md,
+    "Layout"): a test module anywhere else is named."""
+    tests = ROOT / "tests"
+    concerns = {p.name for p in (ROOT / "quest").iterdir() if (p / "__init__.py").is_file()} | {"bench", "suite"}
+    modules = list(tests.rglob("test_*.py"))
+    assert len(modules) > 100  # the whole suite was found
+    misplaced = sorted(str(p.relative_to(tests)) for p in modules
+                       if p.parent.parent != tests or p.parent.name not in concerns
+                       or not (p.parent / "__init__.py").is_file())
+    assert misplaced == [], f"test modules outside tests/<concern>/ (concerns: {sorted(concerns)}): {misplaced}"
