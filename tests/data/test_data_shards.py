@@ -261,7 +261,7 @@ def test_sample_counts_from_info_or_num_samples_else_a_clear_error(tmp_path):
     write_shards(root, "validation", (2,), info=False)
     cfg = compose_cfg("data=imagenet_wds", f"data.root={root}", "data.num_classes=3")
     with pytest.raises(ShardError, match=r"sample counts of split 'toy-train-\{0000\.\.0001\}\.tar' .* unknown.*"
-                                         r"python -m quest\.data\.make_shards index.*data\.num_samples="):
+                                         r"python -m quest\.tools\.make_shards index.*data\.num_samples="):
         build_shards(compose_cfg(*_cfg_args(root), "data.train_split='toy-train-{0000..0001}.tar'").data, "train", None)
     with pytest.raises(FileNotFoundError, match=r"no shards for split 'train': .* has no _info\.json"):
         build_shards(cfg.data, "train", None)
