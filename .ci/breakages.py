@@ -19,41 +19,41 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (file, text, broken text, end-to-end tests to run if the fast tier misses it)
 BREAKAGES = {
     "training: gradients never zeroed": (
-        "quest/train/trainer.py", "p.optimizer.zero_grad(set_to_none=True)", "pass", ["tests/test_runs.py"]),
+        "quest/train/trainer.py", "p.optimizer.zero_grad(set_to_none=True)", "pass", ["tests/run/test_runs.py"]),
     "resume: scheduler state not restored": (
         "quest/run/checkpoint.py", 'parts["scheduler"].load_state_dict(saved.scheduler)', "pass",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
     "resume: optimizer state not restored": (
         "quest/run/checkpoint.py", 'parts["optimizer"].load_state_dict(saved.optimizer)', "pass",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
     "resume: random state not restored": (
         "quest/run/checkpoint.py", "set_rng_state(rngs[self.ctx.rank] if len(rngs) == self.ctx.world_size else rngs[0])",
-        "pass", ["tests/test_runs.py"]),
+        "pass", ["tests/run/test_runs.py"]),
     "eval: top-k takes the smallest logits": (
         "quest/evaluation/context.py", "logits.float().topk(k, dim=1)", "logits.float().topk(k, dim=1, largest=False)",
-        ["tests/test_eval_cli.py"]),
+        ["tests/evaluation/test_eval_cli.py"]),
     "data: the same order every epoch": (
         "quest/data/sampling.py", "manual_seed(self.seed + self.epoch)", "manual_seed(self.seed)",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
     "DDP: every rank reads rank 0's samples": (
         "quest/data/sampling.py", "DistributedSampler(dataset, num_replicas=world_size, rank=rank,",
         "DistributedSampler(dataset, num_replicas=world_size, rank=0,",
-        ["tests/test_distributed.py"]),
+        ["tests/train/test_distributed.py"]),
     "Slurm preemption: the job is not requeued": (
         "quest/run/signals.py", 'subprocess.run(["scontrol", "requeue", job_id], check=False)', "pass",
-        ["tests/test_slurm.py"]),
+        ["tests/run/test_slurm.py"]),
     "interop: export names the wrong architecture": (
         "quest/tools/export.py", '"architecture": exported_architecture(stored.attention.name)',
-        '"architecture": exported_architecture("standard")', ["tests/test_interop_docs.py"]),
+        '"architecture": exported_architecture("standard")', ["tests/models/test_interop_docs.py"]),
     "attention: QNorm leaves q unnormalised": (
         "quest/attention/formulations.py", 'return l2_normalize(q, self.options["eps"]), k, 1.0', "return q, k, 1.0",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
     "diagnostics: max logit over the wrong axes": (
         "quest/diagnostics/stats.py", "candidates.amax(dim=(0, 2, 3))", "candidates.amax(dim=(0, 1, 2))",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
     "run directory: a finished run is trained again": (
         "quest/train/lifecycle.py", "already holds this finished run", "holds this finished run (ignored)",
-        ["tests/test_runs.py"]),
+        ["tests/run/test_runs.py"]),
 }
 
 

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 
 def _file_of(classname: str) -> str:
-    """tests.test_x.TestY -> tests/test_x.py: the dotted path up to the first test module."""
+    """tests.store.test_x.TestY -> tests/store/test_x.py: the dotted path up to the first test module."""
     parts = classname.split(".")
     for i, part in enumerate(parts):
         if part.startswith("test_") or part == "conftest":

@@ -1,5 +1,5 @@
 """What a training step costs a GPU, counted on the CPU: the kernels it launches and the bytes its element-wise work
-moves, per formulation (tests/test_fused_kernels.py holds each against standard attention; docs/benchmarks.md says
+moves, per formulation (tests/attention/test_fused_kernels.py holds each against standard attention; docs/benchmarks.md says
 how well it predicts the H200's step times). A benchmarking tool: bench/gpu_proxy.py prints its counts.
 
 On a GPU a ViT step's matmuls run near the tensor cores' peak, and what a formulation adds is element-wise passes

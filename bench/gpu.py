@@ -39,7 +39,7 @@ same folder appends its rows after the first's), gpu_check.json and gpu_check.md
 far, rebuilt after each row). Exit 0 when every part that ran passed its checks
 (children exited 0, numerics within tolerance, the device's RandAugment equal to the CPU's), 1 otherwise.
 
-The test (tests/test_bench_gpu.py) calls main(..., in_process=True, compile_backend="aot_eager"): train.py, the
+The test (tests/bench/test_bench_gpu.py) calls main(..., in_process=True, compile_backend="aot_eager"): train.py, the
 torchrun jobs and quest.toy run as calls in its process (the same overrides, through quest's Python API) instead of
 child interpreters, and the compiled rows stop before inductor's code generation (30-40 s per graph on a CPU).
 """

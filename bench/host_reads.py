@@ -1,6 +1,6 @@
 """A counter of device-to-host reads on the CPU, the stand-in for CUDA's sync debug mode where there is no GPU: the
 Tensor methods that hand a tensor's values to the host, and ``aten._local_scalar_dense`` reached any other way (a
-tensor that C++ turns into a number). Used by tests/test_host_reads.py and bench/gpu_loop.py's CPU smoke."""
+tensor that C++ turns into a number). Used by tests/train/test_host_reads.py and bench/gpu_loop.py's CPU smoke."""
 from __future__ import annotations
 
 from typing import Any, Callable

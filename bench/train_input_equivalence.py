@@ -9,7 +9,7 @@ rand-m9-mstd0.5-inc1 and random erasing 0.25 on top of the light recipe's crops)
 
 and prints, per data set and pipeline, the final val top-1 of every seed, their mean and standard deviation, and
 Welch's t-test p against timm's (scipy). Each run is `python train.py ...` in a temporary folder; called as
-main(..., in_process=True) (the test, tests/test_bench_data.py), the same overrides composed and trained by
+main(..., in_process=True) (the test, tests/bench/test_bench_data.py), the same overrides composed and trained by
 quest.train.fit in this process instead.
 
     python bench/train_input_equivalence.py [--seeds 5] [--epochs 25] [--max-steps N] [--per-class N] [--quick]

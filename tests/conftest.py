@@ -30,7 +30,7 @@ if not GPU_TIER:
 
 # quest's Triton kernels (quest.attention.fused) run on CPU tensors in Triton's interpreter, which Triton decides when
 # it is imported: wherever the GPU is hidden; under QUEST_TEST_GPU=1 on a machine with an NVIDIA GPU they run on it
-# (tests/test_fused_kernels.py)
+# (tests/attention/test_fused_kernels.py)
 if not (GPU_TIER and os.path.exists("/dev/nvidiactl")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

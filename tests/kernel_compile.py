@@ -5,7 +5,7 @@ views of the qkv projection and as contiguous tensors). For each distinct progra
 shows: ptxas's registers, stack and spills, whether any address is a 32-bit product (:func:`narrow_address_products`,
 on the TTGIR) and the widths of the global loads and stores (PTX).
 
-Run as ``python -m tests.kernel_compile --json OUT`` (tests/test_kernel_compile.py does): Triton decides at import
+Run as ``python -m tests.kernel_compile --json OUT`` (tests/attention/test_kernel_compile.py does): Triton decides at import
 whether it compiles or interprets, and the test suite imports it to interpret (tests/conftest.py), so the
 compilation needs an interpreter of its own, started without ``TRITON_INTERPRET``.
 """
@@ -31,7 +31,7 @@ from quest.attention.fused_launch import column_alignment
 KERNELS_FILE = Path(__file__).resolve().parent.parent / "quest" / "attention" / "triton_kernels.py"
 ARCHS = (80, 90)  # A100 and H100/H200: the GPUs quest's runs use (sm_90 compiles as sm_90a)
 DTYPES = ("fp32", "bf16", "fp16")
-#: head width -> (heads, tokens) of the model that has it (configs/model/*.yaml; tests/test_kernel_compile.py checks
+#: head width -> (heads, tokens) of the model that has it (configs/model/*.yaml; tests/attention/test_kernel_compile.py checks
 #: the widths against the models): vit_pico 64/4 at 16 px / 4, vit_nano 128/4 at 32 px / 4, ViT-Ti/S/B/L and
 #: DeiT-III-S/B/L 64 (ViT-B/16's 12 heads at 224 px), ViT-H/14 and DeiT-III-H 1280/16 at 224 px / 14
 MODEL_WIDTHS = {16: (4, 17), 32: (4, 65), 64: (12, 197), 80: (16, 257)}

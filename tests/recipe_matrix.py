@@ -1,6 +1,6 @@
 """Every recipe x every model, and every experiment x every model, composed and resolved: the values the recipe,
 model and trainer groups end up with. tests/fixtures/recipe_matrix.json holds this matrix as the code before recipes
-owned their per-model-size tables (model.recipe_values) composed it; tests/test_recipe_tables.py composes it again.
+owned their per-model-size tables (model.recipe_values) composed it; tests/config/test_recipe_tables.py composes it again.
 
     PYTHONPATH=$PWD python -m tests.recipe_matrix   # rewrites the fixture (only when a value is meant to change)
 """

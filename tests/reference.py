@@ -37,7 +37,8 @@ def reference_logits(name: str, layer, q: torch.Tensor, k: torch.Tensor) -> torc
         return layer_norm(q, layer.q_norm) @ layer_norm(k, layer.k_norm).transpose(-2, -1) / math.sqrt(d)
     if name in ("elliptical", "elliptical_quest"):
         # a layer outside a model (no previous block) has no m: the formulation without it (docs/attention.md);
-        # the weighted logits are written out in tests/test_elliptical.py
-        assert not layer.uses_m, "a linked elliptical layer needs the previous block's values (tests/test_elliptical.py)"
+        # the weighted logits are written out in tests/attention/test_elliptical.py
+        assert not layer.uses_m, ("a linked elliptical layer needs the previous block's values "
+                                  "(tests/attention/test_elliptical.py)")
         return reference_logits("standard" if name == "elliptical" else "quest", layer, q, k)
     raise AssertionError(f"no reference for {name}: write its logits out here")

@@ -96,7 +96,7 @@ class QKAttention(nn.Module):
     #: True when the constructor's ``qk_norm`` flag is honoured (timm's per-head LayerNorm on q and k).
     supports_qk_norm: ClassVar[bool] = False
     #: which inputs of :meth:`attend` may be scaled by a positive constant per token ("queries", "keys") without
-    #: changing its output, in exact arithmetic (docs/attention.md); tests/test_invariances.py checks each declared
+    #: changing its output, in exact arithmetic (docs/attention.md); tests/attention/test_invariances.py checks each declared
     #: one and that every other scaling changes the output
     scale_invariant_in: ClassVar[frozenset[str]] = frozenset()
 

@@ -7,7 +7,7 @@ bf16 autocast its norm comes out in float32 and so does its result); the kernels
 and write the input's dtype, so their checks run the reference on float32 (float64) copies (:func:`work_dtype`).
 LayerNorm and elliptical's m compute in the work precision and write the input's dtype, as their kernels do. The
 backwards are written out (the l2 normalisation's three passes where autograd's derivative of ``F.normalize`` takes
-about ten), once for both paths: tests/test_fused_kernels.py holds each against autograd's derivative of the formula
+about ten), once for both paths: tests/attention/test_fused_kernels.py holds each against autograd's derivative of the formula
 in float64.
 """
 from __future__ import annotations

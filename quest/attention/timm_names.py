@@ -2,7 +2,7 @@
 
 timm resolves a string ``attn_layer`` through the module-level dict ``timm.models.vision_transformer.ATTN_LAYERS``
 (``''``, ``'attn'``, ``'diff'`` in timm 1.0). That table is not a documented timm API: :func:`timm_attention_table`
-finds it or says that this timm release moved it (tests/test_interop_timm.py fails then, naming the table), and
+finds it or says that this timm release moved it (tests/models/test_interop_timm.py fails then, naming the table), and
 registration is skipped with a warning instead of breaking ``import quest``; passing the class
 (``attn_layer=get_attention("quest")``) keeps working either way.
 """

@@ -1,5 +1,5 @@
 """The Triton kernels behind quest.attention.fused: one per fused operator and direction, each beside its PyTorch
-reference (quest.attention.fused_reference), against which tests/test_fused_kernels.py checks values and
+reference (quest.attention.fused_reference), against which tests/attention/test_fused_kernels.py checks values and
 gradients on the CPU under ``TRITON_INTERPRET=1``.
 
 Every kernel works on rows of the head dimension (d <= 256): row r is (b, h, n) = (r // (N H), (r // N) % H, r % N)
@@ -18,7 +18,7 @@ PyTorch path (quest.attention.fused.MAX_ROWS). ``D_ALIGN`` (a power of two divid
 the launcher passes: quest.attention.fused_launch.column_alignment) tells the compiler how the rows are aligned:
 they then load and store in 16-byte vectors where d is not a multiple of 16 (40, 88), which Triton's own
 specialisation (divisibility by 16) does not see. At 1, the default, the kernels give no hint and Triton's own
-specialisation stands (a hint of 1 would override its divisibility by 16). tests/test_kernel_compile.py compiles
+specialisation stands (a hint of 1 would override its divisibility by 16). tests/attention/test_kernel_compile.py compiles
 every kernel offline for sm_80 and sm_90 and reads both facts from the compiled code.
 
 Imported only when a fused operator runs its kernel (a CUDA tensor, or the interpreter in the tests).

@@ -2,7 +2,7 @@
 
 A key's description is, in this order: ``field(metadata={"doc": "..."})``; the comment on the field's line(s) in the
 schema dataclass (``batch_size: int = 64  # per process``); the comment lines right above the field; for a field that
-holds a dataclass, that class's docstring. tests/test_config_help.py fails for a schema key with none of these, so a new
+holds a dataclass, that class's docstring. tests/config/test_config_help.py fails for a schema key with none of these, so a new
 key cannot arrive undocumented. Only the standard library, hydra and omegaconf are imported here: --help answers
 without importing torch for quest-train.
 """

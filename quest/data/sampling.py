@@ -22,7 +22,7 @@ class EpochShuffle(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         # DistributedSampler's own seeding, so that W processes with batch b see exactly the global batches one
-        # process with batch W x b sees (tests/test_distributed.py relies on this).
+        # process with batch W x b sees (tests/train/test_distributed.py relies on this).
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(torch.randperm(self.size, generator=g).tolist())
 

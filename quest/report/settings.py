@@ -32,7 +32,8 @@ NEUTRAL_KEYS: dict[str, str] = {
     "data.download": "whether a missing data set may be fetched; the data set trained on is compared by fingerprint",
     "model.pretrained_download": "whether the weights model.pretrained names may be fetched; the name is compared",
     "run_dir": "the output directory",
-    "trainer.resume": "whether a run directory's checkpoint is continued; a resume is bit-identical (tests/test_interrupts.py)",
+    "trainer.resume": "whether a run directory's checkpoint is continued; a resume is bit-identical "
+                      "(tests/run/test_interrupts.py)",
     "trainer.overwrite": "whether a previous run in the directory is archived first",
     "trainer.checkpoint_every_n_steps": "when checkpoints are written; a resume from any of them is exact",
     # what the run logs
@@ -41,7 +42,7 @@ NEUTRAL_KEYS: dict[str, str] = {
     "trainer.data_wait_warning": "the threshold of the telemetry's advice in train.log",
     "trainer.low_mfu_warning": "the threshold of the telemetry's advice in train.log",
     "diagnostics.*": "attention statistics measured beside training; a step after them is bit-identical "
-                     "(tests/test_diagnostics.py)",
+                     "(tests/diagnostics/test_diagnostics.py)",
     # thresholds that decide a run's status, not its numbers: a run that crosses one is marked (stopped, diverged,
     # bad_data) and the report handles it by its status
     "trainer.max_steps": "a cap that stops a run early: the run is marked stopped in its setting's row",

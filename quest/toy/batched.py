@@ -5,7 +5,7 @@ seed and the epoch), and differ in initialisation, learning rate and weight deca
 stack, a leading run axis on every parameter (:class:`ParamLayout`); the program's ``logits`` computes every run's
 logits for the shared batch with the run axis explicit; ``torch.func.grad`` of the sum of the per-run mean losses
 gives every run its own gradient (the runs share no weights); AdamW is applied with ``torch.optim.AdamW``'s
-arithmetic and a per-run lr and weight decay. tests/test_toy.py checks that this equals the same runs trained one by
+arithmetic and a per-run lr and weight decay. tests/toy/test_toy.py checks that this equals the same runs trained one by
 one with ``torch.optim.AdamW``.
 
 Why it is written this way (profile and measurements: docs/benchmarks.md, "Toy study"):

@@ -13,7 +13,7 @@ tensor on the device, 1.0 to skip, and nothing here reads it on the host:
   the guarantee for an optimizer that cannot skip itself (a fused one moves nothing more).
 - state an optimizer creates in its first step (SGD's momentum buffer, Adam's moments) has no value "before": a
   skipped step leaves it zero, which the optimizers without a host count read as "no history" (the next step is the
-  first step of a run that never took the skipped one: tests/test_skipped_update.py; a momentum buffer of zeros
+  first step of a run that never took the skipped one: tests/train/test_skipped_update.py; a momentum buffer of zeros
   continues as 0 x momentum + gradient, the buffer a first step starts with). Fused SGD would otherwise keep the
   uninitialised memory its skipped first step allocated.
 - what an optimizer counts on the host (timm's Lamb keeps its step count in the param group, a CPU tensor; some

@@ -2,7 +2,7 @@
 differently sized images in one resampling, and timm's random erasing on a batch (decoding a list of JPEGs in one
 call is quest.data.pipelines.tensor_input.decode_batch).
 
-Each step dispatches a fixed number of operators whatever the batch size (tests/test_batch_input.py counts them at
+Each step dispatches a fixed number of operators whatever the batch size (tests/data/test_batch_input.py counts them at
 the dispatcher). What stays per image is host-side Python that dispatches nothing: the crop and erasing boxes, drawn
 with python's ``random`` exactly as timm draws them (timm's ``get_params`` and ``RandomErasing._erase``), so the
 batches follow timm's distributions draw for draw.

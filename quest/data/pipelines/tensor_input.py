@@ -1,4 +1,4 @@
-"""The built-in training input pipelines (``data.pipeline``; the registry is quest/data/pipelines/train_input.py).
+"""The built-in training input pipelines (``data.pipeline``; they register in quest/data/pipelines/kinds.py).
 
 ``timm`` is today's transform (quest.data.pipelines.transforms). ``split`` and ``device`` keep images as uint8 tensors until the
 device: the crop parameters come from timm's own ``RandomResizedCropAndInterpolation.get_params`` and the flip from
@@ -24,7 +24,7 @@ from quest.data.folder import CorruptImageError, collate_skipping_bad
 
 from .batch_input import BatchErasing, crop_boxes, resized_crop_batch
 from .draft import decode_rgb_pil, draft_first, draft_scale, open_undecoded, reduction, resize_box
-from .train_input import TrainInput, jitter_active, register_train_input
+from .kinds import TrainInput, jitter_active, register_train_input
 from .transforms import build_transforms
 
 __all__ = ["CropFlip", "DraftCropFlip", "DeviceFinish", "EncodedBatch", "decode_rgb", "decode_batch", "collate_bytes",

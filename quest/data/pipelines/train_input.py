@@ -11,64 +11,24 @@ the same distributions; they differ in where the work is done and so in how many
 - ``device``: the workers only read each file's bytes; the device decodes (nvJPEG on CUDA), crops, flips and does
   the rest. Needs a data set that reads image files.
 
-A pipeline is registered with :func:`register_train_input`: a builder ``(recipe, data, img_size) -> TrainInput``
-and a check of the config it supports. One of your own is one module calling it, named in ``QUEST_PIPELINE_MODULES``
-(comma-separated) or installed as a ``quest.train_inputs`` entry point (docs/data.md, "Training input pipelines").
-This module imports no torch; listing or getting a pipeline imports the built-in ones (quest/data/pipelines/tensor_input.py),
-which do.
+A pipeline is registered with :func:`register_train_input` (quest/data/pipelines/kinds.py, importable from here
+too): a builder ``(recipe, data, img_size) -> TrainInput`` and a check of the config it supports. One of your own is
+one module calling it, named in ``QUEST_PIPELINE_MODULES`` (comma-separated) or installed as a ``quest.train_inputs``
+entry point (docs/data.md, "Training input pipelines"). This module finds a pipeline by name: listing or getting one
+imports the built-in ones first (quest/data/pipelines/tensor_input.py), which register in kinds.py and never import
+this module back. It imports no torch; the built-in pipelines do.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from quest.runtime.plugins import import_plugins
 
+from .kinds import TrainInput, TrainInputKind, jitter_active, register_train_input, registered
+
 __all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_input", "list_train_inputs",
            "build_train_input", "jitter_active", "MODULES_ENV", "ENTRY_POINT_GROUP"]
-
-
-@dataclass(frozen=True)
-class TrainInput:
-    """What a pipeline builds for the training split.
-
-    ``transform`` runs per sample in the loader's workers; ``collate`` makes a batch of its outputs (``(images,
-    targets, n_skipped)``); ``finish(images, device)``, when set, turns a collated batch into the model's float input
-    on the device; ``read_file(path)``, when set, is how a data set that reads image files reads one for this
-    pipeline (quest.data.datasets.build_dataset passes it on).
-    """
-
-    transform: Callable[[Any], Any]
-    collate: Callable[[list], tuple[Any, Any, int]]
-    finish: Callable[[Any, Any], Any] | None
-    label: str  # what the run's summary and log record as its training input
-    read_file: Callable[[str], Any] | None = None
-
-
-@dataclass(frozen=True)
-class TrainInputKind:
-    name: str
-    build: Callable[[Any, Any, int], TrainInput]  # (recipe, data, img_size) -> TrainInput
-    check: Callable[[Any], None] | None  # given quest.config.checks.Checks: the recipe keys it cannot follow
-    reads_files: bool  # True: needs a data set that reads image files (quest.data.registry DataSet.reads_files)
-    description: str
-    # True: decodes on the CPU and can follow data.draft_decode (decode at reduced size; quest.data.pipelines.draft)
-    draft_decode: bool = False
-
-
-_REGISTRY: dict[str, TrainInputKind] = {}
-
-
-def register_train_input(name: str, description: str, *, check: Callable[[Any], None] | None = None,
-                         reads_files: bool = False, draft_decode: bool = False) -> Callable:
-    """Decorator: ``build(recipe, data, img_size) -> TrainInput`` becomes ``data.pipeline=<name>``. ``draft_decode``:
-    the builder follows ``data.draft_decode`` (otherwise that setting is refused with this pipeline)."""
-    def decorate(build: Callable[[Any, Any, int], TrainInput]) -> Callable[[Any, Any, int], TrainInput]:
-        _REGISTRY[name] = TrainInputKind(name, build, check, reads_files, description, draft_decode)
-        return build
-
-    return decorate
 
 
 MODULES_ENV = "QUEST_PIPELINE_MODULES"  # comma-separated modules that register pipelines of one's own
@@ -92,14 +52,14 @@ def _load() -> None:
 
 def list_train_inputs() -> list[str]:
     _load()
-    return sorted(_REGISTRY)
+    return sorted(registered())
 
 
 def get_train_input(name: str) -> TrainInputKind:
     _load()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown data.pipeline {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    if name not in registered():
+        raise ValueError(f"unknown data.pipeline {name!r}; registered: {', '.join(sorted(registered()))}")
+    return registered()[name]
 
 
 def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
@@ -115,10 +75,3 @@ def build_train_input(recipe: Any, data: Any, img_size: int) -> TrainInput:
     return dataclasses.replace(built, label=f"{built.label}; storage: {capped['layout']} capped at short side "
                                f"{capped['short_side']} (quest-data cap, {capped['resample']}, JPEG quality "
                                f"{capped['quality']}) from {capped['source']}")
-
-
-def jitter_active(recipe: Any) -> bool:
-    """timm's rule (create_transform): colour jitter applies unless an auto-augment policy other than 3-Augment is
-    on. quest passes ``color_jitter=null`` as 0.0, which timm still builds as a ColorJitter of strength 0."""
-    policy = recipe.get("auto_augment")
-    return bool(recipe.get("color_jitter")) and (not policy or "3a" in policy)

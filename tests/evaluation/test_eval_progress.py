@@ -1,0 +1,179 @@
+"""Long evaluations log progress lines (batches, samples, elapsed, ETA, running accuracy) at a cadence set by batch
+count, and every "done" line shows the evaluation's headline numbers. Time never decides a test: the time rule is
+either off (log_every_s=0) or driven by a fake clock."""
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from quest.evaluation.context import ordered_topk
+from quest.evaluation.progress import Progress, hms
+from quest.evaluation.runner import run_evaluations
+from quest.evaluation.suites.adversarial import adversarial
+from quest.evaluation.suites.classification import clean
+from quest.evaluation.suites.corruptions import corruptions
+from quest.runtime.distributed import DistContext
+
+from ..eval_helpers import MEAN, STD, class_colour, digits_target, linear_digits_model, make_run, oracle_target, settings
+
+
+@pytest.fixture
+def lines(caplog):
+    """The messages logged on quest.eval so far (a function, read after the work)."""
+    caplog.set_level(logging.INFO, logger="quest.eval")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "quest.eval"]
+
+
+def _steps(messages: list[str], what: str) -> list[int]:
+    """The step numbers of the progress lines of ``what`` ('<what>: <unit> i/N, ...')."""
+    pattern = re.compile(rf"^{re.escape(what)}: [a-z x]+ (\d+)/\d+,")
+    return [int(m.group(1)) for m in map(pattern.match, messages) if m]
+
+
+class FakeClock:
+    def __init__(self, times: list[float]):
+        self.times = iter(times)
+
+    def __call__(self) -> float:
+        return next(self.times)
+
+
+@pytest.mark.parametrize("every_n, expected", [(0, [1, 10]), (3, [1, 3, 6, 9, 10]), (1, list(range(1, 11)))])
+def test_cadence_by_batch_count(lines, every_n, expected):
+    progress = Progress("pass", 10, every_n=every_n, every_s=0)
+    for _ in range(10):
+        progress.update(4)
+    assert _steps(lines(), "pass") == expected and progress.lines == len(expected)
+
+
+def test_a_single_batch_logs_one_line_and_a_nested_pass_none_without_the_time_rule(lines):
+    Progress("one", 1, every_s=0).update()
+    nested = Progress("inner", 50, every_n=5, every_s=0, nested=True)
+    for _ in range(50):
+        nested.update()
+    assert _steps(lines(), "one") == [1] and _steps(lines(), "inner") == []
+
+
+def test_the_time_rule_with_a_fake_clock(lines):
+    # start at 0; steps end at 10, 20, 35, 40, 70, 71 s: lines at least 30 s apart (nested: by time only)
+    progress = Progress("slow", 6, every_s=30, nested=True, clock=FakeClock([0, 10, 20, 35, 40, 70, 71]))
+    for _ in range(6):
+        progress.update()
+    assert _steps(lines(), "slow") == [3, 5]
+
+
+def test_samples_elapsed_and_eta(lines):
+    progress = Progress("clean", 10, samples=320, every_s=0, clock=FakeClock([0.0, 4.0, 100.0]))
+    progress.update(32, extra="top-1 50.00%")
+    progress.update(32)  # not due
+    assert lines() == ["clean: batch 1/10, 32/320 samples, elapsed 4.0 s, ETA 36.0 s, top-1 50.00%"]
+    assert hms(5) == "5.0 s" and hms(3725) == "1:02:05" and hms(float("nan")) == "?"
+
+
+def test_only_the_first_process_logs(lines):
+    progress = Progress("pass", 3, every_s=0, enabled=False)
+    for _ in range(3):
+        progress.update()
+    assert lines() == []
+
+
+@pytest.fixture(scope="module")
+def model():
+    return linear_digits_model()
+
+
+def test_clean_pass_over_the_digits(lines, model):
+    run = make_run(digits_target(model), settings(batch_size=50, log_every_n=3, log_every_s=0))
+    result = clean(run, run.settings.clean)
+    assert _steps(lines(), "clean") == [1, 3, 6, 8]  # 360 val digits in batches of 50
+    assert lines()[-1].startswith("clean: batch 8/8, 360/360 samples, elapsed ") and result["n"] == 360
+
+
+def test_adversarial_lines_per_attack_and_budget_with_the_running_accuracy(lines, model):
+    cfg = settings(batch_size=8, log_every_s=0, adversarial__attacks=["fgsm", "pgd", "autoattack"],
+                   adversarial__max_samples=24, adversarial__fgsm__eps=[0.0, 0.1], adversarial__pgd__eps=[0.1],
+                   adversarial__pgd__steps=2, adversarial__autoattack__eps=[0.3],
+                   adversarial__autoattack__max_samples=16)
+    result = adversarial(make_run(digits_target(model), cfg), cfg.adversarial)
+    messages = lines()
+    assert _steps(messages, "adversarial clean") == [1, 3]
+    for key, batches in (("fgsm@0", 3), ("fgsm@0.1", 3), ("pgd@0.1", 3), ("autoattack@0.3", 2)):
+        assert _steps(messages, f"adversarial {key}") == [1, batches], key  # AutoAttack: one call per batch
+        last = [m for m in messages if m.startswith(f"adversarial {key}: batch {batches}/{batches},")][0]
+        # on one process the running accuracy at the last batch is the reported one
+        assert last.endswith(f"adv. top-1 {result[key]['top1']:.2f}%"), last
+        assert f"{result[key]['n']}/{result[key]['n']} samples" in last
+
+
+def test_corruption_grid_reports_cells_not_the_passes_inside(lines, model):
+    cfg = settings(batch_size=4, log_every_s=0, corruptions__corruptions=["fog", "contrast"],
+                   corruptions__extra_corruptions=[], corruptions__severities=[1, 5], corruptions__max_samples=8)
+    result = corruptions(make_run(digits_target(model), cfg), cfg.corruptions)
+    messages = lines()
+    assert _steps(messages, "corruptions") == [1, 4]
+    assert not any(m.startswith("corruptions fog/") for m in messages)  # nested passes: time rule only
+    last = [m for m in messages if m.startswith("corruptions: corruption x severity 4/4")][0]
+    assert last.endswith(f"contrast severity 5: error {result['error']['contrast'][5]:.2f}%")
+    assert _steps(messages, "corruptions clean") == [1, 2]
+
+
+class _Coloured(Dataset):
+    """Normalised images whose colour encodes their class (the oracle model reads it back)."""
+
+    def __init__(self, classes: list[int]):
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    def __getitem__(self, i: int):
+        rgb = torch.tensor(class_colour(self.classes[i]), dtype=torch.float32) / 255
+        image = ((rgb - torch.tensor(MEAN)) / torch.tensor(STD)).view(3, 1, 1).expand(3, 32, 32)
+        return image, self.classes[i]
+
+
+def test_ordered_passes_log_progress_too(lines):
+    run = make_run(oracle_target(), settings(batch_size=2, log_every_s=0))
+    topk = ordered_topk(run, _Coloured([5, 7, 11, 13, 17]), k=1, what="imagenet_real")
+    assert topk.flatten().tolist() == [5, 7, 11, 13, 17]
+    assert _steps(lines(), "imagenet_real") == [1, 3]
+
+
+def test_every_done_line_shows_the_headline_numbers(lines, model):
+    # fgsm at 2/255 on 4 of the 8 attacked samples, pgd at 0.01 (not a whole grey level) on all 8; the corruption
+    # suite's clean pass runs on 8 samples, the main clean pass on 20
+    cfg = settings(run=["clean", "corruptions", "adversarial"], log_every_s=0, clean__max_samples=20,
+                   corruptions__corruptions=["fog"], corruptions__extra_corruptions=[], corruptions__severities=[1],
+                   corruptions__max_samples=8, adversarial__attacks=["fgsm", "pgd"], adversarial__max_samples=8,
+                   adversarial__fgsm__eps=[2 / 255], adversarial__fgsm__max_samples=4, adversarial__pgd__eps=[0.01],
+                   adversarial__pgd__steps=1)
+    results = run_evaluations(digits_target(model), cfg, DistContext())
+    done = {m.split(" done in ")[0]: m.split(": ", 1)[1] for m in lines() if " done in " in m}
+    assert set(done) == {"clean", "corruptions", "adversarial"}
+    c, adv, corr = results["clean"], results["adversarial"], results["corruptions"]
+    assert done["clean"] == f"top1 {c['top1']:.2f}%, top5 {c['top5']:.2f}%, nll {c['nll']:.3f}"
+    assert f"mean_error {corr['mean_error']:.2f}%" in done["corruptions"]
+    # the corruption suite's own clean top-1 says on how many samples it was measured
+    assert corr["clean"]["n"] == 8
+    assert done["corruptions"].endswith(f", clean (8 samples) top1 {corr['clean']['top1']:.2f}%")
+    # each attack says its eps and its sample count
+    assert adv["fgsm@0.00784314"]["n"] == 4 and adv["pgd@0.01"]["n"] == 8
+    assert done["adversarial"] == (f"clean (8 samples) top1 {adv['clean']['top1']:.2f}%, "
+                                   f"fgsm eps 2/255 (4 samples) top1 {adv['fgsm@0.00784314']['top1']:.2f}%, "
+                                   f"pgd eps 0.01 (8 samples) top1 {adv['pgd@0.01']['top1']:.2f}%")
+
+
+def test_the_done_line_names_an_attack_eps_in_normalised_units():
+    from quest.evaluation.report import headline_numbers
+
+    result = {"clean": {"top1": 90.0, "n": 24},
+              "spsa@0.1": {"attack": "spsa", "space": "normalized", "eps": 0.1, "n": 16, "top1": 50.0},
+              "autoattack@0.00392157": {"attack": "autoattack", "space": "pixel", "eps": 1 / 255, "n": 24,
+                                        "top1": 40.0}}
+    assert headline_numbers(result) == {"clean (24 samples) top1": 90.0,
+                                        "spsa eps 0.1 normalised (16 samples) top1": 50.0,
+                                        "autoattack eps 1/255 (24 samples) top1": 40.0}

@@ -1,0 +1,423 @@
+"""A run is what its config says: run directory names, resume checks, finished runs, overwrite, every key and value
+checked before any work, matching ImageFolder classes, and metrics of one run only (docs/training.md, "Runs, resume
+and provenance")."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from PIL import Image
+
+from quest.config.checks import ConfigError
+from quest.config.schema import TrainConfig
+from quest.run.checkpoint import load_checkpoint
+from quest.train import fit
+
+from ..helpers import CONFIGS, FAST, compose_cfg
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _run_dir_name(*overrides: str) -> str:
+    """hydra.run.dir as train.py would get it for these command-line overrides."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        return str(OmegaConf.select(cfg, "hydra.run.dir"))
+
+
+# --- 1. the run directory's name follows the config ----------------------------------------------------------
+def test_run_directory_name_follows_the_config():
+    plain = _run_dir_name()
+    assert plain == "runs/digits/vit_pico-quest-light-seed0"  # the README's quickstart directory
+    assert _run_dir_name("attention=standard") == "runs/digits/vit_pico-standard-light-seed0"
+    assert _run_dir_name("trainer.seed=3") == "runs/digits/vit_pico-quest-light-seed3"
+    # what is trained differs: another directory, the same one for the same overrides
+    changed = {o: _run_dir_name(o) for o in ("recipe.lr=0.05", "data.batch_size=32", "trainer.epochs=2",
+                                           "diagnostics=default", "+model.kwargs.qkv_bias=false")}
+    assert len(set(changed.values()) | {plain}) == len(changed) + 1, changed
+    assert all(name.startswith(plain + "-") for name in changed.values())
+    assert _run_dir_name("recipe.lr=0.05") == changed["recipe.lr=0.05"]
+    # in words where short, sorted by key; a hash only where the words cannot say the value exactly
+    assert changed["recipe.lr=0.05"] == plain + "-lr0.05"
+    assert _run_dir_name("recipe.lr=0.05", "data.batch_size=32") == plain + "-bs32-lr0.05"
+    assert changed["diagnostics=default"] == plain + "-diagnostics_default"
+    assert changed["+model.kwargs.qkv_bias=false"] == plain + "-model.kwargs.qkv_bias_false"
+    lists = _run_dir_name("recipe.opt_betas=[0.9,0.95]")
+    assert re.fullmatch(re.escape(plain) + r"-recipe\.opt_betas__0\.9__0\.95_-[0-9a-f]{6}", lists), lists
+    assert lists != _run_dir_name("recipe.opt_betas=[0.9,0.96]")
+    # an import-path attention: no ':' (nor any character outside [A-Za-z0-9._+-]) in the directory name
+    path_run = _run_dir_name("attention=path", "attention.name=my_pkg.mod:Mine")
+    assert path_run == "runs/digits/vit_pico-my_pkg.mod_Mine-light-seed0", path_run
+    for name in changed.values():
+        assert re.fullmatch(r"[A-Za-z0-9._+/-]+", name), name
+    # two data sets of the same name at two roots are two runs
+    folder = ["data=imagefolder", "data.num_classes=3"]
+    assert _run_dir_name(*folder, "data.root=/a") != _run_dir_name(*folder, "data.root=/b")
+    # where and how a run executes is not part of its name
+    for operational in ("trainer.device=cpu", "data.num_workers=2", "trainer.log_every_n_steps=5",
+                        "trainer.max_steps=10", "logger=wandb", "trainer.compile=true"):
+        assert _run_dir_name(operational) == plain, operational
+
+
+def test_resume_with_another_config_names_every_key_that_differs(tmp_path):
+    fit(compose_cfg(*FAST, "trainer.max_steps=2"), tmp_path)
+    with pytest.raises(ConfigError, match=r"(?s)holds a run with another config.*data\.batch_size: 16 -> 8.*"
+                                          r"recipe\.lr: 0\.002 -> 0\.05"):
+        fit(compose_cfg(*FAST, "recipe.lr=0.05", "data.batch_size=8"), tmp_path)
+    # resume-safe keys may change: the run continues and records what changed
+    summary = fit(compose_cfg(*FAST, "trainer.log_every_n_steps=2", "data.num_workers=0"), tmp_path)
+    assert summary["status"] == "completed" and summary["resumed"]
+    assert summary["changed_on_resume"] == {"trainer.log_every_n_steps": [1, 2], "trainer.max_steps": [2, None]}
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [h["event"] for h in history] == ["start", "resume"]
+    assert history[1]["changed"]["trainer.log_every_n_steps"] == [1, 2]
+
+
+def test_finished_run_is_reported_and_never_rewritten(tmp_path, caplog):
+    fit(compose_cfg(*FAST), tmp_path)
+    files = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "run.json")}
+    last = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    caplog.set_level("INFO", logger="quest.train")
+    again = fit(compose_cfg(*FAST, "trainer.log_every_n_steps=4"), tmp_path)
+    assert again["already_finished"] and again["status"] == "completed"
+    assert {name: (tmp_path / name).read_bytes() for name in files} == files
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == last
+    assert "already holds this finished run" in caplog.text and "trainer.overwrite=true" in caplog.text
+    with pytest.raises(ConfigError, match=r"recipe\.lr: 0\.002 -> 0\.05"):  # another config is not "finished"
+        fit(compose_cfg(*FAST, "recipe.lr=0.05"), tmp_path)
+
+
+def test_a_longer_run_follows_the_schedule_of_its_new_length(tmp_path):
+    fit(compose_cfg(*FAST, "trainer.epochs=3"), tmp_path / "straight")
+    fit(compose_cfg(*FAST, "trainer.epochs=2"), tmp_path / "extended")
+    summary = fit(compose_cfg(*FAST, "trainer.epochs=3"), tmp_path / "extended")
+    assert summary["status"] == "completed" and summary["step"] == 12
+    assert summary["changed_on_resume"] == {"trainer.epochs": [2, 3]}
+    lr = {d: {r["step"]: r["train/lr"] for r in _rows(tmp_path / d) if "train/lr" in r} for d in ("straight", "extended")}
+    assert sorted(lr["extended"]) == list(range(1, 13))  # every step once
+    for step in range(9, 13):  # after the resume: the 3-epoch cosine, not the 2-epoch one that had ended
+        assert lr["extended"][step] == pytest.approx(lr["straight"][step], rel=1e-12)
+    with pytest.raises(ConfigError, match=r"trainer\.epochs: 3 -> 1.*extended, not shortened"):
+        fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path / "extended")
+
+
+def _image_folder(root: Path, train: tuple[str, ...], val: tuple[str, ...], per_class: int = 6) -> Path:
+    for split, classes in (("train", train), ("val", val)):
+        for c, name in enumerate(classes):
+            d = root / split / name
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", (20, 20), (60 * c, 20 * i, 90)).save(d / f"img{i}.png")
+    return root
+
+
+FOLDER_BASE = ["data=imagefolder", "data.img_size=16", "data.batch_size=6", "data.num_workers=0", "model=vit_pico",
+               "trainer.epochs=1", "trainer.log_every_n_steps=1"]
+FOLDER = [*FOLDER_BASE, "data.num_classes=3"]
+
+
+def test_moved_data_set_resumes_and_another_one_is_refused(tmp_path):
+    data = _image_folder(tmp_path / "data", ("a", "b", "c"), ("a", "b", "c"))
+    fit(compose_cfg(*FOLDER, f"data.root={data}", "trainer.max_steps=1"), tmp_path / "run")
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    summary = fit(compose_cfg(*FOLDER, f"data.root={moved}", "trainer.max_steps=2"), tmp_path / "run")
+    assert summary["status"] == "stopped" and summary["step"] == 2
+    other = _image_folder(tmp_path / "other", ("x", "y", "z"), ("x", "y", "z"))
+    with pytest.raises(ConfigError, match=r"(?s)trained on another data set.*classes"):
+        fit(compose_cfg(*FOLDER, f"data.root={other}"), tmp_path / "run")
+
+
+def test_validation_classes_must_equal_the_training_classes(tmp_path):
+    data = _image_folder(tmp_path / "data", ("a", "b", "c"), ("a", "b", "d"))
+    with pytest.raises(ValueError, match=r"only in train: \['c'\]; only in val: \['d'\]"):
+        fit(compose_cfg(*FOLDER, f"data.root={data}"), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# --- 2. resume=never and overwrite --------------------------------------------------------------------------
+def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path):
+    fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path)
+    before = (tmp_path / "summary.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.overwrite=true"):
+        fit(compose_cfg(*FAST, "trainer.epochs=1", "trainer.resume=never"), tmp_path)
+    assert (tmp_path / "summary.json").read_bytes() == before
+    fit(compose_cfg(*FAST, "trainer.epochs=1", "trainer.resume=never", "trainer.overwrite=true"), tmp_path)
+    (archive,) = (tmp_path / ".replaced").iterdir()
+    assert (archive / "summary.json").read_bytes() == before
+    assert (archive / "checkpoints" / "last.pt").is_file() and (archive / "metrics.jsonl").is_file()
+    steps = [r["step"] for r in _rows(tmp_path) if "train/loss" in r]
+    assert steps == [1, 2, 3, 4]  # the new run's rows only, each step once
+
+
+def test_metrics_logged_after_the_last_checkpoint_are_not_duplicated(tmp_path, monkeypatch):
+    from quest.train.trainer import Run
+
+    overrides = [*FAST, "trainer.epochs=3", "trainer.checkpoint_every_n_steps=2", "diagnostics=default",
+                 "diagnostics.every_n_steps=1"]
+    fit(compose_cfg(*overrides), tmp_path / "straight")
+    step = Run.train_step
+
+    def crash_at_step_6(self, batches, **kw):  # a kill -9 after step 5's rows were logged, checkpoint at step 4
+        if self.state.step == 5:
+            raise RuntimeError("simulated crash")
+        return step(self, batches, **kw)
+
+    monkeypatch.setattr(Run, "train_step", crash_at_step_6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit(compose_cfg(*overrides), tmp_path / "crashed")
+    monkeypatch.setattr(Run, "train_step", step)
+    assert any(r["step"] == 5 for r in _rows(tmp_path / "crashed"))
+    fit(compose_cfg(*overrides), tmp_path / "crashed")
+    straight, resumed = _rows(tmp_path / "straight"), _rows(tmp_path / "crashed")
+    key = lambda r: (r["step"], tuple(sorted(r)))  # noqa: E731
+    assert sorted(map(key, resumed)) == sorted(map(key, straight))  # every row once, none of the crashed attempt's
+    losses = lambda rows: {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}  # noqa: E731
+    assert losses(resumed) == losses(straight)
+
+
+# --- 3. every key known ---------------------------------------------------------------------------------------
+GROUPS = ["model", "attention", "data", "recipe", "trainer", "logger", "diagnostics"]
+
+
+@pytest.mark.parametrize("prefix", ["+", "++"])
+@pytest.mark.parametrize("group", GROUPS + [""])
+def test_an_added_unknown_key_is_refused_like_a_misspelt_one(tmp_path, group, prefix):
+    key = f"{group}.bogus_key" if group else "bogus_key"
+    with pytest.raises(ConfigError, match=rf"unknown config keys.*\n  {key}: not a key of"):
+        fit(compose_cfg(*FAST, f"{prefix}{key}=1"), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_suggestion_for_a_near_miss_and_known_free_form_keys():
+    from quest.config.checks import check_known_keys
+
+    with pytest.raises(ConfigError, match=r"trainer\.epoch: .*did you mean trainer\.epochs\?"):
+        check_known_keys(compose_cfg("+trainer.epoch=3"), TrainConfig)
+    with pytest.raises(ConfigError, match=r"recipe\.lrr: .*did you mean recipe\.lr\?"):
+        check_known_keys(compose_cfg("++recipe.lrr=0.1"), TrainConfig)
+    check_known_keys(compose_cfg("+model.kwargs.qkv_bias=false", "+experiment_values.epochs=3"), TrainConfig)
+
+
+def test_an_unknown_attention_option_is_refused_before_building(tmp_path):
+    with pytest.raises(ConfigError, match=r"attention\.options is invalid .*has no option\(s\) bogus"):
+        fit(compose_cfg(*FAST, "+attention.options.bogus=1"), tmp_path)
+
+
+# --- 4. every value checked before any work -------------------------------------------------------------------
+BAD_VALUES = [
+    ("trainer.eval_every_n_epochs=0", r"trainer\.eval_every_n_epochs must be a positive integer, got 0"),
+    ("trainer.accum_steps=0", r"trainer\.accum_steps must be a positive integer, got 0"),
+    ("trainer.log_every_n_steps=0", r"trainer\.log_every_n_steps must be a positive integer, got 0"),
+    ("trainer.epochs=-1", r"trainer\.epochs must be a positive integer, got -1"),
+    ("trainer.max_steps=0", r"trainer\.max_steps must be a positive integer \(or null\), got 0"),
+    ("trainer.checkpoint_every_n_steps=-2", r"trainer\.checkpoint_every_n_steps must be a positive integer"),
+    ("trainer.device=gpu", r"trainer\.device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("trainer.precision=fp8", r"trainer\.precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
+    ("trainer.strategy=zero", r"trainer\.strategy must be one of ddp, fsdp"),
+    ("trainer.resume=/no/such/last.pt", r"trainer\.resume must be auto, never or the path of an existing"),
+    ("trainer.overwrite=true", r"trainer\.overwrite applies only with trainer\.resume=never"),
+    ("trainer.init_from=/no/such.pt", r"trainer\.init_from must be the path of an existing checkpoint"),
+    ("trainer.max_loss=0", r"trainer\.max_loss must be > 0"),
+    ("recipe.ema_decay=2", r"recipe\.ema_decay must be in \[0, 1\), got 2\.0"),
+    ("recipe.lr=-0.1", r"recipe\.lr must be > 0"),
+    ("recipe.drop_path=1.5", r"recipe\.drop_path must be in \[0, 1\)"),
+    ("recipe.smoothing=-0.1", r"recipe\.smoothing must be in \[0, 1\)"),
+    ("recipe.mixup_prob=1.5", r"recipe\.mixup_prob must be in \[0, 1\]"),
+    ("recipe.crop_pct=0", r"recipe\.crop_pct must be in \(0, 1\]"),
+    ("recipe.warmup_epochs=-1", r"recipe\.warmup_epochs must be >= 0"),
+    ("recipe.scale=[0.9,0.5]", r"recipe\.scale must be \[min, max\] with 0 < min <= max <= 1"),
+    ("recipe.opt=adamz", r"recipe\.opt must be one of .*adamw"),
+    ("recipe.sched=cosin", r"recipe\.sched must be one of cosine"),
+    ("recipe.mixup_mode=rows", r"recipe\.mixup_mode must be one of batch, pair, elem"),
+    ("recipe.repeated_aug=-1", r"recipe\.repeated_aug must be >= 0"),
+    ("data.bad_images=skp", r"data\.bad_images must be one of error, skip, got 'skp'"),
+    ("data.batch_size=0", r"data\.batch_size must be a positive integer, got 0"),
+    ("data.num_workers=-1", r"data\.num_workers must be an integer in 0\.\."),
+    ("data.subset_fraction=0", r"data\.subset_fraction must be in \(0, 1\]"),
+    ("data.subset_fraction=1.5", r"data\.subset_fraction must be in \(0, 1\]"),
+    ("data.std=[0.5,0,0.5]", r"data\.std must be three values > 0"),
+    ("data.fake_train_size=0", r"data\.fake_train_size must be a positive integer"),
+    ("diagnostics.every_n_steps=-1", r"diagnostics\.every_n_steps must be an integer >= 0"),
+    ("diagnostics.num_samples=0", r"diagnostics\.num_samples must be a positive integer"),
+    ("logger.mode=onlin", r"logger\.mode must be one of online, offline, disabled"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD_VALUES, ids=[b for b, _ in BAD_VALUES])
+def test_a_bad_value_is_named_before_anything_is_built(tmp_path, monkeypatch, bad, message):
+    import quest.train.lifecycle as fit_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the run was built before its config was checked")
+
+    monkeypatch.setattr(fit_module, "Run", never)
+    with pytest.raises(ConfigError, match=message):
+        fit(compose_cfg(*FAST, bad), tmp_path)
+
+
+def test_every_bad_value_is_reported_at_once(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        fit(compose_cfg(*FAST, "trainer.accum_steps=0", "recipe.ema_decay=2", "data.bad_images=skp"), tmp_path)
+    assert all(k in str(info.value) for k in ("trainer.accum_steps", "recipe.ema_decay", "data.bad_images"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.num_classes=5"], r"data\.num_classes must be 10: the digits data set has 10 classes"),
+    ([*FAST, "model.img_size=15"], r"model\.img_size must be a multiple of the patch size 4 of vit_pico_patch4_16, got 15"),
+    ([*FAST, "model.img_size=null", "data.img_size=18"], r"data\.img_size must be a multiple of the patch size 4"),
+])
+def test_data_and_model_sizes_are_checked_before_training(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        fit(compose_cfg(*overrides), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_image_folder_class_count_is_checked_against_its_folders(tmp_path):
+    data = _image_folder(tmp_path / "data", ("a", "b", "c"), ("a", "b", "c"))
+    with pytest.raises(ConfigError, match=r"data\.num_classes must be 3: the imagefolder data set has 3 classes"):
+        fit(compose_cfg(*FOLDER_BASE, f"data.root={data}", "data.num_classes=4"), tmp_path / "run")
+
+
+# --- outputs ---------------------------------------------------------------------------------------------------
+def test_every_run_ends_with_a_one_line_summary(tmp_path, caplog):
+    caplog.set_level("INFO", logger="quest.train")
+    fit(compose_cfg(*FAST), tmp_path)
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run completed")]
+    assert len(line) == 1 and str(tmp_path) in line[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert f"val top-1 {summary['val/top1']:.2f} (best {summary['best/val/top1']:.2f}" in line[0]
+
+
+def test_divergence_log_names_the_checkpoint_that_exists(tmp_path, caplog):
+    caplog.set_level("INFO", logger="quest.train")
+    fit(compose_cfg(*FAST, "recipe.lr=1e6", "recipe.warmup_epochs=0", "trainer.epochs=4",
+                    "trainer.checkpoint_every_n_steps=1", "attention=standard"), tmp_path / "a")
+    step = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")["state"]["step"]
+    assert f"the last good checkpoint is {tmp_path / 'a' / 'checkpoints' / 'last.pt'} (step {step})" in caplog.text
+    caplog.clear()
+    fit(compose_cfg(*FAST, "trainer.max_loss=0.01"), tmp_path / "b")  # diverges at its first step
+    assert "no checkpoint was written before it" in caplog.text
+    assert not (tmp_path / "b" / "checkpoints" / "last.pt").exists()
+
+
+def test_best_checkpoint_is_written_before_the_state_that_records_it(tmp_path, monkeypatch):
+    import quest.run.checkpoint as ck
+    from quest.train.trainer import Run
+
+    def improving(self, model=None, prefix="val/"):  # every epoch a new best, so that every epoch writes best.pt
+        top1 = 10.0 * self.state.epoch
+        return {f"{prefix}{k}": v for k, v in {"top1": top1, "top5": top1, "loss": 1.0, "skipped": 0,
+                                                "images": 32}.items()}, {}
+
+    monkeypatch.setattr(Run, "validate", improving)
+    link = ck.replace_with_link
+    calls = {"n": 0}
+
+    def killed_between_best_and_last(source, target):  # the process dies after best.pt, before last.pt
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        link(source, target)
+
+    monkeypatch.setattr(ck, "replace_with_link", killed_between_best_and_last)
+    summary = fit(compose_cfg(*FAST, "trainer.epochs=3", "recipe.warmup_epochs=0"), tmp_path)
+    assert summary["status"] == "interrupted" and not summary["saved"]
+    last = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert last["state"]["best_epoch"] <= best["state"]["epoch"]  # best.pt never older than what last.pt records
+    monkeypatch.setattr(ck, "replace_with_link", link)
+    summary = fit(compose_cfg(*FAST, "trainer.epochs=3", "recipe.warmup_epochs=0"), tmp_path)
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert summary["best_epoch"] == 3 and best["state"]["epoch"] == 3 and best["state"]["best_top1"] == 30.0
+
+
+def test_temporary_files_of_a_killed_write_are_removed_on_start(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir(parents=True)
+    orphans = [ckpt / ".last.pt.x1y2.tmp", ckpt / ".best.pt.tmp", ckpt / ".last.pt.123.link.tmp"]
+    for p in orphans:
+        p.write_bytes(b"half a checkpoint")
+    fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path)
+    assert not any(p.exists() for p in orphans) and not list(ckpt.glob("*.tmp"))
+
+
+def test_a_second_process_in_the_same_run_directory_is_refused(tmp_path):
+    from quest.run.directory import RunDirectory
+
+    holder = RunDirectory(tmp_path)
+    holder.lock()
+    try:
+        with pytest.raises(RuntimeError, match=r"is in use by another process \(pid"):
+            fit(compose_cfg(*FAST), tmp_path)
+    finally:
+        holder.unlock()
+    assert fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path)["status"] == "completed"
+
+
+def test_checkpoint_round_trip_holds_tensors_and_plain_containers_only(tmp_path):
+    fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["derived"]["global_batch"] == 16 and ckpt["data"]["train_size"] == 64
+    assert isinstance(ckpt["metrics_bytes"], int) and ckpt["metrics_bytes"] == (tmp_path / "metrics.jsonl").stat().st_size
+
+
+# --- the README's command sequence, as written ----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.process
+def test_readme_quickstart_sequence(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from ..helpers import ROOT
+    from ..warm import run_app
+
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+
+    def run(app: str, *args: str, fresh: bool = False) -> subprocess.CompletedProcess:
+        # the newcomer's first command starts a real interpreter (its imports and entry script are part of what the
+        # README promises); the rest are the same argv forked from the warm zygote, which saves an interpreter's
+        # imports each (the wheel smoke in .ci/run starts quest-eval and quest-report in real interpreters)
+        if fresh:
+            out = subprocess.run([sys.executable, str(ROOT / app), *args], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=900)
+        else:
+            out = run_app(app, *args, cwd=tmp_path, env=env)
+        assert out.returncode == 0, (app, args, out.stdout[-2000:], out.stderr[-3000:])
+        return out
+
+    run("train.py", fresh=True)  # python train.py
+    quickstart = tmp_path / "runs" / "digits" / "vit_pico-quest-light-seed0"
+    summary = json.loads((quickstart / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["val/top1"] >= 95.0, summary
+    again = run("train.py")  # the same command: reported, not retrained
+    assert "already holds this finished run" in again.stdout + again.stderr
+    assert json.loads((quickstart / "summary.json").read_text()) == summary
+    # the diagnostics comparison: both formulations again with diagnostics, each in its own named directory
+    run("train.py", "attention=standard", "diagnostics=default")
+    run("train.py", "diagnostics=default")
+    diag_runs = sorted((tmp_path / "runs" / "digits").glob("*-diagnostics_default"))  # the README's glob
+    assert [p.name for p in diag_runs] == ["vit_pico-quest-light-seed0-diagnostics_default",
+                                           "vit_pico-standard-light-seed0-diagnostics_default"]
+    for diag_run in diag_runs:
+        assert any("diag/max_logit" in line for line in (diag_run / "metrics.jsonl").read_text().splitlines())
+        # the default run reaches 95% with either formulation (diagnostics only watch; they do not change training)
+        diag_summary = json.loads((diag_run / "summary.json").read_text())
+        assert diag_summary["status"] == "completed" and diag_summary["val/top1"] >= 95.0, diag_summary
+    plotted = run("quest.report.plot", "diagnostics", *map(str, diag_runs), "--out", "diag.png")
+    assert (tmp_path / "diag.png").stat().st_size > 10_000 and "skipped" not in plotted.stderr
+    # the report counts the quickstart run and its diagnostics rerun (same seed) once, and says so
+    report = run("quest.report", "runs/digits")
+    assert "repeats" in report.stderr and "1 duplicate seed (counted once)" in report.stdout
+    run("eval.py", f"checkpoint={quickstart / 'checkpoints' / 'last.pt'}", "eval=clean")

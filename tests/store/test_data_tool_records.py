@@ -1,0 +1,154 @@
+"""What the data tools read back (quest/store/tool_records.py): ``_ledger.jsonl``, a shard folder's ``_info.json``, a
+capped copy's ``_capped.json`` and the pre-flight's cache. For every kind, every field set to a value of the wrong
+type, one out of its range, and every path it names set outside its folder: the reader refuses it naming the file
+and the field, before acting on it (the pre-flight's cache, only a shortcut, is not believed: the folder is checked
+again)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from quest.data.preflight import _cache_paths, check_image_folder_files
+from quest.data.shard_index import ShardError, load_info
+from quest.store.files import DamagedFile
+from quest.store.ledger import LEDGER_NAME, Ledger
+from quest.store.tool_records import (
+    CAPPED_INFO,
+    CappedManifest,
+    InfoSplit,
+    LedgerHeader,
+    LedgerLine,
+    PreflightCache,
+    ShardInfo,
+    read_capped,
+)
+from quest.tools.capped import cap_folder
+from quest.tools.data_check import check_root
+
+from ..record_faults import faults, planted
+
+HEADER = {"tool": "quest-data cap", "params": {"short_side": 16, "quality": 90, "splits": ["train"]}}
+LINE = {"key": "train/cat/a.png", "out": "train/cat/a.png", "stamp": "69:1700000000000000000"}
+INFO = {"splits": {"train": {"name": "train", "num_samples": 3, "filenames": ["toy-train-0.tar"],
+                             "shard_lengths": [3]}}, "num_classes": 2, "classes": ["cat", "dog"], "complete": True}
+CAPPED = {"complete": True, "short_side": 16, "quality": 90, "resample": "bicubic", "source": "/data/src",
+          "layout": "image folder", "splits": {"train": {"images": 2, "unreadable": {}}}, "linked": ["val"]}
+
+
+def _ledger(folder: Path, header, line) -> Ledger:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / LEDGER_NAME).write_text(json.dumps(header) + "\n" + json.dumps(line) + "\n")
+    return Ledger(folder, HEADER["tool"], HEADER["params"])
+
+
+def test_good_files_read_right(tmp_path):
+    ledger = _ledger(tmp_path / "l", HEADER, LINE)
+    assert ledger.entries == {LINE["key"]: (LINE["out"], LINE["stamp"])}
+    (tmp_path / "_info.json").write_text(json.dumps(INFO))
+    assert load_info(tmp_path) == (INFO, tmp_path / "_info.json")
+    (tmp_path / CAPPED_INFO).write_text(json.dumps(CAPPED))
+    assert read_capped(tmp_path) == CAPPED
+
+
+LEDGER_FAULTS = ([("header", path, value) for path, value in faults(LedgerHeader)]
+                 + [("line", path, value) for path, value in faults(LedgerLine)]
+                 + [("line", "out", value) for value in ("../outside.png", "/etc/passwd", "train/../../x.png")])
+
+
+@pytest.mark.parametrize("part,path,value", LEDGER_FAULTS, ids=[f"{p}.{f}={v!r}" for p, f, v in LEDGER_FAULTS])
+def test_a_ledger_field_that_does_not_fit_is_refused_naming_the_line_and_field(tmp_path, part, path, value):
+    header, line = (planted(HEADER, path, value), LINE) if part == "header" else (HEADER, planted(LINE, path, value))
+    with pytest.raises(DamagedFile) as refused:
+        _ledger(tmp_path, header, line)
+    number = 1 if part == "header" else 2
+    assert f"{tmp_path / LEDGER_NAME} line {number}: {path} is" in str(refused.value)
+
+
+def test_only_a_cut_last_ledger_line_is_passed_over(tmp_path):
+    (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + "\n" + json.dumps(LINE) + '\n{"key": "train/c')
+    assert list(Ledger(tmp_path, HEADER["tool"], HEADER["params"]).entries) == [LINE["key"]]
+    (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + '\n{"key": "train/c\n' + json.dumps(LINE) + "\n")
+    with pytest.raises(DamagedFile, match="line 2 is not JSON"):
+        Ledger(tmp_path, HEADER["tool"], HEADER["params"])
+
+
+def test_a_rerun_whose_ledger_names_a_file_outside_its_folder_deletes_nothing(tmp_path):
+    """The path a rerun would delete: the whole command refused first, every file as it was."""
+    src = tmp_path / "src"
+    for c in ("cat", "dog"):
+        (src / "train" / c).mkdir(parents=True)
+        Image.new("RGB", (20, 20)).save(src / "train" / c / "a.png")
+    dst = tmp_path / "capped"
+    cap_folder(src, dst, short_side=16)
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"someone else's")
+    lines = (dst / LEDGER_NAME).read_text().splitlines()
+    lines.append(json.dumps({"key": "train/cat/gone.png", "out": "../victim.png", "stamp": "1:1"}))
+    (dst / LEDGER_NAME).write_text("\n".join(lines) + "\n")
+    before = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(DamagedFile, match=r"out is '\.\./victim\.png', a path outside"):
+        cap_folder(src, dst, short_side=16)
+    assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+INFO_FAULTS = (list(faults(ShardInfo)) + list(faults(InfoSplit, "splits.train."))
+               + [("splits.train.shard_lengths", [-1]), ("splits.train.filenames", ["../other/toy-train-0.tar"]),
+                  ("splits.train.filenames", ["/data/toy-train-0.tar"]), ("splits.train", {"name": "train"})])
+
+
+@pytest.mark.parametrize("path,value", INFO_FAULTS, ids=[f"{f}={v!r}" for f, v in INFO_FAULTS])
+def test_an_info_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
+    (tmp_path / "_info.json").write_text(json.dumps(planted(INFO, path, value)))
+    with pytest.raises(ShardError) as refused:
+        load_info(tmp_path)
+    assert f"{tmp_path / '_info.json'}: {path}" in str(refused.value)
+
+
+def test_quest_data_check_names_a_bad_info_field(tmp_path):
+    (tmp_path / "_info.json").write_text(json.dumps(planted(INFO, "num_classes", "2")))
+    out = io.StringIO()
+    assert check_root(tmp_path, workers=1, progress=False, out=out, err=io.StringIO()) == 1
+    assert "num_classes is str '2', expected" in out.getvalue()
+
+
+CAPPED_FAULTS = list(faults(CappedManifest)) + [("linked", ["../val"]), ("linked", ["a/b"])]
+
+
+@pytest.mark.parametrize("path,value", CAPPED_FAULTS, ids=[f"{f}={v!r}" for f, v in CAPPED_FAULTS])
+def test_a_capped_manifest_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
+    (tmp_path / CAPPED_INFO).write_text(json.dumps(planted(CAPPED, path, value)))
+    with pytest.raises(DamagedFile) as refused:
+        read_capped(tmp_path)
+    assert f"{tmp_path / CAPPED_INFO}: {path}" in str(refused.value)
+
+
+def _cached_folder(tmp: Path) -> tuple[Path, dict]:
+    root = tmp / "train"
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(root / c / "a.png")
+    (root / "dog" / "b.png").write_bytes(b"")
+    check_image_folder_files(root, workers=1)
+    return root, json.loads((root / ".quest-preflight.json").read_text())
+
+
+CACHE_FAULTS = list(faults(PreflightCache)) + [("problems", [{"path": "/etc/passwd", "reason": "empty"}]),
+                                               ("problems", [{"reason": "empty"}])]
+
+
+@pytest.mark.parametrize("path,value", CACHE_FAULTS, ids=[f"{f}={v!r}" for f, v in CACHE_FAULTS])
+def test_a_preflight_cache_that_does_not_fit_is_not_believed(tmp_path, monkeypatch, path, value, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root, cache = _cached_folder(tmp_path)
+    fresh = check_image_folder_files(root, workers=1, use_cache=False)
+    for where in _cache_paths(root):  # the bad record wherever the pre-flight looks
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(json.dumps(planted(cache, path, value)))
+    report = check_image_folder_files(root, workers=1)
+    assert not report.cached and (report.images, report.problems) == (fresh.images, fresh.problems)
+    assert f": {path}" in caplog.text and "not used" in caplog.text
