@@ -31,26 +31,24 @@ TENSORBOARD_DIR = "tensorboard"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
-def start_log_file(path: Path) -> logging.Handler:
-    """Copy every log record to ``path`` (appended). quest starts the log file itself, once a command has passed
-    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log. A link
-    in its place is not this command's log (appending would write through it, into a file outside the folder): it
-    is moved to ``.replaced/<UTC time>-unrecorded/`` beside it, and a new log begins."""
-    target = os.readlink(path) if path.is_symlink() else None
-    kept = move_aside(path.parent, [path], "unrecorded") if target is not None else None
-    handler = logging.FileHandler(path)
+def start_log_file(path: Path) -> logging.StreamHandler:
+    """Copy every log record to ``path`` (appended, quest.store.files.open_records: never through a link or a hard
+    link). quest starts the log file itself, once a command has passed its checks, instead of Hydra's file handler:
+    a refused command leaves no line in an existing run's log."""
+    kept: list[str] = []  # said once the handler writes the new log: its first line
+    handler = logging.StreamHandler(open_records(path, warn=kept.append))
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
-    if kept is not None:
-        logging.getLogger("quest").warning("%s was a link to %s, not this command's log: the link is kept in %s",
-                                           path, target, kept)
+    for line in kept:
+        logging.getLogger("quest").warning("%s", line)
     return handler
 
 
-def stop_log_file(handler: logging.Handler | None) -> None:
+def stop_log_file(handler: logging.StreamHandler | None) -> None:
     if handler is not None:
         logging.getLogger().removeHandler(handler)
         handler.close()
+        handler.stream.close()  # a StreamHandler leaves its stream open: the log file's, opened by start_log_file
 
 log = logging.getLogger("quest.train")
 

@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import shutil
@@ -157,18 +158,35 @@ def read_json(path: str | Path, expected: type = dict) -> Any:
     return value
 
 
-def open_records(path: str | Path) -> TextIO:
-    """A line-per-record text file (JSON lines) opened for appending, line-buffered, after a last line that a killed
-    writer left half-written has been cut off: every record appended starts on a line of its own."""
+def open_records(path: str | Path, warn: Callable[[str], None] | None = None) -> TextIO:
+    """A line-per-record text file (JSON lines, a log) opened for appending, line-buffered, after a last line that a
+    killed writer left half-written has been cut off: every record appended starts on a line of its own.
+
+    Appending never writes through to another file: a link in the file's place, or a file that has another name too
+    (a hard link: the other name would change with it), is not this folder's record. It is moved, not followed, to
+    ``.replaced/<UTC time>-unrecorded/`` beside it, and a new file begins; ``warn`` (a logger's warning by default)
+    is told so once the new file is open."""
     path = Path(path)
     may_change(path)
+    shared = path.is_symlink() or (path.is_file() and os.lstat(path).st_nlink > 1)
+    if shared:
+        what = f"a link to {os.readlink(path)}" if path.is_symlink() else "a file with another name too (a hard link)"
+        kept = move_aside(path.parent, [path], "unrecorded")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_file() and path.stat().st_size:
-        with open(path, "rb+") as f:
-            data = f.read()
-            if not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
-    return open(path, "a", buffering=1)
+    mode = new_file_mode(path)
+    # appending, never through a link (O_NOFOLLOW), and readable too: the cut below reads the file's last line
+    records = open(path, "a", buffering=1,
+                   opener=lambda name, flags: os.open(name, (flags & ~os.O_WRONLY) | os.O_RDWR | os.O_NOFOLLOW, mode))
+    fd = records.fileno()
+    size = os.fstat(fd).st_size
+    if size:
+        data = os.pread(fd, size, 0)
+        if not data.endswith(b"\n"):
+            os.ftruncate(fd, data.rfind(b"\n") + 1)
+    if shared:
+        (warn or logging.getLogger("quest").warning)(f"{path} was {what}, not this folder's own: kept in {kept}, and "
+                                                     "a new one begins")
+    return records
 
 
 def figure_bytes(fig: Any, path: str | Path, **savefig_kwargs: Any) -> bytes:

@@ -121,3 +121,33 @@ def test_a_damaged_file_error_crosses_a_process_boundary_whole(joined):
     assert type(back) is io.DamagedFile and str(back) == str(error) == \
         f"d/run.json{joined}epoch is -1, expected a value >= 0. Move it away"
     assert (back.path, back.problem, back.joined) == (Path("d/run.json"), "epoch is -1, expected a value >= 0", joined)
+
+
+@pytest.mark.parametrize("shared", ["symlink", "hardlink", "symlink_to_nothing"])
+def test_an_append_never_writes_through_to_another_file(tmp_path, shared):
+    """A records file (metrics.jsonl, a ledger, a log) that is a link, or one with another name (a hard link), is
+    moved aside whole and a new one begins: the other file keeps its bytes, and what was there is kept."""
+    other = tmp_path / "elsewhere" / "theirs.jsonl"
+    other.parent.mkdir()
+    if shared != "symlink_to_nothing":
+        other.write_bytes(b'{"theirs": 1}\n')
+    folder = tmp_path / "run"
+    folder.mkdir()
+    records = folder / "metrics.jsonl"
+    (records.hardlink_to if shared == "hardlink" else records.symlink_to)(other)
+    said: list[str] = []
+    with io.open_records(records, warn=said.append) as f:
+        f.write('{"mine": 1}\n')
+    assert records.read_bytes() == b'{"mine": 1}\n' and not records.is_symlink() and records.stat().st_nlink == 1
+    assert shared == "symlink_to_nothing" or other.read_bytes() == b'{"theirs": 1}\n'
+    (kept,) = [d / "metrics.jsonl" for d in (folder / ".replaced").iterdir()]  # glob skips a link leading nowhere
+    assert kept.parent.name.endswith("-unrecorded")
+    assert kept.is_symlink() == (shared != "hardlink") and len(said) == 1 and str(kept.parent) in said[0]
+
+
+def test_an_append_cuts_a_half_written_last_line_first(tmp_path):
+    records = tmp_path / "metrics.jsonl"
+    records.write_bytes(b'{"step": 1}\n{"step": 2, "lo')
+    with io.open_records(records) as f:
+        f.write('{"step": 2}\n')
+    assert records.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
