@@ -20,8 +20,8 @@ _WHERE = {
                      "fixed_subset", "make_loader", "ordered_topk", "percent", "shard_batches", "sum_over_processes"],
                     "context"),
     "ImageList": "imagenet_data", "Input": "inputs", "listed": "inputs",
-    **dict.fromkeys(["EVALUATIONS", "Evaluator", "evaluators", "load_evaluations", "register_evaluation",
-                     "unregister_evaluation"], "registry"),
+    **dict.fromkeys(["Evaluator", "register_evaluation", "unregister_evaluation"], "kinds"),
+    **dict.fromkeys(["EVALUATIONS", "evaluators", "load_evaluations"], "registry"),
     "run_evaluation": "runner", "run_evaluations": "runner",
     "EvalTarget": "target", "load_target": "target", "eval_transform": "transforms",
 }

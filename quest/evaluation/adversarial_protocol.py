@@ -15,7 +15,7 @@ from quest.attention.elliptical import ESTIMATORS
 from quest.config.checks import Checks, is_int
 
 from .attack_space import SPACES, AttackSpace
-from .checks import sublist
+from .section_checks import sublist
 from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
 __all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "SCORE_PRECISIONS", "AdversarialConfig",

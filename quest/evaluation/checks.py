@@ -1,8 +1,8 @@
 """eval.py's config checks, run before any data or model is loaded: every key known to the schema (``+key=`` and
 ``++key=`` included), every value in its allowed range, each problem named with its key, value and what is allowed.
 The keys every suite shares are checked here; each evaluation's section by the check it was registered with
-(quest.evaluation.registry), for which :func:`sublist`, :func:`severities` and :class:`quest.config.checks.Checks`'s
-own checks are the vocabulary.
+(quest.evaluation.kinds), for which :func:`sublist`, :func:`severities` (quest.evaluation.section_checks, importable
+from here too) and :class:`quest.config.checks.Checks`'s own checks are the vocabulary.
 
 Hydra's structured config already refuses ``eval.adversarial.pgd.stepz=3`` and wrong types; ``+``/``++`` add keys
 past it, and a negative batch size or an unknown precision would only fail (or silently mislead) mid-run.
@@ -10,7 +10,6 @@ past it, and a negative batch size or an unknown precision would only fail (or s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -20,24 +19,13 @@ from quest.config.wandb_check import check_logger_values
 
 from .config import eval_config_schema
 from .registry import evaluators
+from .section_checks import severities, sublist
 
 __all__ = ["check_eval_config", "sublist", "severities", "INTERPOLATIONS"]
 
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
 # transform must be deterministic
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
-
-
-def sublist(checks: Checks, key: str, allowed: Iterable[Any], what: str) -> None:
-    """A list of distinct entries, each one of ``allowed``."""
-    allowed = list(allowed)
-    checks.check(key, lambda v: all(x in allowed for x in v) and len(set(v)) == len(v),
-                 f"a list of distinct {what} from {', '.join(map(str, allowed))}")
-
-
-def severities(checks: Checks, key: str) -> None:
-    checks.check(key, lambda v: all(is_int(s) and 1 <= s <= 5 for s in v) and len(set(v)) == len(v),
-                 "a list of distinct severities from 1, 2, 3, 4, 5")
 
 
 def _value_checks(cfg: DictConfig, evaluations: Iterable[str]) -> Checks:

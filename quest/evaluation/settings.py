@@ -1,14 +1,23 @@
-"""The keys every evaluation suite shares (the ``eval`` node's own keys). A module of its own so that the registry
-can refuse an evaluation named like one of them without importing the config schema that is built from it."""
+"""eval.py's config but the sections of the registered evaluations: the keys every suite shares (the ``eval`` node's
+own keys, :class:`EvalSettingsBase`), the nodes beside ``eval`` (:class:`EvalConfigBase`) and the name of what is
+evaluated, which names the results directory (:func:`evaluated_name`, :func:`default_eval_dir`). A module below the
+evaluations, so that registering one (quest.evaluation.kinds refuses a name like one of these keys) and loading the
+model evaluated (quest.evaluation.target) need not import the schema that quest.evaluation.config builds from every
+registered evaluation.
+"""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-__all__ = ["RootsConfig", "EvalSettingsBase", "RESERVED_KEYS"]
+from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
+
+__all__ = ["RootsConfig", "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
+           "EvalConfigBase", "evaluated_name", "default_eval_dir"]
 
 
 @dataclass
@@ -49,3 +58,66 @@ class EvalSettingsBase:
 
 #: keys of the eval node itself, which no evaluation may take as its name
 RESERVED_KEYS = frozenset(f.name for f in dataclasses.fields(EvalSettingsBase))
+
+
+@dataclass
+class EvalModelConfig(ModelConfig):
+    """The model evaluated (model mode); a checkpoint names its own."""
+
+    # Unset in checkpoint mode (the checkpoint names its model); model=<group or timm name> sets it otherwise.
+    name: Optional[str] = None
+
+
+@dataclass
+class EvalAttentionConfig(AttentionConfig):
+    """The attention of the model evaluated (model mode); a checkpoint names its own."""
+
+    # No default: evaluating a timm model with the wrong attention would give silently wrong numbers.
+    name: Optional[str] = None
+
+
+@dataclass
+class EvalConfigBase:
+    """Everything but ``eval``, which eval_config_schema() adds, typed by the registry."""
+
+    checkpoint: Optional[str] = None  # a checkpoint written by train.py
+    # a checkpoint is data: an attention its config names by import path (package.module:Class) is imported only
+    # with trust_code=true (or attention=<that path> on the command line), as Hugging Face's trust_remote_code
+    trust_code: bool = False
+    weights: Optional[str] = None  # model mode: a state_dict file (loaded with weights_only=True)
+    model: EvalModelConfig = field(default_factory=EvalModelConfig)
+    attention: EvalAttentionConfig = field(default_factory=EvalAttentionConfig)
+    # data=<name> picks the data set of the clean / corruptions / adversarial evaluations; unset in checkpoint mode:
+    # the checkpoint's own data config
+    data: DataConfig = field(default_factory=DataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def _given(value: Any) -> bool:
+    """A resolver argument that is set (interpolated nulls may arrive as None or as the text 'None' / 'null')."""
+    return value not in (None, "None", "null", "")
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def evaluated_name(checkpoint: Any, use_ema: Any = False, weights: Any = None) -> str:
+    """What is evaluated, as one path component: ``<checkpoint stem>-<model|ema>`` for a checkpoint (``last-ema``,
+    ``best-model``), else the weights file's stem, or ``random-init`` without weights. It names the results
+    directory, so evaluations of last.pt, best.pt and the EMA weights never overwrite each other."""
+    if _given(checkpoint):
+        return f"{Path(str(checkpoint)).stem}-{'ema' if _truthy(use_ema) else 'model'}"
+    return Path(str(weights)).stem if _given(weights) else "random-init"
+
+
+def default_eval_dir(checkpoint: Any, model_name: Any, attention_name: Any, suite: Any, use_ema: Any = False,
+                     weights: Any = None) -> str:
+    """``<training run>/eval/<suite>/<checkpoint stem>-<model|ema>`` for a checkpoint (results beside the run),
+    else ``outputs/eval/<model>-<attention>/<suite>/<weights stem | random-init>``."""
+    name = evaluated_name(checkpoint, use_ema, weights)
+    if _given(checkpoint):
+        parent = Path(str(checkpoint)).expanduser().parent
+        run_dir = parent.parent if parent.name == "checkpoints" else parent
+        return str(run_dir / "eval" / str(suite) / name)
+    return f"outputs/eval/{model_name}-{attention_name}/{suite}/{name}"

@@ -21,9 +21,9 @@ from quest.store.torch_files import checkpoint_problem, damaged_member, inspect_
 from quest.store.weights_check import check_weights
 from quest.train.builders import build_model, resolve_img_size
 
-from .config import evaluated_name
 from .directory import state_dict_sha256
 from .foreign import ClassOrder, class_order, export_record, weights_num_classes
+from .settings import EvalAttentionConfig, EvalModelConfig, evaluated_name
 
 log = logging.getLogger("quest.eval")
 
@@ -86,7 +86,6 @@ def _eval_transform_overrides(settings: DictConfig, crop_pct: float, interpolati
 def _set_model_keys(cfg: DictConfig) -> list[str]:
     """``model.<key>=<value>`` / ``attention.<key>=<value>`` for every key set away from eval.py's defaults other
     than the names (which the caller judges): with checkpoint= none of them would reach the model."""
-    from .config import EvalAttentionConfig, EvalModelConfig
 
     def leaves(node: Any, prefix: str) -> dict[str, Any]:
         if isinstance(node, dict) and node:

@@ -8,7 +8,9 @@ outside quest.data runs quest/data/__init__.py), except from inside that package
 An import by name is an import too: ``importlib.import_module`` or ``__import__`` of a string the source spells out
 (a literal, ``f"{__package__}.x"``, ``f"{__name__}.x"``, or ``".x"`` relative to either), and a call of a function of
 the package that hands one of its parameters to them (quest.runtime.plugins.import_plugins) with such a string. A
-registry that imports the modules filling it by name is still below them and above them at once.
+registry that imports the modules filling it by name is still below them and above them at once. A package's
+``__init__`` that imports every module of its folder (``for m in pkgutil.iter_modules(__path__):
+importlib.import_module(f"{__name__}.{m.name}")``) imports each of them.
 """
 from __future__ import annotations
 
@@ -68,12 +70,12 @@ def importers(trees: list[ast.AST]) -> dict[str, int]:
 
 
 def _spelled_out(node: ast.expr, names: dict[str, str]) -> str | None:
-    """The string ``node`` always is: a literal, or an f-string of literals and ``__name__`` / ``__package__``
-    (``names``); None for anything computed."""
+    """The string ``node`` always is: a literal, or an f-string of literals and the names of ``names``
+    (``__name__``, ``__package__``, a folder walk's module name); None for anything computed."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
-    if isinstance(node, ast.Name) and node.id in names:
-        return names[node.id]
+    if isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) in names:
+        return names[ast.unparse(node)]
     if isinstance(node, ast.JoinedStr):
         parts = [_spelled_out(v.value if isinstance(v, ast.FormattedValue) and not v.format_spec else v, names)
                  for v in node.values]
@@ -81,16 +83,45 @@ def _spelled_out(node: ast.expr, names: dict[str, str]) -> str | None:
     return None
 
 
+#: stands for "every module of the folder" in a name spelled out by :func:`_spelled_out`
+EVERY_MODULE = "*"
+
+
+def _folder_walks(tree: ast.AST) -> dict[int, dict[str, str]]:
+    """Call node id -> the names that stand for :data:`EVERY_MODULE` there: the name of each module that a loop over
+    ``pkgutil.iter_modules(__path__)`` (a package's own folder) walks, ``m.name`` of ``for m in ...`` or ``name`` of
+    ``for _, name, _ in ...``."""
+    found: dict[int, dict[str, str]] = {}
+    for loop in ast.walk(tree):
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and _called(loop.iter) == "iter_modules"
+                and loop.iter.args and isinstance(loop.iter.args[0], ast.Name) and loop.iter.args[0].id == "__path__"):
+            continue
+        if isinstance(loop.target, ast.Name):
+            module_name = f"{loop.target.id}.name"
+        elif isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 3 and isinstance(loop.target.elts[1],
+                                                                                               ast.Name):
+            module_name = loop.target.elts[1].id
+        else:
+            continue
+        for stmt in loop.body:
+            for call in ast.walk(stmt):
+                found.setdefault(id(call), {})[module_name] = EVERY_MODULE
+    return found
+
+
 def _imports_by_name(tree: ast.AST, known: dict[str, int], names: dict[str, str]) -> list[str]:
-    """The modules a module imports by a string it spells out (:func:`importers`), absolute names."""
+    """The modules a module imports by a string it spells out (:func:`importers`), absolute names; ``<package>.*``
+    (:data:`EVERY_MODULE`) for a walk over the package's folder."""
     found = []
+    walks = _folder_walks(tree) if "__path__" in names else {}
     for call in ast.walk(tree):
         if not isinstance(call, ast.Call) or (position := known.get(_called(call))) is None:
             continue
-        if len(call.args) <= position or (target := _spelled_out(call.args[position], names)) is None:
+        here = names | walks.get(id(call), {})
+        if len(call.args) <= position or (target := _spelled_out(call.args[position], here)) is None:
             continue
         if target.startswith("."):  # import_module(".x", package)
-            anchor = _spelled_out(call.args[position + 1], names) if len(call.args) > position + 1 else None
+            anchor = _spelled_out(call.args[position + 1], here) if len(call.args) > position + 1 else None
             if anchor is None:
                 continue
             target = importlib.util.resolve_name(target, anchor)
@@ -107,7 +138,12 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        targets = _imports_by_name(trees[mod], known, {"__name__": mod, "__package__": here})
+        names = {"__name__": mod, "__package__": here} | ({"__path__": mod} if path.name == "__init__.py" else {})
+        targets = []
+        for target in _imports_by_name(trees[mod], known, names):
+            folder, _, last = target.rpartition(".")
+            # the modules and subpackages directly in the folder, as pkgutil.iter_modules lists them
+            targets += ([m for m in mods if m.rpartition(".")[0] == folder] if last == EVERY_MODULE else [target])
         for node in _imports(trees[mod]):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
@@ -204,6 +240,23 @@ def test_quest_has_no_import_cycle():
                                                "    importlib.import_module(builtin)\n",
       "pkg/registry.py": "from pkg.plugins import load\ndef get():\n    load('pipelines', f'{__package__}.builtin')\n",
       "pkg/builtin.py": "from pkg.registry import get\n"}, [["pkg.builtin", "pkg.registry"]]),
+    # a package's __init__ importing every module of its folder, which import a registry that loads the package by
+    # name (quest/data/sets/ and quest.data.registry, quest/evaluation/suites/ and quest.evaluation.registry once)
+    ({"pkg/__init__.py": "", "pkg/registry.py": "import importlib\ndef load():\n    importlib.import_module('pkg.sets')\n",
+      "pkg/sets/__init__.py": "import importlib, pkgutil\nfor m in pkgutil.iter_modules(__path__):\n"
+                              "    importlib.import_module(f'{__name__}.{m.name}')\n",
+      "pkg/sets/one.py": "", "pkg/sets/two.py": "from pkg.registry import load\n"},
+     [["pkg.registry", "pkg.sets", "pkg.sets.two"]]),
+    ({"pkg/__init__.py": "", "pkg/registry.py": "import pkg.sets\n",
+      "pkg/sets/__init__.py": "from importlib import import_module\nimport pkgutil\n"
+                              "for _, name, _ in pkgutil.iter_modules(__path__):\n"
+                              "    import_module(f'{__package__}.{name}')\n",
+      "pkg/sets/one.py": "from pkg import registry\n"}, [["pkg.registry", "pkg.sets", "pkg.sets.one"]]),
+    # a walk over another folder, or outside a package's __init__, is no edge
+    ({"pkg/__init__.py": "", "pkg/registry.py": "import pkg.sets\n",
+      "pkg/sets/__init__.py": "import importlib, pkgutil\nfor m in pkgutil.iter_modules(['elsewhere']):\n"
+                              "    importlib.import_module(f'{__name__}.{m.name}')\n",
+      "pkg/sets/one.py": "from pkg import registry\n"}, []),
     # a string that is not spelled out, or that names no module of the package, is no edge
     ({"pkg/__init__.py": "", "pkg/a.py": "import importlib, logging\nlog = logging.getLogger('pkg.b')\n"
                                          "def f(name):\n    importlib.import_module(name)\n",

@@ -1,5 +1,5 @@
 """The built-in data sets, one module each (its settings, checks and builder); importing this package imports every
-module in it, and each registers its data sets (quest.data.registry). A new built-in data set is one module here
+module in it, and each registers its data sets (quest.data.kinds). A new built-in data set is one module here
 and one yaml in configs/data/ (docs/data.md, "Adding a data set").
 
 - ``digits``, ``digits_canvas``: scikit-learn's bundled digits, and each pasted on a canvas with its box;

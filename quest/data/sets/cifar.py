@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import TRAINING_ONLY, DataConfig, need_root
-from ..registry import register_dataset
+from ..kinds import register_dataset
 
 __all__ = ["CifarData"]
 

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from ..config import DataConfig
-from ..registry import register_dataset
+from ..kinds import register_dataset
 
 __all__ = ["DigitsData", "DigitsDataset", "check_split", "digits_split"]
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from ..registry import register_dataset
+from ..kinds import register_dataset
 from .digits import DigitsData, check_split, digits_split
 
 __all__ = ["CanvasConfig", "DigitsCanvasData", "DigitsCanvasDataset"]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import DataConfig, need_root
-from ..registry import register_dataset
+from ..kinds import register_dataset
 
 __all__ = ["folder_classes", "check_split_classes"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..config import TRAINING_ONLY, DataConfig, need_root
-from ..registry import register_dataset
+from ..kinds import register_dataset
 
 __all__ = ["ShardData"]
 

@@ -1,5 +1,5 @@
 """The built-in evaluations, one module each; importing this package imports every module in it, and each
-registers its evaluations (quest.evaluation.registry). A new built-in evaluation is one module here and one suite
+registers its evaluations (quest.evaluation.kinds). A new built-in evaluation is one module here and one suite
 file in configs/eval/ (docs/evaluation.md, "Adding an evaluation").
 
 - ``classification``: ImageNet val, v2, A, R and the configured data set's val split (``clean``), one evaluator

@@ -38,7 +38,7 @@ from ..context import Counts, EvalRun, evenly_spaced, fixed_subset, shard_batche
 from ..estimator import attack_time_estimator
 from ..imagenet_data import ImageList
 from ..inputs import Input, data_input
-from ..registry import register_evaluation
+from ..kinds import register_evaluation
 from ..transforms import describe, pixel_transform
 from .classification import require_imagenet_classifier, val_input, val_samples, val_split
 

@@ -16,11 +16,11 @@ from torch.utils.data import Dataset
 from quest.config.checks import Checks
 from quest.data import build_dataset
 
-from ..checks import sublist
 from ..context import EvalRun, SubsetLogits, classify, fixed_subset
 from ..imagenet_data import LAYOUTS, V2_DIR, ImageList, imagenet_wnids, require_dir, subset_classes, v2_samples, wnid_samples
 from ..inputs import Input, data_input, listed
-from ..registry import register_evaluation
+from ..kinds import register_evaluation
+from ..section_checks import sublist
 from ..transforms import describe, eval_transform
 
 __all__ = ["ClassificationSet", "imagenet_val", "imagenet_v2", "imagenet_a", "imagenet_r", "clean", "val_samples",

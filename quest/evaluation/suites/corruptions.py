@@ -15,12 +15,12 @@ from torch.utils.data import Dataset
 
 from quest.config.checks import Checks, is_int
 
-from ..checks import severities, sublist
 from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset
 from ..corruption_fns import corrupt, sample_seed
 from ..inputs import data_input
+from ..kinds import register_evaluation
 from ..mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, corruption_summary
-from ..registry import register_evaluation
+from ..section_checks import severities, sublist
 from ..transforms import describe, split_eval_transform
 from .classification import val_split
 

@@ -27,7 +27,7 @@ from quest.store.files import atomic_write, make_dirs
 
 from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input
-from ..registry import register_evaluation
+from ..kinds import register_evaluation
 from ..transforms import describe, eval_transform
 from .classification import val_input, val_samples, val_split
 

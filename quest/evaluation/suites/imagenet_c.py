@@ -10,8 +10,8 @@ from typing import Any
 from ..context import EvalRun, error_fraction, error_grid
 from ..imagenet_data import LAYOUTS, ImageList, imagenet_wnids, require_dir, wnid_samples
 from ..inputs import Input
+from ..kinds import register_evaluation
 from ..mce import IMAGENET_C_EXTRA, corruption_summary, mce
-from ..registry import register_evaluation
 from ..transforms import describe, imagenet_c_transform
 from .classification import imagenet_val, require_imagenet_classifier, val_input
 from .corruptions import CorruptionGridConfig, check_grid

@@ -16,7 +16,7 @@ from quest.store.files import parse_json
 from ..context import EvalRun, ordered_topk, percent
 from ..imagenet_data import LAYOUTS, ImageList, real_files, require_dir
 from ..inputs import Input, listed, permission_message
-from ..registry import register_evaluation
+from ..kinds import register_evaluation
 from ..transforms import describe, eval_transform
 from .classification import require_imagenet_classifier
 
