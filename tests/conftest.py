@@ -1,5 +1,6 @@
 import functools
 import inspect
+import logging
 import os
 import re
 import subprocess
@@ -49,6 +50,32 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 def _seeded():
     torch.manual_seed(0)
     yield
+
+
+_ROOT_HANDLERS_AT_START = list(logging.getLogger().handlers)  # the root logger as the suite found it
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """Every test ends with the root logger as the suite found it. An app a test runs in this process configures
+    the root logger (Hydra's console handler, bound to the sys.stdout of that moment: a test's captured stream,
+    closed once that test ends), and a later test that logs without an app of its own would write into it. A
+    command's log file (train.log, eval.log, toy.log) left attached after its command is that test's failure: an
+    error path skipped stop_log_file, and the next command's lines would land in that file."""
+    yield
+    from quest.run.outputs import LOG_FORMAT
+
+    root = logging.getLogger()
+    added = [h for h in root.handlers if h not in _ROOT_HANDLERS_AT_START
+             and not type(h).__module__.startswith("_pytest")]  # pytest's capture handlers are pytest's to remove
+    left = [h for h in added if isinstance(h, logging.FileHandler) and getattr(h.formatter, "_fmt", None) == LOG_FORMAT]
+    for handler in added:
+        root.removeHandler(handler)
+        handler.close()
+    for handler in _ROOT_HANDLERS_AT_START:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    assert not left, f"log files left attached after the test: {[h.baseFilename for h in left]}"
 
 
 # A test that compares floats against a reference (assert_close, allclose, isclose, pytest.approx) is marked

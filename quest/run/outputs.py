@@ -12,8 +12,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from quest.runtime.errors import UserError
 from quest.runtime.phase import may_change
@@ -31,12 +32,23 @@ TENSORBOARD_DIR = "tensorboard"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
-def start_log_file(path: Path) -> logging.StreamHandler:
-    """Copy every log record to ``path`` (appended, quest.store.files.open_records: never through a link or a hard
-    link). quest starts the log file itself, once a command has passed its checks, instead of Hydra's file handler:
-    a refused command leaves no line in an existing run's log."""
+class _LogFile(logging.FileHandler):
+    """logging's file handler, its file opened as every record file quest appends to is (quest.store.files.
+    open_records: never through a link or a hard link, a half-written last line cut off)."""
+
+    def __init__(self, path: Path, warn: Callable[[str], None]):
+        self._warn = warn
+        super().__init__(path)
+
+    def _open(self) -> TextIO:
+        return open_records(self.baseFilename, warn=self._warn)
+
+
+def start_log_file(path: Path) -> logging.Handler:
+    """Copy every log record to ``path`` (appended). quest starts the log file itself, once a command has passed
+    its checks, instead of Hydra's file handler: a refused command leaves no line in an existing run's log."""
     kept: list[str] = []  # said once the handler writes the new log: its first line
-    handler = logging.StreamHandler(open_records(path, warn=kept.append))
+    handler = _LogFile(path, kept.append)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     for line in kept:
@@ -44,11 +56,11 @@ def start_log_file(path: Path) -> logging.StreamHandler:
     return handler
 
 
-def stop_log_file(handler: logging.StreamHandler | None) -> None:
+def stop_log_file(handler: logging.Handler | None) -> None:
     if handler is not None:
         logging.getLogger().removeHandler(handler)
         handler.close()
-        handler.stream.close()  # a StreamHandler leaves its stream open: the log file's, opened by start_log_file
+
 
 log = logging.getLogger("quest.train")
 

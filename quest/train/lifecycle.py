@@ -82,10 +82,14 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
     if not directory.is_main:
         return None
     handler = start_log_file(directory.path / "train.log")
-    Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
-    carry_out(directory, plan, continuing)
-    for name, text in provenance.items():
-        write_text_atomic(directory.path / name, text)
+    try:
+        Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
+        carry_out(directory, plan, continuing)
+        for name, text in provenance.items():
+            write_text_atomic(directory.path / name, text)
+    except BaseException:
+        stop_log_file(handler)  # the caller only stops the handler it was given
+        raise
     return handler
 
 
