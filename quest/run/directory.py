@@ -28,7 +28,7 @@ from quest.config.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.runtime.errors import UserError
 from quest.store.compat import upgrade_run_config
-from quest.store.files import REPLACED, DamagedFile, write_json_atomic
+from quest.store.files import REPLACED, DamagedFile, write_json_atomic, write_text_atomic
 from quest.store.locks import LockHeld
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.run_files import read_run_record
@@ -39,7 +39,6 @@ __all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES
 
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
-_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "run.json", "wandb", "eval")
 #: where a run writes directories, and files it writes without reading them first (those it reads are surveyed:
 #: quest.run.plan keeps a damaged one aside), relative to the run directory
 _WRITTEN_DIRS = ("checkpoints", ".hydra", ".replaced")
@@ -212,11 +211,17 @@ class RunDirectory(OwnedDirectory):
             raise DirectoryInUse(f"run directory {self.path} is in use by another process ({exc.holder}); wait for "
                                "it to end, or give this run its own directory (hydra.run.dir=...)") from None
 
-    def archive(self, names: Iterable[str] = _RUN_FILES, label: str = "") -> Path | None:
-        """Move the previous run's files to ``.replaced/<UTC time>/`` (trainer.overwrite=true): nothing is deleted,
-        and the new run's metrics never mix with the old one's."""
+    def archive(self, names: Iterable[str] | None = None, label: str = "") -> Path | None:
+        """Move the previous run to ``.replaced/<UTC time>/`` (trainer.overwrite=true): all of it by default (every
+        entry of the directory but the lock and ``.replaced/``: its logs, records, checkpoints, event files,
+        evaluations, Hydra's record), with ``why.txt`` saying why. Nothing is deleted, and nothing of the new run is
+        written into the old one's files."""
+        if names is None:
+            names = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
         dest = super().archive(names, label)
         if dest is not None:
+            write_text_atomic(dest / "why.txt", "trainer.resume=never trainer.overwrite=true: the run this directory "
+                                                "held, replaced by a new run\n")
             log.warning("trainer.overwrite=true: the previous run in %s was moved to %s", self.path, dest)
         return dest
 

@@ -81,10 +81,13 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
     directory.claim()  # every rank's changes begin here (quest.runtime.phase); only the main process writes
     if not directory.is_main:
         return None
+    if plan.archive_all:  # the earlier run goes whole, its train.log included, before this run's log begins
+        carry_out(directory, plan, continuing)
     handler = start_log_file(directory.path / "train.log")
     try:
         Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
-        carry_out(directory, plan, continuing)
+        if not plan.archive_all:
+            carry_out(directory, plan, continuing)  # repairs, logged into train.log
         for name, text in provenance.items():
             write_text_atomic(directory.path / name, text)
     except BaseException:

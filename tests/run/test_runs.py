@@ -152,10 +152,17 @@ def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path)
     with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.overwrite=true"):
         fit(compose_cfg(*FAST, "trainer.epochs=1", "trainer.resume=never"), tmp_path)
     assert (tmp_path / "summary.json").read_bytes() == before
+    old_run = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*")
+               if p.is_file() and p.name != ".lock"}
+    assert {Path("train.log"), Path("run.json"), Path("summary.json")} <= set(old_run)
     fit(compose_cfg(*FAST, "trainer.epochs=1", "trainer.resume=never", "trainer.overwrite=true"), tmp_path)
     (archive,) = (tmp_path / ".replaced").iterdir()
+    # all of the old run, byte for byte, and why; nothing of the new run written into its files
+    assert {p: (archive / p).read_bytes() for p in old_run} == old_run
+    assert "trainer.overwrite=true" in (archive / "why.txt").read_text()
     assert (archive / "summary.json").read_bytes() == before
-    assert (archive / "checkpoints" / "last.pt").is_file() and (archive / "metrics.jsonl").is_file()
+    new_log = (tmp_path / "train.log").read_text()
+    assert new_log and not new_log.startswith(old_run[Path("train.log")].decode())
     steps = [r["step"] for r in _rows(tmp_path) if "train/loss" in r]
     assert steps == [1, 2, 3, 4]  # the new run's rows only, each step once
 
