@@ -177,8 +177,12 @@ def _data(c: Checks) -> None:
     _image_size(c, "data.img_size")
     c.process_count("data.num_workers", minimum=0)  # each a process with its own copy of the data set's index
     c.fraction("data.subset_fraction", low_open=True)
-    c.check("data.mean", lambda v: len(v) == 3, "three values (R, G, B)")
-    c.check("data.std", lambda v: len(v) == 3 and all(s > 0 for s in v), "three values > 0 (R, G, B)")
+    # the images are normalised after ToTensor, in [0, 1]: a mean or deviation outside that range (pixel values
+    # 0-255 given by mistake) trains on inputs of another scale and ends as a divergence that names nothing
+    c.check("data.mean", lambda v: len(v) == 3 and all(0 <= m <= 1 for m in v),
+            "three values in [0, 1] (R, G, B; pixels are in [0, 1] when normalised: 0.485, not 123.7)")
+    c.check("data.std", lambda v: len(v) == 3 and all(0 < s <= 1 for s in v),
+            "three values > 0 and at most 1 (R, G, B; pixels are in [0, 1] when normalised: 0.229, not 58.4)")
     c.one_of("data.bad_images", ("error", "skip"))
     c.fraction("data.max_skipped_fraction")
     if c.value("data.name") not in list_datasets():

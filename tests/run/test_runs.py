@@ -254,6 +254,8 @@ BAD_VALUES = [
     ("data.subset_fraction=0", r"data\.subset_fraction must be in \(0, 1\]"),
     ("data.subset_fraction=1.5", r"data\.subset_fraction must be in \(0, 1\]"),
     ("data.std=[0.5,0,0.5]", r"data\.std must be three values > 0"),
+    ("data.mean=[123.7,116.3,103.5]", r"data\.mean must be three values in \[0, 1\]"),
+    ("data.std=[58.4,57.1,57.4]", r"data\.std must be three values > 0 and at most 1"),
     ("data.fake_train_size=0", r"data\.fake_train_size must be a positive integer"),
     ("diagnostics.every_n_steps=-1", r"diagnostics\.every_n_steps must be an integer >= 0"),
     ("diagnostics.num_samples=0", r"diagnostics\.num_samples must be a positive integer"),
