@@ -126,7 +126,9 @@ def _register_slurm_launcher() -> None:
 
 
 TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the chosen attention (python train.py is the "
-               "same; docs/training.md). With no arguments: vit_pico with QUEST attention on the built-in digits, on CPU.")
+               "same; docs/training.md). Overrides are key=value, not --flags: trainer.epochs=3 model=vit_tiny, not "
+               "--epochs 3 --model vit_tiny. With no arguments: vit_pico with QUEST attention on the built-in digits, "
+               "on CPU.")
 EVAL_USAGE = ("checkpoint=<run>/checkpoints/last.pt [eval=<suite>] [key=value ...] | model=<configs/model option or any "
               "timm name> attention=<name> [weights=<state_dict.pt>] ...  evaluate a trained model (python eval.py is "
               "the same; docs/evaluation.md).")

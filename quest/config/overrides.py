@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quest.config.checks import dataclass_of
+from quest.config.flags import flag_problems
 from quest.data.registry import SCHEMA_SUFFIX
 from quest.runtime.errors import print_error
 from quest.store.made_dirs import output_dir_problem
@@ -209,6 +210,11 @@ _UNCHECKED_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-pat
 def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: Path, primary: str) -> None:
     """Print each problem of :func:`override_problems` as one line on stderr and exit 1, or return. Skipped when a
     flag selects another primary config or search path."""
+    flags = flag_problems(args, app)  # --epochs 3 from a timm or DeiT habit: the quest key it means
+    if flags:
+        for line in flags:
+            print_error(app, line)
+        sys.exit(1)
     if any(a.split("=", 1)[0] in _UNCHECKED_FLAGS for a in args):
         return
     groups = app_groups(config_dir, primary)
