@@ -19,7 +19,8 @@ from PIL import Image
 
 from quest.runtime.phase import after_checks
 from quest.runtime.workers import die_with_parent
-from quest.store.files import DamagedFile, parse_json
+from quest.store.damage import DamagedFile
+from quest.store.files import parse_json
 from quest.store.tool_records import check_preflight_cache
 
 from .entries import class_listing, not_read_reason
@@ -125,7 +126,8 @@ def _read_cache(root: Path, fingerprint: str) -> Report | None:
 
 
 def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
-    from quest.store.files import make_dirs, write_json_atomic
+    from quest.store.files import write_json_atomic
+    from quest.store.tree import make_dirs
 
     record = {"fingerprint": fingerprint, "images": report.images,
               "problems": [{"path": p.path, "reason": p.reason} for p in report.problems]}

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from quest.store.files import DamagedFile, parse_json
+from quest.store.damage import DamagedFile
+from quest.store.files import parse_json
 from quest.store.tool_records import check_info
 
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",

@@ -34,10 +34,12 @@ import torch
 
 from quest.config.differences import differences
 from quest.runtime.errors import UserError
-from quest.store.files import REPLACED, DamagedFile, json_text, parse_json, write_text_atomic
+from quest.store.damage import DamagedFile
+from quest.store.files import json_text, parse_json, write_text_atomic
 from quest.store.locks import LockHeld
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.results_file import checked_results
+from quest.store.tree import REPLACED
 
 log = logging.getLogger("quest.eval")
 

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from quest.runtime.extras import require
-from quest.store.files import make_dirs, save_figure
+from quest.store.files import save_figure
+from quest.store.tree import make_dirs
 
 __all__ = ["DPI", "compare_figure", "compare_runs", "explanation_grid", "grid_figure"]
 

@@ -75,7 +75,7 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from quest.store.files import DamagedFile
+        from quest.store.damage import DamagedFile
 
         try:
             return load_file(str(path), device="cpu")

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from quest.runtime.extras import require
-from quest.store.files import make_dirs, save_figure
+from quest.store.files import save_figure
+from quest.store.tree import make_dirs
 
 require("matplotlib", "report", "quest-plot perf")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402

@@ -23,8 +23,9 @@ from typing import Any
 
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.extras import require
-from quest.store.files import OutputExists, atomic_write, figure_bytes, make_dirs, refuse_present, save_figure
+from quest.store.files import atomic_write, figure_bytes, save_figure
 from quest.store.output_folder import FolderHeld, holding, output_path
+from quest.store.tree import OutputExists, make_dirs, refuse_present
 
 require("matplotlib", "report", "quest.report.plot")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402

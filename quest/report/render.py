@@ -6,8 +6,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-from quest.store.files import refuse_present, write_text_atomic
+from quest.store.files import write_text_atomic
 from quest.store.output_folder import holding
+from quest.store.tree import refuse_present
 
 from .markdown import markdown_table
 from .runs import PERF_METRICS, RunResult

@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quest.store.files import DamagedFile, OutsideFolder, inside_folder, parse_json, read_json
+from quest.store.damage import DamagedFile
+from quest.store.files import OutsideFolder, inside_folder, parse_json, read_json
 from quest.store.records import check_fields
 from quest.store.run_files import RunSummary, check_metrics_row
 

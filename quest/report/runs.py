@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quest.store.files import DamagedFile, OutsideFolder, inside_folder, parse_json
+from quest.store.damage import DamagedFile
+from quest.store.files import OutsideFolder, inside_folder, parse_json
 from quest.store.results_file import checked_results
 from quest.store.run_files import checked_run_record, checked_summary
 

@@ -19,8 +19,9 @@ import torch
 
 from quest.runtime.distributed import DistContext, gather_objects
 from quest.store.compat import upgrade_checkpoint
-from quest.store.files import atomic_write, remove, same_file_as
+from quest.store.files import atomic_write
 from quest.store.torch_files import FORMAT, checkpoint_problem, inspect_torch_file
+from quest.store.tree import remove, same_file_as
 from quest.store.weights_check import check_weights
 
 from .checkpoint_record import STATEFUL_PARTS, VERSION, CheckpointRecord, CheckpointRecordError
@@ -77,7 +78,7 @@ def save_checkpoint(path: str | Path, record: CheckpointRecord | dict[str, Any])
 
 
 def replace_with_link(source: Path, target: Path) -> None:
-    """Make ``target`` the same file as ``source`` (quest.store.files.same_file_as: a hard link, else a copy; a full
+    """Make ``target`` the same file as ``source`` (quest.store.tree.same_file_as: a hard link, else a copy; a full
     disk is not worked around by a copy), or :class:`CheckpointWriteError` naming it and the space left."""
     try:
         same_file_as(source, target, keep_errnos=_NO_SPACE)

@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.records import bounded, check_fields, record
 from quest.store.torch_files import FORMAT
 

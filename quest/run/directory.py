@@ -28,10 +28,12 @@ from quest.config.schema import RESUME_SAFE_KEYS, TrainConfig, matches_key
 from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.runtime.errors import UserError
 from quest.store.compat import upgrade_run_config
-from quest.store.files import REPLACED, DamagedFile, write_json_atomic, write_text_atomic
+from quest.store.damage import DamagedFile
+from quest.store.files import write_json_atomic, write_text_atomic
 from quest.store.locks import LockHeld
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.run_files import read_run_record
+from quest.store.tree import REPLACED
 
 log = logging.getLogger("quest.train")
 

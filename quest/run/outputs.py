@@ -18,9 +18,11 @@ from typing import Any, TextIO
 
 from quest.runtime.errors import UserError
 from quest.runtime.phase import may_change
-from quest.store.files import DamagedFile, json_text, move_aside, open_records, parse_json, remove, write_json_atomic
+from quest.store.damage import DamagedFile
+from quest.store.files import json_text, open_records, parse_json, write_json_atomic
 from quest.store.output_folder import RECORD, OutputFolder
 from quest.store.run_files import check_metrics_row
+from quest.store.tree import move_aside, remove
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "WandbStartError", "init_wandb", "start_log_file",
            "start_wandb", "stop_log_file", "wandb_group"]

@@ -31,18 +31,11 @@ from typing import Any
 from quest.config.checks import ConfigError
 from quest.config.differences import Difference
 from quest.store.compat import checkpoint_metrics_text
-from quest.store.files import (
-    DamagedFile,
-    OutsideFolder,
-    copy,
-    inside_folder,
-    move,
-    read_json,
-    replaced_dir,
-    write_text_atomic,
-)
+from quest.store.damage import DamagedFile
+from quest.store.files import OutsideFolder, inside_folder, read_json, write_text_atomic
 from quest.store.run_files import checked_run_record, checked_summary
 from quest.store.torch_files import ZIP_MAGIC, damaged_member
+from quest.store.tree import copy, move, replaced_dir
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
 from .directory import FINAL_STATUSES, RunDirectory, check_resume

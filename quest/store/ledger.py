@@ -22,14 +22,16 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.store.files import REPLACED, DamagedFile, make_dirs, move_aside, open_records, parse_json, remove, write_text_atomic
+from quest.store.damage import DamagedFile
+from quest.store.files import open_records, parse_json, write_text_atomic
+from quest.store.tree import REPLACED, make_dirs, move_aside, remove
 
 from .tool_records import check_ledger_header, check_ledger_line
 
 __all__ = ["LEDGER_NAME", "UNRECORDED", "Ledger", "file_stamp", "is_partial_write", "remove_unrecorded"]
 
 #: the label of the ``.replaced/<UTC time>-<label>/`` that holds files a tool found where it writes but did not write
-#: (a tool deletes only what its ledger says it wrote: quest.store.files.move_aside with this label)
+#: (a tool deletes only what its ledger says it wrote: quest.store.tree.move_aside with this label)
 UNRECORDED = "unrecorded"
 
 LEDGER_NAME = "_ledger.jsonl"

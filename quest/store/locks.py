@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 
 __all__ = ["LockHeld", "holder_text", "lock_file"]
 

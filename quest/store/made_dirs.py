@@ -24,7 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from quest.store.files import atomic_write, remove_made_dirs
+from quest.store.files import atomic_write
+from quest.store.tree import remove_made_dirs
 
 __all__ = ["MadeDirectories", "missing_dirs", "remove_made"]
 

@@ -9,7 +9,7 @@ may remove there (docs/training.md, "What a command may remove").
   a folder the lock made removed again).
 - It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
   command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
-  an output (somebody else's, or one edited since) is refused (:func:`quest.store.files.refuse_present`) or moved to
+  an output (somebody else's, or one edited since) is refused (:func:`quest.store.tree.refuse_present`) or moved to
   ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
 - The record is believed only once every field is checked (:class:`WrittenRecord`: each path inside the folder,
   each entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
@@ -41,10 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from quest.store.files import DamagedFile, file_sha256, move_aside, read_json, remove_made_dirs, write_json_atomic
+from quest.store.damage import DamagedFile
+from quest.store.files import file_sha256, read_json, write_json_atomic
 from quest.store.locks import LockHeld, holder_text
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.records import check_record, matching, relative_path
+from quest.store.tree import move_aside, remove_made_dirs
 
 __all__ = ["FolderHeld", "OutputFolder", "RECORD", "WrittenEntry", "WrittenRecord", "holding", "output_path"]
 
@@ -102,7 +104,7 @@ class OutputFolder(OwnedDirectory):
 
     def record(self) -> dict[str, dict[str, str]]:
         """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}; every field checked before
-        it is believed (:class:`WrittenRecord`): :class:`~quest.store.files.DamagedFile` naming the first one that is
+        it is believed (:class:`WrittenRecord`): :class:`~quest.store.damage.DamagedFile` naming the first one that is
         wrong."""
         path = self.path / RECORD
         if path.is_symlink() or (path.exists() and not path.is_file()):

@@ -1,5 +1,5 @@
 """A directory quest owns (a run directory, an evaluation directory): one lock file that names its holder, and one
-place for what a command replaces (``.replaced/<UTC time>[-label]/``, :func:`quest.store.files.replaced_dir`).
+place for what a command replaces (``.replaced/<UTC time>[-label]/``, :func:`quest.store.tree.replaced_dir`).
 
 The lock is :func:`quest.store.locks.lock_file` (flock: exclusive, never waits, released by the OS when the process
 ends, however it ends). A command takes it before any check, and a refused one must change nothing: until
@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from quest.runtime.phase import begin_changes
-from quest.store.files import REPLACED, move_aside
 from quest.store.locks import holder_text, lock_file
+from quest.store.tree import REPLACED, move_aside
 
 __all__ = ["OwnedDirectory"]
 

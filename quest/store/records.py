@@ -5,7 +5,7 @@ A file quest wrote may come back cut, edited by hand or from another program: a 
 -5 or the string "669", a training state whose step is -4, a config that is a list. A record class declares each
 field with its type (the annotation) and, where a type is not enough, its range (:func:`bounded` metadata); the
 reader calls :func:`check_fields` on what it loaded, which refuses the first field that does not fit with one
-:class:`~quest.store.files.DamagedFile` (the error of every file quest cannot believe) naming the file, the field,
+:class:`~quest.store.damage.DamagedFile` (the error of every file quest cannot believe) naming the file, the field,
 what it holds and what was expected. Nothing is coerced: a string is not a number, a bool is not an int, and a float
 field takes only finite numbers.
 
@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from pathlib import PurePosixPath
 from typing import Any
 
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 
 __all__ = ["bounded", "record", "stored_as", "relative_path", "matching", "key_of", "path_problem", "check_fields",
            "check_record", "field_problem", "Number"]
@@ -249,7 +249,7 @@ def _required(cls: type) -> list[str]:
 
 
 def check_fields(cls: type, data: Mapping, source: Any, folder: Any = None) -> None:
-    """Refuse (:class:`~quest.store.files.DamagedFile`) the first field of ``data`` that is not of ``cls``'s declared
+    """Refuse (:class:`~quest.store.damage.DamagedFile`) the first field of ``data`` that is not of ``cls``'s declared
     type and range, or (a :func:`relative_path` field) a path outside ``folder``, naming ``source`` (the file) and the
     field; fields ``cls`` does not declare are the caller's to refuse."""
     if not isinstance(data, Mapping):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from quest.store.compat import upgrade_eval_results
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.records import bounded, check_fields, field_problem
 
 __all__ = ["EvalResultsRecord", "checked_results", "METRIC_RULES"]
@@ -70,7 +70,7 @@ def _metric_problem(value: Any, where: str) -> str | None:
 
 def checked_results(data: Any, path: Path | str) -> dict[str, Any]:
     """The eval_results.json object ``data`` (read from ``path``) in today's form (an older quest's upgraded by
-    quest.store.compat), every field checked; :class:`quest.store.files.DamagedFile` naming the file and the first field that
+    quest.store.compat), every field checked; :class:`quest.store.damage.DamagedFile` naming the file and the first field that
     does not fit."""
     if not isinstance(data, dict):
         raise DamagedFile(path, f"holds a JSON {type(data).__name__} without a 'results' object, not eval.py's "

@@ -2,7 +2,7 @@
 ``run.json``, ``summary.json`` (written by train.py) and an exported folder's ``config.json`` (written by
 quest-export). Every reader of these files (resume, quest-report, quest-plot, quest-export, eval.py ``weights=``)
 goes through the readers here, which check every field's type and range before anything believes it; a file that
-fails is one :class:`~quest.store.files.DamagedFile` naming the file and the field (docs/training.md, "What quest reads
+fails is one :class:`~quest.store.damage.DamagedFile` naming the file and the field (docs/training.md, "What quest reads
 back"). No torch here: quest-report and quest-plot import it.
 
 Keys a record does not declare are allowed (a newer quest may write more); a declared key is always checked, and a
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from quest.store.files import DamagedFile, read_json
+from quest.store.damage import DamagedFile
+from quest.store.files import read_json
 from quest.store.records import Number, bounded, check_record, record, relative_path, stored_as
 
 __all__ = ["MetricsRow", "RunRecord", "RunSummary", "ExportConfig", "check_metrics_row", "read_run_record",

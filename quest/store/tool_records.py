@@ -2,7 +2,7 @@
 and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
 field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
 before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
-a shard read and linked); a file that fails is one :class:`~quest.store.files.DamagedFile` naming the file and the field
+a shard read and linked); a file that fails is one :class:`~quest.store.damage.DamagedFile` naming the file and the field
 (docs/data.md, "What the data tools read back").
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from quest.store.files import DamagedFile, parse_json
+from quest.store.damage import DamagedFile
+from quest.store.files import parse_json
 from quest.store.records import bounded, check_fields, relative_path
 
 __all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",

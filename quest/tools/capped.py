@@ -36,10 +36,11 @@ from PIL import Image
 from quest.data.entries import class_folders
 from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
 from quest.runtime.workers import die_with_parent
-from quest.store.files import REPLACED, atomic_write, make_dirs, make_link, move_aside, remove_empty_dirs, write_text_atomic
+from quest.store.files import atomic_write, write_text_atomic
 from quest.store.ledger import LEDGER_NAME, UNRECORDED, Ledger, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAPPED_INFO, read_capped
+from quest.store.tree import REPLACED, make_dirs, make_link, move_aside, remove_empty_dirs
 
 __all__ = ["cap_image", "cap_folder", "cap_shards"]
 

@@ -32,17 +32,11 @@ from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
-from quest.store.files import (
-    DamagedFile,
-    atomic_write,
-    file_sha256,
-    inside_folder,
-    json_text,
-    refuse_present,
-    write_text_atomic,
-)
+from quest.store.damage import DamagedFile
+from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, write_text_atomic
 from quest.store.output_folder import holding, output_path
 from quest.store.run_files import read_summary
+from quest.store.tree import refuse_present
 from quest.store.weights_check import check_weights
 from quest.train.builders import build_model, resolve_img_size
 

@@ -24,9 +24,10 @@ import numpy as np
 from quest.data.entries import class_listing
 from quest.data.folder import check_image_folder
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
-from quest.store.files import atomic_write, move_aside, write_text_atomic
+from quest.store.files import atomic_write, write_text_atomic
 from quest.store.ledger import UNRECORDED, Ledger, file_stamp, is_partial_write
 from quest.store.output_folder import holding, output_path
+from quest.store.tree import move_aside
 
 log = logging.getLogger(__name__)
 

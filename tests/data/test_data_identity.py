@@ -15,7 +15,7 @@ from quest.report.runs import flatten
 from quest.report.settings import DATA_SET, setting
 from quest.run.checkpoint_record import DataFingerprint
 from quest.run.directory import check_data, data_fingerprint, data_record
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.records import check_fields
 
 

@@ -157,7 +157,7 @@ def test_a_checkpoint_without_the_state_a_resume_needs_is_refused_as_the_file_it
     """A record whose scheduler (or RNG) is gone can be evaluated but not resumed: one DamagedFile naming the file and
     what it lacks, before any part of the run changes (the parts here are never touched)."""
     from quest.run.checkpoint import STATEFUL_PARTS, Checkpointer
-    from quest.store.files import DamagedFile
+    from quest.store.damage import DamagedFile
 
     saved = CheckpointRecord.from_dict({**_good_record(), "scheduler": None}, "ck.pt")
     with pytest.raises(CheckpointRecordError, match=r"^ck\.pt is a checkpoint that holds no \['scheduler'\]: it cannot "

@@ -23,8 +23,8 @@ from quest import cli
 from quest.run import sweep_jobs
 from quest.runtime.errors import EXIT_ERROR
 from quest.store import made_dirs
-from quest.store.files import remove_made_dirs
 from quest.store.locks import lock_file
+from quest.store.tree import remove_made_dirs
 
 from ..helpers import FAST
 from ..interop_helpers import make_image_folder

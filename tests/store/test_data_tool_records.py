@@ -15,7 +15,7 @@ from PIL import Image
 
 from quest.data.preflight import _cache_paths, check_image_folder_files
 from quest.data.shard_index import ShardError, load_info
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.ledger import LEDGER_NAME, Ledger
 from quest.store.tool_records import (
     CAPPED_INFO,

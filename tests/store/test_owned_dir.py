@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quest.config.differences import ABSENT, Difference, differences, flatten
-from quest.store.files import replaced_dir
 from quest.store.locks import LockHeld, holder_text
 from quest.store.owned_dir import OwnedDirectory
+from quest.store.tree import replaced_dir
 
 STAMP = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 

@@ -21,7 +21,7 @@ from quest.report.plot import main as plot_main
 from quest.run.checkpoint_record import CheckpointRecord
 from quest.run.directory import check_data, data_fingerprint
 from quest.run.outputs import start_log_file, stop_log_file
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.locks import lock_file
 from quest.store.output_folder import RECORD, holding, output_path
 from quest.store.tool_records import CAPPED_INFO
@@ -253,7 +253,7 @@ def test_a_worker_count_out_of_range_is_refused_with_the_one_range(tmp_path, cap
 
 def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_folder(tmp_path):
     from quest.run.directory import RunDirectory
-    from quest.store.files import move_aside
+    from quest.store.tree import move_aside
 
     folder, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     folder.mkdir()

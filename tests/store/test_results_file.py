@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from quest.evaluation.directory import EvalDirectoryError, read_results
 from quest.report.runs import ReportInputError, _eval_metrics
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 from quest.store.results_file import METRIC_RULES, EvalResultsRecord, checked_results
 
 from ..record_faults import SAMPLES, faults, planted

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from quest.store import run_files as rf
-from quest.store.files import DamagedFile
+from quest.store.damage import DamagedFile
 
 from ..record_faults import OUTSIDE, faults, planted
 

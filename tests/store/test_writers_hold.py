@@ -29,8 +29,8 @@ from PIL import Image
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.report.__main__ import main as report_main
 from quest.report.plot import main as plot_main
-from quest.store.files import REPLACED
 from quest.store.locks import lock_file
+from quest.store.tree import REPLACED
 from quest.tools.capped import cap_folder
 from quest.tools.export import main as export_main
 from quest.tools.make_shards import convert_image_folder, write_index

@@ -23,7 +23,8 @@ from quest.explain import AGCAM_GRADIENTS, METHODS, check_explainable
 from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
 from quest.explain.localization import LocalizationScores
 from quest.explain.scoring import normalised_maps, score_explanations
-from quest.store.files import atomic_write, make_dirs
+from quest.store.files import atomic_write
+from quest.store.tree import make_dirs
 
 from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input

@@ -1,0 +1,165 @@
+"""Changes to a folder's tree, each asking the running command's phase first (quest.runtime.phase): folders made,
+files moved, copied, linked and removed, and what a command replaces kept in ``.replaced/<UTC time>[-label]/``
+(nothing is deleted), with the refusal of outputs already present."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from quest.runtime.phase import may_change
+from quest.store.damage import DamagedFile
+
+__all__ = ["OutputExists", "refuse_present", "REPLACED", "replaced_dir", "make_dirs", "remove", "remove_empty_dirs",
+           "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside"]
+
+
+class OutputExists(ValueError):
+    """A command would replace files it finds in place (quest.runtime.errors counts a ValueError as the user's)."""
+
+
+def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> list[Path]:
+    """A command's check before it writes ``paths``: OutputExists naming those that exist and ``flag``, unless
+    ``overwrite``; those that exist."""
+    present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    if present and not overwrite:
+        names = ", ".join(str(p) for p in present)
+        raise OutputExists(f"{names} already exist{'s' if len(present) == 1 else ''}: pass {flag} to replace "
+                           f"{'it' if len(present) == 1 else 'them'} (the old files are kept in .replaced/ beside "
+                           "them), or choose another output")
+    return present
+
+
+#: where a folder quest owns keeps what a command replaced (a run, an evaluation's results, an export): nothing is
+#: deleted, every replacement gets its own ``.replaced/<UTC time>[-<label>]/``
+REPLACED = ".replaced"
+
+
+def replaced_dir(folder: str | Path, label: str = "") -> Path:
+    """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace;
+    :class:`DamagedFile` when ``.replaced`` is a link (what is kept would leave the folder) or a file."""
+    import datetime
+
+    root = Path(folder) / REPLACED
+    may_change(root)
+    if root.is_symlink() or (root.exists() and not root.is_dir()):  # what is kept stays in the folder
+        kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
+        raise DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command "
+                                "replaces", "Move it away; quest makes the folder again")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    # two replacements within one tick of a coarse clock: the second gets a count, never the first one's folder
+    n = 1
+    while True:
+        name = stamp if n == 1 else f"{stamp}-{n}"
+        dest = Path(folder) / REPLACED / (f"{name}-{label}" if label else name)
+        try:
+            dest.mkdir(parents=True)
+            return dest
+        except FileExistsError:
+            n += 1
+
+
+def make_dirs(path: str | Path) -> Path:
+    """``path`` and its missing parents made (``mkdir -p``), once the command's checks are done (every folder a
+    command makes is a change: quest.runtime.phase)."""
+    path = Path(path)
+    if not path.is_dir():
+        may_change(path)
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove(path: str | Path) -> None:
+    """Remove ``path``: a folder with what it holds, else the file or link itself (never what a link leads to)."""
+    path = Path(path)
+    may_change(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_empty_dirs(top: str | Path, keep_top: bool) -> None:
+    """Remove every folder under ``top`` (and ``top`` itself unless ``keep_top``) that holds nothing, deepest first."""
+    for dirpath, _, _ in os.walk(top, topdown=False):
+        if (not keep_top or Path(dirpath) != Path(top)) and not os.listdir(dirpath):
+            may_change(dirpath)
+            os.rmdir(dirpath)
+
+
+def move(source: str | Path, target: str | Path) -> Path:
+    """``source`` moved to ``target`` (its folder made): a rename within a file system (a link stays a link), a copy
+    and removal across them."""
+    target = Path(target)
+    may_change(source)
+    make_dirs(target.parent)
+    shutil.move(str(source), target)
+    return target
+
+
+def copy(source: str | Path, target: str | Path) -> Path:
+    """A copy of ``source`` (bytes, mode and times) at ``target``, its folder made."""
+    target = Path(target)
+    make_dirs(target.parent)
+    may_change(target)
+    shutil.copy2(source, target)
+    return target
+
+
+def make_link(link: str | Path, target: str | Path) -> Path:
+    """A symbolic link at ``link`` to ``target``, its folder made."""
+    link, target = Path(link), Path(target)
+    make_dirs(link.parent)
+    may_change(link)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+    return link
+
+
+def same_file_as(source: str | Path, target: str | Path, keep_errnos: tuple[int, ...] = ()) -> None:
+    """Make ``target`` the same file as ``source`` atomically: a hard link where the file system has them (no copy
+    of a large checkpoint), else a copy (an OSError whose errno is in ``keep_errnos``, such as a full disk, is raised
+    instead); either way through a temporary name, then a rename. A failure leaves ``target`` as it was."""
+    source, target = Path(source), Path(target)
+    may_change(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError as exc:
+            if exc.errno in keep_errnos:
+                raise
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 * 2**20)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_made_dirs(made: Iterable[str | Path]) -> None:
+    """Remove the directories a refused command made (deepest first), each only while empty, stopping at the first
+    that is not: whatever anything wrote in them stays, and a directory that was there before is never in ``made``."""
+    for path in made:
+        try:
+            Path(path).rmdir()
+        except OSError:
+            return
+
+
+def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
+    """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``, each under its path
+    relative to ``folder`` (its name when outside it: two files of one name in different sub-folders never meet);
+    it, or None when none existed. The one way quest's runs, evaluations and tools keep what they replace."""
+    present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+    if not present:
+        return None
+    dest = replaced_dir(folder, label)
+    for path in present:
+        rel = path.relative_to(folder) if path.is_relative_to(folder) else Path(path.name)
+        move(path, dest / rel)
+    return dest
+
