@@ -38,7 +38,6 @@ ENTRY_POINT_GROUP = "quest.datasets"
 
 #: the keys of the flat DataConfig of earlier quest (quest.store.compat.FLAT_DATA_KEYS), kept here by their former name
 FLAT_KEYS = FLAT_DATA_KEYS
-_STATE = {"loaded": False}
 
 
 def schema_name(name: str) -> str:
@@ -49,14 +48,7 @@ def schema_name(name: str) -> str:
 def load_datasets() -> None:
     """Import the built-in data sets, the modules of ``QUEST_DATA_MODULES`` and the ``quest.datasets`` entry points
     (once); each registers its data sets as it is imported (quest.data.kinds), and none imports this module back."""
-    if _STATE["loaded"]:
-        return
-    _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
-    try:
-        import_plugins("quest.data.sets", MODULES_ENV, ENTRY_POINT_GROUP, "data set")
-    except BaseException:
-        _STATE["loaded"] = False
-        raise
+    import_plugins("quest.data.sets", MODULES_ENV, ENTRY_POINT_GROUP, "data set")
 
 
 def list_datasets() -> list[str]:

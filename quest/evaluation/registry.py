@@ -27,20 +27,13 @@ __all__ = ["Evaluator", "register_evaluation", "unregister_evaluation", "evaluat
 
 MODULES_ENV = "QUEST_EVAL_MODULES"
 ENTRY_POINT_GROUP = "quest.evaluations"
-_STATE = {"loaded": False}
 
 
 def load_evaluations(modules: tuple[str, ...] | list[str] = ()) -> None:
     """Import the built-in suites, the modules of ``QUEST_EVAL_MODULES`` and the ``quest.evaluations`` entry points
     (once), and ``modules``; each registers its evaluations as it is imported (quest.evaluation.kinds), and none
     imports this module back."""
-    if not _STATE["loaded"]:
-        _STATE["loaded"] = True  # before importing: a suite module that asks for the registry does not recurse
-        try:
-            import_plugins("quest.evaluation.suites", MODULES_ENV, ENTRY_POINT_GROUP, "evaluation")
-        except BaseException:
-            _STATE["loaded"] = False
-            raise
+    import_plugins("quest.evaluation.suites", MODULES_ENV, ENTRY_POINT_GROUP, "evaluation")
     for module in modules:
         import_named(module, "load_evaluations", "evaluation")
 

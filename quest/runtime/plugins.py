@@ -9,7 +9,7 @@ import os
 
 from quest.runtime.errors import UserError
 
-__all__ = ["import_plugins", "import_named", "PluginImportError"]
+__all__ = ["LOADED", "import_plugins", "import_named", "PluginImportError"]
 
 
 class PluginImportError(UserError, ImportError):
@@ -26,13 +26,25 @@ def import_named(module: str, source: str, what: str) -> None:
                                 ) from exc
 
 
+#: the registries whose plugins are imported (or being imported), by their built-in package
+LOADED: set[str] = set()
+
+
 def import_plugins(builtin: str, env_var: str, group: str, what: str) -> None:
     """Import the package ``builtin``, every module of the comma-separated ``env_var`` and every entry point of
-    ``group``."""
-    importlib.import_module(builtin)
-    for module in filter(None, (m.strip() for m in os.environ.get(env_var, "").split(","))):
-        import_named(module, env_var, what)
-    from importlib.metadata import entry_points
+    ``group``: once per registry (named by ``builtin``), marked before importing so that a module that asks its
+    registry for entries while it registers does not import them again, and tried anew after a failure."""
+    if builtin in LOADED:
+        return
+    LOADED.add(builtin)
+    try:
+        importlib.import_module(builtin)
+        for module in filter(None, (m.strip() for m in os.environ.get(env_var, "").split(","))):
+            import_named(module, env_var, what)
+        from importlib.metadata import entry_points
 
-    for entry in entry_points(group=group):
-        entry.load()
+        for entry in entry_points(group=group):
+            entry.load()
+    except BaseException:
+        LOADED.discard(builtin)
+        raise

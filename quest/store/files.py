@@ -139,16 +139,20 @@ def open_records(path: str | Path, warn: Callable[[str], None] | None = None) ->
     """A line-per-record text file (JSON lines, a log) opened for appending, line-buffered, after a last line that a
     killed writer left half-written has been cut off: every record appended starts on a line of its own.
 
-    Appending never writes through to another file: a link in the file's place, or a file that has another name too
-    (a hard link: the other name would change with it), is not this folder's record. It is moved, not followed, to
+    Appending never writes through to another file. A file with another name too (a hard link, as ``cp -al`` and
+    backups by hard links make) becomes this folder's own copy first, with the same bytes: the other name keeps its
+    file as it was. A link in the file's place is not this folder's record: it is moved, not followed, to
     ``.replaced/<UTC time>-unrecorded/`` beside it, and a new file begins; ``warn`` (a logger's warning by default)
     is told so once the new file is open."""
     path = Path(path)
     may_change(path)
-    shared = path.is_symlink() or (path.is_file() and os.lstat(path).st_nlink > 1)
-    if shared:
-        what = f"a link to {os.readlink(path)}" if path.is_symlink() else "a file with another name too (a hard link)"
-        kept = move_aside(path.parent, [path], "unrecorded")
+    if path.is_symlink():
+        target, kept = os.readlink(path), move_aside(path.parent, [path], "unrecorded")
+    else:
+        target = kept = None
+        if path.is_file() and os.lstat(path).st_nlink > 1:
+            held = path.read_bytes()
+            atomic_write(path, lambda f: f.write(held))  # a new file of its own under this name
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = new_file_mode(path)
     # appending, never through a link (O_NOFOLLOW), and readable too: the cut below reads the file's last line
@@ -160,9 +164,9 @@ def open_records(path: str | Path, warn: Callable[[str], None] | None = None) ->
         data = os.pread(fd, size, 0)
         if not data.endswith(b"\n"):
             os.ftruncate(fd, data.rfind(b"\n") + 1)
-    if shared:
-        (warn or logging.getLogger("quest").warning)(f"{path} was {what}, not this folder's own: kept in {kept}, and "
-                                                     "a new one begins")
+    if kept is not None:
+        (warn or logging.getLogger("quest").warning)(f"{path} was a link to {target}, not this folder's own: kept in "
+                                                     f"{kept}, and a new one begins")
     return records
 
 

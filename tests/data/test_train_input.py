@@ -22,6 +22,7 @@ from torchvision.transforms.v2 import functional as F
 from quest.config.checks import ConfigError
 from quest.data.pipelines.tensor_input import CropFlip, DeviceFinish, collate_bytes, decode_rgb
 from quest.run.checkpoint import load_checkpoint
+from quest.runtime import plugins
 from quest.runtime.errors import is_user_error
 from quest.train import fit
 from quest.train.checks import check_train_config
@@ -339,13 +340,13 @@ def test_a_pipeline_of_one_s_own_is_one_module_named_in_quest_pipeline_modules(t
         "    return get_train_input('timm').build(recipe, data, img_size)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(registry.MODULES_ENV, "my_pipeline")
-    monkeypatch.setitem(registry._STATE, "loaded", False)
+    monkeypatch.setattr(plugins, "LOADED", set())
     monkeypatch.setattr(kinds, "_REGISTRY", dict(kinds.registered()))  # the test's registration goes with it
     assert "mine" in registry.list_train_inputs()
     summary = fit(compose_cfg(*FAST, "trainer.max_steps=1", "data.pipeline=mine"), tmp_path / "run")
     assert summary["status"] == "stopped" and summary["train_input"].startswith("timm: PIL decode")
     monkeypatch.setenv(registry.MODULES_ENV, "no_such_pipeline_module")
-    monkeypatch.setitem(registry._STATE, "loaded", False)
+    monkeypatch.setattr(plugins, "LOADED", set())
     with pytest.raises(ImportError, match="QUEST_PIPELINE_MODULES names .* 'no_such_pipeline_module'") as refused:
         registry.list_train_inputs()
     assert is_user_error(refused.value)  # a typo of the user's: one line, not a bug's traceback

@@ -123,26 +123,41 @@ def test_a_damaged_file_error_crosses_a_process_boundary_whole(joined):
     assert (back.path, back.problem, back.joined) == (Path("d/run.json"), "epoch is -1, expected a value >= 0", joined)
 
 
-@pytest.mark.parametrize("shared", ["symlink", "hardlink", "symlink_to_nothing"])
-def test_an_append_never_writes_through_to_another_file(tmp_path, shared):
-    """A records file (metrics.jsonl, a ledger, a log) that is a link, or one with another name (a hard link), is
-    moved aside whole and a new one begins: the other file keeps its bytes, and what was there is kept."""
+@pytest.mark.parametrize("shared", ["symlink", "symlink_to_nothing"])
+def test_an_append_never_writes_through_a_link(tmp_path, shared):
+    """A records file (metrics.jsonl, a ledger, a log) that is a link is moved aside whole and a new one begins: the
+    file it leads to keeps its bytes, and the link is kept."""
     other = tmp_path / "elsewhere" / "theirs.jsonl"
     other.parent.mkdir()
-    if shared != "symlink_to_nothing":
+    if shared == "symlink":
         other.write_bytes(b'{"theirs": 1}\n')
     folder = tmp_path / "run"
     folder.mkdir()
     records = folder / "metrics.jsonl"
-    (records.hardlink_to if shared == "hardlink" else records.symlink_to)(other)
+    records.symlink_to(other)
     said: list[str] = []
     with io.open_records(records, warn=said.append) as f:
         f.write('{"mine": 1}\n')
-    assert records.read_bytes() == b'{"mine": 1}\n' and not records.is_symlink() and records.stat().st_nlink == 1
+    assert records.read_bytes() == b'{"mine": 1}\n' and not records.is_symlink()
     assert shared == "symlink_to_nothing" or other.read_bytes() == b'{"theirs": 1}\n'
     (kept,) = [d / "metrics.jsonl" for d in (folder / ".replaced").iterdir()]  # glob skips a link leading nowhere
-    assert kept.parent.name.endswith("-unrecorded")
-    assert kept.is_symlink() == (shared != "hardlink") and len(said) == 1 and str(kept.parent) in said[0]
+    assert kept.parent.name.endswith("-unrecorded") and kept.is_symlink() and len(said) == 1
+    assert str(kept.parent) in said[0]
+
+
+def test_an_append_to_a_hard_linked_file_writes_to_its_own_copy(tmp_path):
+    """A records file with another name too (a run copied with cp -al) is this folder's own copy, with its bytes,
+    before anything is appended: the other name's file is as it was, and nothing is set aside."""
+    backup = tmp_path / "backup" / "metrics.jsonl"
+    backup.parent.mkdir()
+    backup.write_bytes(b'{"step": 1}\n')
+    records = tmp_path / "run" / "metrics.jsonl"
+    records.parent.mkdir()
+    records.hardlink_to(backup)
+    with io.open_records(records) as f:
+        f.write('{"step": 2}\n')
+    assert records.read_bytes() == b'{"step": 1}\n{"step": 2}\n' and records.stat().st_nlink == 1
+    assert backup.read_bytes() == b'{"step": 1}\n' and not (records.parent / ".replaced").exists()
 
 
 def test_an_append_cuts_a_half_written_last_line_first(tmp_path):

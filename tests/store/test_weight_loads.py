@@ -4,8 +4,8 @@ a tensor of another shape or integer values for a floating weight are refused in
 tensor, the run or results directory byte-identical; a good file loads as before."""
 from __future__ import annotations
 
-import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
+from quest import cli
 from quest.evaluation import register_eval_configs
 from quest.evaluation.target import load_target
 from quest.runtime.errors import EXIT_ERROR, is_user_error
@@ -24,7 +25,6 @@ from quest.train import fit
 
 from ..helpers import FAST, compose_cfg, eval_cfg
 from ..tree_state import tree_state
-from ..warm import run_app
 
 register_eval_configs()
 
@@ -211,15 +211,21 @@ def test_a_checkpoint_of_another_model_as_init_from_is_one_line(good_run, tmp_pa
     assert not (tmp_path / "run").exists() or tree_state(tmp_path / "run") == {}
 
 
-def test_init_from_a_text_file_through_train_py_exits_1_with_one_line(tmp_path):
+def test_init_from_a_text_file_through_train_py_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
+    """train.py as the console script runs it (in this process: its error path and exit code are the point)."""
     text = tmp_path / "notes.pt"
     text.write_text("not weights\n")
     before = tree_state(tmp_path)
-    out = run_app("train.py", *ONE_STEP, f"trainer.init_from={text}", f"hydra.run.dir={tmp_path / 'run'}",
-                  cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
-    assert out.returncode == EXIT_ERROR and "Traceback" not in out.stderr, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if "train.py: error: " in line]
-    assert len(errors) == 1 and f"trainer.init_from={text} is not a torch checkpoint file" in errors[0], out.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # what a user sees
+    monkeypatch.setattr(sys, "argv", ["train.py", *ONE_STEP, f"trainer.init_from={text}",
+                                      f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == EXIT_ERROR and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if "train.py: error: " in line]
+    assert len(errors) == 1 and f"trainer.init_from={text} is not a torch checkpoint file" in errors[0], err
     assert tree_state(tmp_path) == before
 
 

@@ -33,21 +33,14 @@ __all__ = ["TrainInput", "TrainInputKind", "register_train_input", "get_train_in
 
 MODULES_ENV = "QUEST_PIPELINE_MODULES"  # comma-separated modules that register pipelines of one's own
 ENTRY_POINT_GROUP = "quest.train_inputs"  # or an installed package's entry points in this group
-_STATE = {"loaded": False}
 
 
 def _load() -> None:
-    """Import the built-in pipelines (quest/data/pipelines/tensor_input.py registers them as it is imported, as a data set's
-    module does; by name, so that this registry stays below the modules that fill it), the modules of
-    ``QUEST_PIPELINE_MODULES`` and the ``quest.train_inputs`` entry points, once: as the data sets and evaluations."""
-    if _STATE["loaded"]:
-        return
-    _STATE["loaded"] = True  # before importing: a module that asks for the registry does not recurse
-    try:
-        import_plugins(f"{__package__}.tensor_input", MODULES_ENV, ENTRY_POINT_GROUP, "training input pipeline")
-    except BaseException:
-        _STATE["loaded"] = False
-        raise
+    """Import the built-in pipelines (quest/data/pipelines/tensor_input.py registers them as it is imported, as a
+    data set's module does; by name, so that this registry stays below the modules that fill it), the modules of
+    ``QUEST_PIPELINE_MODULES`` and the ``quest.train_inputs`` entry points, once (quest.runtime.plugins), as the data
+    sets and evaluations are."""
+    import_plugins(f"{__package__}.tensor_input", MODULES_ENV, ENTRY_POINT_GROUP, "training input pipeline")
 
 
 def list_train_inputs() -> list[str]:
