@@ -35,7 +35,7 @@ class Figure:
 class Attempt:
     """One attempt's counts and times (the run's are their sums) and its telemetry's totals."""
 
-    first_step: int = field(default=0, metadata=bounded(0))  # the step it started from
+    first_step: int = field(default=0, metadata=bounded(0))  # the number of its first step (counted from 1)
     steps: int = field(default=0, metadata=bounded(0))  # optimizer steps it took
     images: int = field(default=0, metadata=bounded(0))  # images (all processes) it trained on
     train_s: float = field(default=0.0, metadata=bounded(0.0))  # its training time (TrainState.train_seconds' share)
@@ -94,22 +94,21 @@ class TrainState:
     def _attempt(self) -> Attempt:
         """This process's attempt, begun at the current step when it has none yet."""
         if not self.attempts:
-            self.attempts.append(Attempt(first_step=self.step))
+            self.attempts.append(Attempt(first_step=self.step + 1))
         return self.attempts[-1]
 
     def resumed(self) -> None:
         """This process continues the run from a checkpoint's state: a new attempt from the current step."""
-        self.attempts.append(Attempt(first_step=self.step))
+        self.attempts.append(Attempt(first_step=self.step + 1))
 
-    def took_step(self) -> None:
+    def took_step(self, images: int) -> None:
+        """An optimizer step over ``images`` (all processes) was taken: counted where it is taken, before the host
+        read that may find it bad, so that a run's steps and images agree however it ends."""
         attempt = self._attempt()  # begun at the step before this one
         self.step += 1
         attempt.steps += 1
-
-    def saw_images(self, images: int) -> None:
-        """``images`` (all processes) went through a training step."""
         self.images_seen += images
-        self._attempt().images += images
+        attempt.images += images
 
     def trained_for(self, seconds: float) -> None:
         """Wall time spent training (validation and checkpoints excluded), added at each log line and epoch end."""
@@ -125,6 +124,15 @@ class TrainState:
     def end_epoch(self) -> None:
         self.epoch += 1
         self.micro_in_epoch = 0
+
+    def epochs_done(self, batches_per_epoch: int) -> float:
+        """Epochs done, with the share of one under way: a metrics row's ``epoch``."""
+        return self.epoch + self.micro_in_epoch / batches_per_epoch
+
+    @property
+    def epoch_number(self) -> int:
+        """The number, counted from 1, of the epoch the last step belongs to: the log's "epoch N"."""
+        return self.epoch + (self.micro_in_epoch > 0)
 
     def validated(self, top1: float) -> bool:
         """Record a validation's top-1; whether it is the best so far (then it and this epoch are kept)."""

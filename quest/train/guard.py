@@ -18,6 +18,10 @@ __all__ = ["StepGuard", "Diverged"]
 
 
 class Diverged(Exception):
+    """The run went bad at optimizer step ``step``, counted from 1 as every step quest writes (docs/training.md,
+    "Steps, epochs and images"): that step's update and every one after it were skipped, so the run's weights are
+    those of step ``step - 1``."""
+
     def __init__(self, step: int, reason: str):
         super().__init__(f"diverged at step {step}: {reason}")
         self.step, self.reason = step, reason
@@ -77,14 +81,14 @@ class StepGuard:
     def read(self, steps: int, *values: torch.Tensor, stop: bool = False) -> list[float]:
         """One device-to-host read of the record, ``values`` (0-d tensors: the log's) and, with ``stop`` under DDP,
         the largest reduced stop request not read yet (appended). ``steps``: optimizer steps taken, the last guarded
-        one included. Raises :class:`Diverged` naming the first bad step (counted from 0, as ``TrainState.step``
-        before it)."""
+        one included. Raises :class:`Diverged` naming the first bad step (counted from 1, as the log and the
+        metrics rows number steps)."""
         stops = [torch.stack([value for value, _, _ in self._stops]).amax().reshape(1)] if stop and self._stops else []
         out = torch.cat([self.record, *(v.detach().float().reshape(1) for v in values), *stops]).tolist()
         if stops:
             self._stops = []
         loss_bad, grad_bad, worst, norm, since = out[:5]
-        at = steps - int(since)
+        at = steps - int(since) + 1  # since counts the bad step itself
         if loss_bad:
             raise Diverged(at, f"loss {worst:.4g}" + (f" above {self.max_loss:.4g}" if math.isfinite(worst) else
                                                       " is not finite"))

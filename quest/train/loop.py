@@ -75,8 +75,11 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
             out.status = "stopped"  # trainer.max_steps reached first
         out.val, out.ema_val = evaluator.final(run, out.val)
     except Diverged as exc:
-        out.status, out.ending = "diverged", {"diverged_at_step": exc.step, "divergence_reason": exc.reason}
-        log.error("run diverged at step %d (%s); %s", exc.step, exc.reason,
+        # the bad step's update and those after it were skipped: the run holds the weights of the step before it
+        out.status, out.ending = "diverged", {"diverged_at_step": exc.step, "divergence_reason": exc.reason,
+                                              "step": exc.step - 1}
+        log.error("run diverged at step %d (%s); its weights are those of step %d; %s", exc.step, exc.reason,
+                  exc.step - 1,
                   f"the last good checkpoint is {checkpointer.saved()}" if checkpointer.saved() else
                   "no checkpoint was written before it")
     except BadData as exc:
@@ -119,14 +122,13 @@ class StepLog:
         if row:
             self.logger.log(row, self.run.state.step)
         rest = self.times  # the steady steps since the last log line, and the time apart among them
-        for advice in self.telemetry.end_epoch(self.run.state.epoch, rest.seconds, rest.data_wait, rest.apart):
+        for advice in self.telemetry.end_epoch(self.run.state.epoch_number, rest.seconds, rest.data_wait, rest.apart):
             log.warning(advice)
         self.run.state.measured(self.telemetry.totals())  # the attempt's record, for the checkpoint after this
 
     def record(self, metrics: dict[str, Any], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         run, st = self.run, self.run.state
-        n_images = sum(len(t) for _, t in batches) * run.ctx.world_size
-        st.saw_images(n_images)
+        n_images = sum(len(t) for _, t in batches) * run.ctx.world_size  # the state counted them at the step
         self.images += n_images
         now, compiles = time.perf_counter(), compilations()  # host counters: no device synchronisation
         self.times.add_step(now - self.last, run.take_data_wait(), n_images, compiles != self.compiles, self.first)
@@ -141,7 +143,7 @@ class StepLog:
         st.measured(self.telemetry.totals())  # the attempt's record, for a checkpoint and the summary
         row = dict(metrics)
         row.update({"train/lr": run.parts.optimizer.param_groups[0]["lr"], "train/img_per_s": rate,
-                    "epoch": st.epoch + st.micro_in_epoch / run.batches_per_epoch, **perf})
+                    "epoch": st.epochs_done(run.batches_per_epoch), **perf})
         if st.train_skipped:
             row["data/train_skipped"] = st.train_skipped
         self.logger.log(row, st.step)
@@ -179,9 +181,10 @@ class Evaluator:
     def _validate(self, run: Run) -> dict[str, float]:
         st = run.state
         val, diag = run.validate()
-        self.logger.log({**val, **diag, "epoch": st.epoch}, st.step)
+        self.logger.log({**val, **diag, "epoch": st.epochs_done(run.batches_per_epoch)}, st.step)
         check_skipped("validation", int(val["val/skipped"]), int(val["val/skipped"] + val["val/images"]),
                       run.cfg.data.get("max_skipped_fraction", 0.01))
-        log.info("epoch %d: val top-1 %.2f top-5 %.2f loss %.4f", st.epoch, val["val/top1"], val["val/top5"],
-                 val["val/loss"])
+        within = f" at step {st.step}" if st.micro_in_epoch else ""  # stopped inside an epoch (trainer.max_steps)
+        log.info("epoch %d%s: val top-1 %.2f top-5 %.2f loss %.4f", st.epoch_number, within, val["val/top1"],
+                 val["val/top5"], val["val/loss"])
         return val

@@ -134,7 +134,7 @@ class Run:
         if extended:  # the longer schedule, where the run stands (updates or epochs, whichever it steps on)
             p.scheduler.step_update(num_updates=self.state.step)
             self.step_schedule_on_epoch()
-        log.info("resumed from %s at epoch %d, step %d", path, self.state.epoch, self.state.step)
+        log.info("resumed from %s after step %d (%d epochs done)", path, self.state.step, self.state.epoch)
 
     def init_weights(self, path: str) -> None:
         """Start from another run's weights (e.g. DeiT-III's low-resolution phase), resizing pos_embed."""
@@ -209,7 +209,7 @@ class Run:
         scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
         skip = self._optimizer_step(skip, grad_norm)
         p.optimizer.zero_grad(set_to_none=True)
-        st.took_step()
+        st.took_step(sum(len(t) for _, t in batches) * self.ctx.world_size)
         if p.ema is not None:  # a skipped update leaves the EMA as it was too
             skippable_ema_update(p.ema, self.model, st.step, skip)
         p.scheduler.step_update(num_updates=st.step)

@@ -53,7 +53,7 @@ def test_gpu_check_cpu_smoke_runs_every_part_and_writes_each_row(tmp_path, monke
         assert r["fault_injected"] and all(r["unchanged_by_nan_step"].values()), r
         assert r["syncs"]["in_steps_between_logs"] == r["expected_between_logs"] > 0, r
     assert grads["status"] == "stopped" and grads["steps"] == 8  # the scaler's overflow: the run goes on
-    assert loss["status"] == "diverged" and loss["diverged_at_step"] == 2 and "nan" in loss["divergence_reason"]
+    assert loss["status"] == "diverged" and loss["diverged_at_step"] == 3 and "nan" in loss["divergence_reason"]
     # the caller's process as it was: its thread count, and no process group left by the torchrun runs
     assert torch.get_num_threads() == threads and not dist.is_initialized()
 

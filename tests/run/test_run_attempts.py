@@ -58,7 +58,7 @@ def test_the_summary_counts_every_attempt_once(three_attempts):
     perf = summary["perf"]
     # the crashed attempt's step 5 was lost with it: the third attempt took it again, and it counts once
     assert [(a["first_step"], a["steps"], a["images"]) for a in perf["attempts"]] == [
-        (0, 3, 3 * BATCH), (3, 1, BATCH), (4, 4, 4 * BATCH)]
+        (1, 3, 3 * BATCH), (4, 1, BATCH), (5, 4, 4 * BATCH)]  # steps counted from 1, as the log counts them
     assert perf["steps"] == summary["step"] == STEPS
     assert perf["images"] == STEPS * BATCH
     for key in ("train_s", "wall_s", "compile_s", "loader_start_s"):
@@ -93,15 +93,14 @@ def test_the_summary_records_the_data_set_trained_on(three_attempts):
 
 def test_an_attempt_in_a_checkpoint_is_checked_and_round_trips():
     st = TrainState()
-    st.took_step()
-    st.saw_images(8)
+    st.took_step(8)
     st.trained_for(0.5)
     st.measured({"compile_s": 0.0, "compile_steps": 0, "loader_start_s": 0.25,
                  "figures": {"data_wait": Figure(weighted=0.1, seconds=0.5, largest=0.3)}})
     st.resumed()
-    st.took_step()
+    st.took_step(0)
     saved = st.state_dict()
-    assert [(a["first_step"], a["steps"], a["images"]) for a in saved["attempts"]] == [(0, 1, 8), (1, 1, 0)]
+    assert [(a["first_step"], a["steps"], a["images"]) for a in saved["attempts"]] == [(1, 1, 8), (2, 1, 0)]
     again = TrainState()
     again.load_state_dict(saved)
     assert again.attempts == st.attempts
@@ -116,5 +115,5 @@ def test_an_attempt_in_a_checkpoint_is_checked_and_round_trips():
     older = TrainState()
     older.load_state_dict({"step": 5, "images_seen": 40})
     older.resumed()
-    older.took_step()
-    assert [(a.first_step, a.steps) for a in older.attempts] == [(5, 1)]
+    older.took_step(8)
+    assert [(a.first_step, a.steps) for a in older.attempts] == [(6, 1)]

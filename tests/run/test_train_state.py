@@ -10,8 +10,7 @@ from quest.run.train_state import TrainState
 def test_train_state_round_trips_and_refuses_keys_it_does_not_know():
     st = TrainState()
     st.drew_batch()
-    st.took_step()
-    st.saw_images(8)
+    st.took_step(8)
     st.trained_for(1.5)
     st.add_drawn(1, 9)
     assert st.validated(50.0) and not st.validated(50.0) and st.validated(60.0)
@@ -22,7 +21,7 @@ def test_train_state_round_trips_and_refuses_keys_it_does_not_know():
     assert wall >= 0
     assert saved == {"step": 1, "epoch": 1, "micro_in_epoch": 0, "best_top1": 60.0, "best_epoch": 0,
                      "images_seen": 8, "train_seconds": 1.5, "wandb_id": "abc", "train_skipped": 1, "train_drawn": 9,
-                     "attempts": [{"first_step": 0, "steps": 1, "images": 8, "train_s": 1.5, "wall_s": wall,
+                     "attempts": [{"first_step": 1, "steps": 1, "images": 8, "train_s": 1.5, "wall_s": wall,
                                    "compile_s": 0.0, "compile_steps": 0, "loader_start_s": 0.0, "figures": {}}]}
     again = TrainState(step=99, epoch=7)
     again.load_state_dict({"step": 1})  # a key missing from an older state: today's default, not the old value

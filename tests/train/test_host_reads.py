@@ -87,7 +87,7 @@ def test_a_bad_step_is_skipped_on_the_device_and_reported_with_its_step(tmp_path
     good = copy.deepcopy(run.model.state_dict())
     moments = copy.deepcopy(run.parts.optimizer.state_dict()["state"])
     images, targets = _batch(1)[0]
-    run.train_step([(images * float("nan"), targets)], log=False)  # step 1 (counted from 0) goes bad
+    run.train_step([(images * float("nan"), targets)], log=False)  # step 2 goes bad
     for seed in (2, 3):
         run.train_step(_batch(seed), log=False)  # healthy batches, but after a bad step: skipped too
     for key, value in run.model.state_dict().items():
@@ -95,9 +95,9 @@ def test_a_bad_step_is_skipped_on_the_device_and_reported_with_its_step(tmp_path
     for index, state in run.parts.optimizer.state_dict()["state"].items():
         for name, value in state.items():
             torch.testing.assert_close(value, moments[index][name], atol=0, rtol=0, msg=f"{index}.{name}")
-    with pytest.raises(Diverged, match=r"^diverged at step 1: loss nan is not finite$"):
+    with pytest.raises(Diverged, match=r"^diverged at step 2: loss nan is not finite$"):
         run.check_diverged()
-    with pytest.raises(Diverged, match=r"^diverged at step 1: loss nan is not finite$"):
+    with pytest.raises(Diverged, match=r"^diverged at step 2: loss nan is not finite$"):
         run.train_step(_batch(4), log=True)  # every later read says the same
 
 
@@ -114,18 +114,18 @@ def test_a_loss_above_the_bound_is_reported_at_its_step(tmp_path):
     run = _run(tmp_path, "recipe.ema=false", "trainer.max_loss=50")
     run.train_step(_batch(0), log=False)
     loss = run.train_model.loss
-    run.train_model.loss = Scaled(loss)  # step 1's loss x 100: finite, far above the bound
+    run.train_model.loss = Scaled(loss)  # step 2's loss x 100: finite, far above the bound
     run.train_step(_batch(1), log=False)
     run.train_model.loss = loss
     run.train_step(_batch(2), log=False)
-    with pytest.raises(Diverged, match=r"^diverged at step 1: loss \S+ above 50$"):
+    with pytest.raises(Diverged, match=r"^diverged at step 2: loss \S+ above 50$"):
         run.check_diverged()
 
 
 def test_the_checkpoint_after_a_bad_step_holds_the_weights_from_before_it(tmp_path, monkeypatch):
-    """Saved every 2 steps, logged every 10: step 2 (counted from 0) goes bad between reads. The save after it reads
-    the check first: the run ends diverged at step 2, and last.pt holds the weights of step 2's start, those of a
-    run stopped there."""
+    """Saved every 2 steps, logged every 10: step 3 goes bad between reads. The save after it reads
+    the check first: the run ends diverged at step 3, and last.pt holds the weights of step 2, those of a run
+    stopped there."""
     common = [*FAST, "trainer.log_every_n_steps=10", "trainer.epochs=1"]
     fit(compose_cfg(*common, "trainer.max_steps=2"), tmp_path / "reference")
     step = Run.train_step
@@ -137,7 +137,7 @@ def test_the_checkpoint_after_a_bad_step_holds_the_weights_from_before_it(tmp_pa
 
     monkeypatch.setattr(Run, "train_step", poisoned)
     summary = fit(compose_cfg(*common, "trainer.checkpoint_every_n_steps=2"), tmp_path / "diverged")
-    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 2
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 3
     assert summary["divergence_reason"] == "loss nan is not finite"
     saved, reference = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt") for run in ("diverged", "reference"))
     assert saved["state"]["step"] == 2

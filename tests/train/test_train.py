@@ -75,13 +75,13 @@ def test_divergence_is_reported_and_keeps_the_last_good_checkpoint(tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["status"] == "diverged"
     good = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert good["state"]["step"] == summary["diverged_at_step"]
+    assert good["state"]["step"] == summary["diverged_at_step"] - 1 == summary["step"]
     assert all(torch.isfinite(v).all() for v in good["model"].values())
 
 
 def test_loss_bound_counts_as_divergence(tmp_path):
     summary = fit(compose_cfg(*FAST, "trainer.max_loss=0.01"), tmp_path)
-    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 0
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 1
 
 
 def test_resume_from_another_attention_names_both(tmp_path):
