@@ -247,7 +247,7 @@ def summary_line(summary: dict[str, Any]) -> str:
         detail = f"at step {summary.get('step')}: {summary.get('data_failure')}"
     elif status in (INTERRUPTED, REQUEUED):
         saved = summary.get("checkpoint") if summary.get("saved") else None
-        detail = (f"by {summary.get('signal')} at step {summary.get('step')} (epoch {summary.get('epoch')}); "
+        detail = (f"by {summary.get('signal')} after step {summary.get('step')} ({summary.get('epoch')} epochs done); "
                   + (f"saved {saved}" if saved else f"last checkpoint {summary.get('checkpoint') or 'none'}")
                   + ("; " + summary["requeue"] if status == REQUEUED and summary.get("requeue") else
                      "; run the same command to resume"))
