@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Input", "listed", "data_input", "readable_dir", "permission_message"]
+__all__ = ["Input", "listed", "data_input", "readable_dir", "permission_message", "data_identity"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,28 @@ def data_input(run: Any, what: str, transform: Any = None) -> list[Input]:
         return build_dataset(data, "val", transform)
 
     return [Input("data.root", _data_description(data), check)]
+
+
+def data_identity(found: Any, root: str) -> dict[str, Any]:
+    """What an input's check found, by content as training records its data (summary.json's ``data_fingerprint``):
+    ``size`` (images), ``files_sha256`` (a digest of the sorted file names relative to ``root`` with their labels:
+    the same files moved or copied are the same digest, other files another) and ``classes_sha256`` (the class
+    names in order); None where the check lists no files (a built-in data set, ImageNet-C's cells listed one at a
+    time), so that the record says what is not known instead of guessing."""
+    import hashlib
+    import json
+
+    from quest.run.directory import files_sha256, listed_samples
+
+    size = len(found) if hasattr(found, "__len__") and not isinstance(found, (str, tuple)) else None
+    files = None
+    if listed_samples(found) is not None:
+        files = files_sha256(found)
+    elif isinstance(found, list) and all(isinstance(x, tuple) and len(x) == 2 for x in found):  # (path, label)
+        prefix = os.path.join(root, "")
+        rows = sorted(f"{os.path.relpath(p, root) if not str(p).startswith(prefix) else str(p)[len(prefix):]}\t{y}\n"
+                      for p, y in found)
+        files = hashlib.sha256(b"files-2\n" + "".join(rows).encode("utf-8", "surrogateescape") + b"\n").hexdigest()
+    classes = getattr(found, "classes", None) or getattr(getattr(found, "dataset", None), "classes", None)
+    digest = None if classes is None else hashlib.sha256(json.dumps(list(classes)).encode("utf-8")).hexdigest()
+    return {"size": size, "classes_sha256": digest, "files_sha256": files}

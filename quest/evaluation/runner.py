@@ -28,6 +28,7 @@ from quest.train.precision import autocast_for
 from .checks import check_eval_config
 from .context import EvalRun
 from .directory import COMPLETE, PARTIAL, RUNNING, EvalDirectory, EvalDirectoryError, fingerprint, fingerprint_key
+from .inputs import data_identity
 from .registry import EVALUATIONS, evaluators
 from .report import format_headline, headline_numbers, log_wandb, write_reports
 from .target import EvalTarget, load_target
@@ -92,14 +93,17 @@ def _run_one(run: EvalRun, name: str) -> None:
     log.info("%s done in %.1f s: %s", name, result["seconds"], numbers or "no numbers")
 
 
-def check_inputs(run: EvalRun, names: list[str]) -> dict[str, str]:
+def check_inputs(run: EvalRun, names: list[str], identities: dict[str, Any] | None = None) -> dict[str, str]:
     """Every data root the evaluations ``names`` read (setting -> path), each checked (layout, images, permissions)
-    before the first evaluation runs; an evaluation registered without ``inputs`` declares none."""
+    before the first evaluation runs; an evaluation registered without ``inputs`` declares none. ``identities``:
+    filled with each root's data by content (setting -> quest.evaluation.inputs.data_identity), for the record."""
     found: dict[str, str] = {}
     for name in names:
         declare = evaluators()[name].inputs
         for item in declare(run, run.settings[name]) if declare is not None else []:
-            item.check()  # every one: two evaluations may read one root differently (val, and ReaL's files of it)
+            listing = item.check()  # every one: two evaluations may read one root differently (val, ReaL's files)
+            if item.key not in found and identities is not None:
+                identities[item.key] = data_identity(listing, item.path)
             found.setdefault(item.key, item.path)
     return found
 
@@ -162,12 +166,14 @@ def _run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str
         _decide(lambda: directory.open(settings.overwrite), ctx)
         target = load_target(cfg, ctx.device)
         run = EvalRun(target, ctx, settings, eval_autocast(settings.precision, ctx.device), out_dir=Path(output_dir))
-        inputs = check_inputs(run, names)
+        identities: dict[str, Any] = {}
+        inputs = check_inputs(run, names, identities)
         check_ignored_overrides(overrides or [], names, inputs)
         resolved = OmegaConf.to_container(settings, resolve=True)
         report: dict[str, Any] = {
             "suite": settings.name, "evaluations": names, "status": RUNNING, "target": _target_report(target),
-            "inputs": inputs, "settings": resolved, "command": list(overrides) if overrides is not None else None,
+            "inputs": inputs, "data": identities, "settings": resolved,
+            "command": list(overrides) if overrides is not None else None,
             "world_size": ctx.world_size, "device": str(ctx.device), "precision": settings.precision,
             "versions": _versions(), "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,11 @@ class RunResult:
     summary: dict[str, Any]  # summary.json, nested dicts flattened to dotted keys ("choices.model")
     config: dict[str, Any] | None  # run.json's config (or .hydra/config.yaml), resolved and flattened; None without
     metrics: dict[str, float]  # numbers of summary.json and of eval/<suite>/<stem>-<weights>/eval_results.json
+    #: per evaluation column prefix ("imagenet_v2", "clean_ema"): what its numbers depend on besides the weights (the
+    #: settings, the input transform, the data by content), so that runs pool an evaluation only where it agrees
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: evaluations under the run that are not of its current weights, each with why (left out of its numbers)
+    older: list[str] = field(default_factory=list)
 
     def value(self, key: str) -> Any:
         """A setting: ``attention`` / ``model`` (the formulation and timm name), else a config key, else a summary
@@ -144,14 +150,64 @@ def _eval_suffix(target: dict[str, Any]) -> str:
     return suffix
 
 
-def _eval_metrics(run_dir: Path) -> dict[str, float]:
+#: what identifies the weights in an evaluation's fingerprint: the run's own, not a setting of the evaluation
+_WEIGHTS_KEYS = ("source", "checkpoint_sha256", "weights", "weights_sha256", "model", "attention",
+                 "attention_options", "num_classes")
+
+
+def _not_current(target: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """Why an evaluation of the run's ``last.pt`` or ``best.pt`` is not of the weights the run holds now (a resumed
+    run trained on after it; a later epoch became the best), None when it is or cannot be told."""
+    if target.get("source") != "checkpoint":
+        return None
+    stem = Path(str(target.get("checkpoint_file") or target.get("checkpoint") or "")).stem
+    step, epoch = target.get("train_step"), target.get("train_epoch")
+    if stem == "last":
+        found = re.search(r"\(step (\d+)\)$", str(summary.get("checkpoint") or ""))
+        now = int(found[1]) if found else None
+        if now is not None and isinstance(step, int) and step != now:
+            return f"it evaluated last.pt at step {step}, and the run's last.pt now holds step {now}"
+    if stem == "best":
+        best = summary.get("best_epoch")
+        if isinstance(best, int) and best >= 0 and isinstance(epoch, int) and epoch != best:
+            return f"it evaluated best.pt of epoch {epoch}, and the run's best epoch is now {best}"
+    return None
+
+
+def _eval_setting(report: dict[str, Any], evaluation: str) -> dict[str, Any]:
+    """What ``evaluation``'s numbers in ``report`` depend on besides the weights: the settings shared by the suite and
+    its own section, the input transform, and the data it read, by content where the record knows it (a data set
+    moved to another path is the same data), else by path."""
+    fp = report.get("fingerprint") if isinstance(report.get("fingerprint"), dict) else {}
+    settings = fp.get("settings") if isinstance(fp.get("settings"), dict) else {}
+    # the batch size aside: a model in eval mode scores each image on its own (as the training report's
+    # data.eval_batch_size: quest.report.settings)
+    shared = {k: v for k, v in settings.items() if not isinstance(v, dict) and k != "batch_size"}
+    evaluated = fp.get("evaluated") if isinstance(fp.get("evaluated"), dict) else {}
+    transform = {k: v for k, v in evaluated.items() if k not in _WEIGHTS_KEYS}
+    known = report.get("data") if isinstance(report.get("data"), dict) else {}
+    data = {}
+    for key, path in (report.get("inputs") or {}).items():
+        identity = known.get(key) if isinstance(known.get(key), dict) else {}
+        data[key] = identity if identity.get("files_sha256") else {**identity, "path": path}
+    if isinstance(transform.get("data_config"), dict) and all(d.get("files_sha256") for d in data.values()):
+        transform["data_config"] = {k: v for k, v in transform["data_config"].items() if k != "root"}
+    return flatten({"eval": {**shared, evaluation: settings.get(evaluation)}, "input": transform, "data": data})
+
+
+def _eval_metrics(run_dir: Path, summary: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
     """Numbers of every <run>/eval/<suite>/<stem>-<model|ema>/eval_results.json (and the older
     <run>/eval/<suite>/eval_results.json) as '<evaluation><suffix>/<path>' (e.g. 'imagenet_c/mce',
-    'imagenet_v2_ema/top1'); an evaluation present in two suites takes the more recently written file."""
+    'imagenet_v2_ema/top1'), each evaluation's setting (:func:`_eval_setting`), and the evaluations left out because
+    they are not of the run's current weights (:func:`_not_current`), each with why; an evaluation present in two
+    suites takes the more recently written file."""
     files = sorted({_own(run_dir, p) for p in (*run_dir.glob("eval/*/eval_results.json"),
                                                *run_dir.glob("eval/*/*/eval_results.json"))},
                    key=lambda p: p.stat().st_mtime)
     out: dict[str, float] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    older: list[str] = []
     for path in files:
         try:  # every field checked; an older quest's upgraded (quest.store.compat)
             report = checked_results(_read_json(path, "evaluation results"), path)
@@ -164,13 +220,19 @@ def _eval_metrics(run_dir: Path) -> dict[str, float]:
         if not isinstance(results, dict):
             raise ReportInputError(f"{path}: no 'results' object (expected eval.py's eval_results.json)")
         target = report.get("target") if isinstance(report.get("target"), dict) else {}
+        why = _not_current(target, summary or {})
+        if why is not None:
+            older.append(f"{path.parent.relative_to(run_dir)}: {why}")
+            log.warning("%s: left out of the report: %s (evaluate the run's checkpoint again)", path.parent, why)
+            continue
         suffix = _eval_suffix(target)
         for evaluation, result in results.items():
+            settings[f"{evaluation}{suffix}"] = _eval_setting(report, evaluation)
             for key, value in flatten({f"{evaluation}{suffix}": result}, sep="/").items():
                 value = number(value)
                 if value is not None:
                     out[key] = value
-    return out
+    return out, settings, older
 
 
 def _load_run(run_dir: Path) -> RunResult:
@@ -189,8 +251,9 @@ def _load_run(run_dir: Path) -> RunResult:
     metrics = {k: n for k, v in raw.items() if not isinstance(v, dict) and (n := number(v)) is not None}
     perf = raw.get("perf") if isinstance(raw.get("perf"), dict) else {}
     metrics.update({name: n for name, key in PERF_METRICS.items() if (n := number(perf.get(key))) is not None})
-    metrics.update(_eval_metrics(run_dir))
-    return RunResult(run_dir, status, flatten(raw), config, metrics)
+    evaluated, settings, older = _eval_metrics(run_dir, raw)
+    metrics.update(evaluated)
+    return RunResult(run_dir, status, flatten(raw), config, metrics, settings, older)
 
 
 def _run_files(sweep: Path, name: str) -> list[Path]:

@@ -89,6 +89,7 @@ class Row:
     excluded: list[RunResult] = field(default_factory=list)
     incomplete: list[RunResult] = field(default_factory=list)
     duplicates: list[RunResult] = field(default_factory=list)  # same setting and seed as a counted run: left out
+    not_pooled: list[str] = field(default_factory=list)  # metrics left unpooled, each with why (build_report)
     p_value: float | None = None  # Welch vs the best row of its table, on the primary metric
     best: bool = False
 
@@ -101,11 +102,21 @@ class Row:
         return sum(r.status == "diverged" for r in self.runs)
 
     def values(self, metric: str) -> list[float]:
-        """The metric of every counted run that has it (seed order); empty when any counted run diverged."""
-        if self.n_diverged:
+        """The metric of every counted run that has it (seed order); empty when any counted run diverged, or when
+        it is an evaluation's and the runs' evaluations differ in settings or data (:meth:`apart`)."""
+        if self.n_diverged or self.apart(metric):
             return []
         runs = sorted(self.runs, key=lambda r: _sort_key(r.value("seed")))
         return [r.metrics[metric] for r in runs if metric in r.metrics]
+
+    def apart(self, metric: str) -> list[str]:
+        """The settings in which the runs' evaluations behind ``metric`` differ (an evaluation's settings, its input
+        transform, the data it read: quest.report.runs.RunResult.evaluations), empty when they agree or it is not
+        an evaluation's: numbers of other evaluations are not one measurement and are not pooled."""
+        evaluation = metric.split("/", 1)[0]
+        found = [r.evaluations[evaluation] for r in self.runs if metric in r.metrics and evaluation in r.evaluations]
+        keys = sorted({k for setting in found for k in setting})
+        return [k for k in keys if len({repr(setting.get(k)) for setting in found}) > 1]
 
     def stat(self, metric: str) -> tuple[float, float | None, int] | None:
         """(mean, sample std or None, number of runs) of the metric, None when there is nothing to average."""
@@ -118,7 +129,9 @@ class Row:
                  f"{len(self.excluded)} stopped (excluded)" if self.excluded else "",
                  f"{len(self.incomplete)} incomplete (no summary.json)" if self.incomplete else "",
                  f"{len(self.duplicates)} duplicate seed (counted once)" if self.duplicates else "",
-                 kernel_note(self.runs)]
+                 f"{sum(len(r.older) for r in self.runs)} older evaluation(s) left out (not of the run's current "
+                 "weights)" if any(r.older for r in self.runs) else "",
+                 *self.not_pooled, kernel_note(self.runs)]
         return "; ".join(p for p in parts if p)
 
 
@@ -285,6 +298,12 @@ def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None
         (row.excluded if r.status == "stopped" and not include_stopped else row.runs).append(r)
     for row in rows.values():
         _count_each_seed_once(row)
+        for metric in chosen:
+            differ = row.apart(metric)
+            if differ:
+                shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+                row.not_pooled.append(f"{metric} not pooled: its evaluations differ in {shown}")
+                log.warning("row %s: %s", ", ".join(f"{k}={v}" for k, v in row.keys.items()), row.not_pooled[-1])
         differing = _differing(row.runs) if by else []
         if differing:  # --by pools them on purpose; say in what, as row_keys would have shown it
             where = ", ".join(f"{k}={v}" for k, v in row.keys.items())

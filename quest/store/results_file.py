@@ -13,9 +13,21 @@ from typing import Any, Literal, Mapping
 
 from quest.store.compat import upgrade_eval_results
 from quest.store.damage import DamagedFile
-from quest.store.records import bounded, check_fields, field_problem
+from quest.store.records import bounded, check_fields, field_problem, matching
 
 __all__ = ["EvalResultsRecord", "checked_results", "METRIC_RULES"]
+
+
+_SHA256 = ("[0-9a-f]{64}", "64 hex digits (a SHA-256)")
+
+
+@dataclass
+class DataIdentity:
+    """The data an input of an evaluation read, by content (quest.evaluation.inputs.data_identity)."""
+
+    size: int | None = field(default=None, metadata=bounded(0))
+    classes_sha256: str | None = field(default=None, metadata=matching(*_SHA256))
+    files_sha256: str | None = field(default=None, metadata=matching(*_SHA256))
 
 
 @dataclass
@@ -28,6 +40,7 @@ class EvalResultsRecord:
     evaluations: list[str] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, DataIdentity] = field(default_factory=dict)  # setting -> what it read, by content
     settings: dict[str, Any] = field(default_factory=dict)
     command: list[str] | None = None  # None: evaluated through the Python API
     world_size: int = field(default=1, metadata=bounded(1))
