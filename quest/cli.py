@@ -79,7 +79,8 @@ def _train(cfg: DictConfig) -> None:
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
     with reporting_errors(program_name("quest-train")):
         try:
-            summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg))
+            summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg),
+                          given=list(hc.overrides.task))
         except Exception:
             remove_made(hc.runtime.output_dir)  # the directories Hydra made for a refused run go too
             raise

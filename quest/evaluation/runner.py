@@ -31,7 +31,7 @@ from .directory import COMPLETE, PARTIAL, RUNNING, EvalDirectory, EvalDirectoryE
 from .inputs import data_identity
 from .registry import EVALUATIONS, evaluators
 from .report import format_headline, headline_numbers, log_wandb, write_reports
-from .target import EvalTarget, load_target
+from .target import EvalTarget, input_size_problem, load_target
 
 log = logging.getLogger("quest.eval")
 
@@ -168,7 +168,7 @@ def _run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str
         run = EvalRun(target, ctx, settings, eval_autocast(settings.precision, ctx.device), out_dir=Path(output_dir))
         identities: dict[str, Any] = {}
         inputs = check_inputs(run, names, identities)
-        check_ignored_overrides(overrides or [], names, inputs)
+        check_ignored_overrides(overrides or [], names, inputs, target.img_size)
         resolved = OmegaConf.to_container(settings, resolve=True)
         report: dict[str, Any] = {
             "suite": settings.name, "evaluations": names, "status": RUNNING, "target": _target_report(target),
@@ -224,14 +224,23 @@ def _save(directory: EvalDirectory, report: dict[str, Any], run: EvalRun, start:
     return write_reports(directory.path, report) if ctx.is_main else {}
 
 
-def check_ignored_overrides(overrides: list[str], names: list[str], inputs: dict[str, str]) -> None:
+def check_ignored_overrides(overrides: list[str], names: list[str], inputs: dict[str, str],
+                            model_size: int | None = None) -> None:
     """Command-line keys the evaluation would not read are refused, naming what it reads instead:
     ``eval.roots.<r>`` of a root no evaluation of the suite reads, ``eval.<evaluation>.*`` of an evaluation the
-    suite does not run."""
+    suite does not run, a ``data.*`` key that changes only training (TRAINING_ONLY), and ``data.img_size`` other than
+    the model's input size ``model_size`` (quest.evaluation.target.input_size_problem)."""
     problems = []
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
+        key, _, value = override.lstrip("+~").partition("=")
         parts = key.split(".")
+        if parts[0] == "data" and len(parts) == 2 and parts[1] in training_only_data_keys():
+            problems.append(f"  {override}: changes only how training reads its data; an evaluation reads the val "
+                            "split, with eval.batch_size and eval.num_workers")
+        elif key == "data.img_size" and model_size is not None and value not in ("", "null"):
+            problem = input_size_problem(key, value, model_size) if value.isdigit() else None
+            if problem:
+                problems.append(f"  {problem}")
         if parts[0] != "eval" or len(parts) < 2:
             continue
         if parts[1] == "roots" and len(parts) > 2 and key not in inputs:

@@ -54,10 +54,24 @@ def data_was_chosen(cfg: DictConfig) -> bool:
 
 def data_overrides(cfg: DictConfig) -> dict[str, Any]:
     """The ``data.*`` keys whose values differ from the schema's defaults (set on the command line when no
-    ``data=<name>`` was chosen), resolved."""
+    ``data=<name>`` was chosen), resolved; not those that change only how training reads its data (an evaluation
+    reads the val split with eval.batch_size and eval.num_workers: quest.data.config.TRAINING_ONLY), which are
+    never applied (quest.evaluation.runner.check_ignored_overrides refuses them on the command line)."""
+    from quest.data.registry import training_only_data_keys
+
     default = OmegaConf.to_container(OmegaConf.structured(OmegaConf.get_type(cfg.data) or DataConfig), resolve=False)
     given = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=False)
-    return {k: v for k, v in given.items() if k not in ("name",) and v != "???" and v != default.get(k)}
+    skip = {"name", *training_only_data_keys()}
+    return {k: v for k, v in given.items() if k not in skip and v != "???" and v != default.get(k)}
+
+
+def input_size_problem(key: str, value: Any, model_size: int) -> str | None:
+    """Why ``key=value`` cannot set an evaluation's input size: eval.py evaluates at the model's own size (a model at
+    another size needs its position embedding resampled, which quest does not do), None when it is that size."""
+    if value is None or int(value) == model_size:
+        return None
+    return (f"{key}={value}: the model takes {model_size} px images and eval.py evaluates at the model's input size "
+            f"(another size would need its position embedding resampled, which eval.py does not do); leave {key} out")
 
 
 def check_stored_code(stored: DictConfig, cfg: DictConfig, path: Path) -> None:
@@ -170,6 +184,9 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         data = cfg.data
     else:  # data.root=... without data=: applied to the checkpoint's own data config, never silently ignored
         applied = data_overrides(cfg)
+        problem = input_size_problem("data.img_size", applied.pop("img_size", None), resolve_img_size(stored))
+        if problem:  # the model's own size given again changes nothing: not recorded as applied
+            raise ValueError(problem)
         if "num_classes" in applied and int(applied["num_classes"]) != int(stored.data.num_classes):
             raise ValueError(f"data.num_classes={applied['num_classes']} but the checkpoint's model has "
                              f"{stored.data.num_classes} classes")

@@ -4,6 +4,7 @@ parts can tell (too few images for one batch, more accumulation steps than batch
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,8 @@ from .checks import check_patch_size
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Components", "build_components", "build_model", "resolve_img_size", "img_size_source", "model_meta",
+__all__ = ["Components", "build_components", "build_model", "resolve_img_size", "img_size_source", "unused_size_keys",
+           "model_meta",
            "resolve_lr", "scheduler_epoch", "train_module", "ModelLoss", "FUSED_OPTIMIZERS"]
 
 
@@ -74,6 +76,21 @@ def img_size_source(cfg: Any) -> str:
 
 def resolve_img_size(cfg: Any) -> int:
     return int(OmegaConf.select(cfg, img_size_source(cfg)))
+
+
+def unused_size_keys(cfg: Any, given: Sequence[str]) -> list[str]:
+    """The input-size keys of the command line ``given`` (``key=value`` overrides) that a key before them in
+    :func:`img_size_source`'s order overrules: set but not what the run trains at, each in a line naming the key that
+    decides and what to set instead."""
+    source, size = img_size_source(cfg), resolve_img_size(cfg)
+    order = ("recipe.img_size", "model.img_size", "data.img_size")
+    out = []
+    for override in given:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in order and order.index(key) > order.index(source) and value != str(size):
+            out.append(f"{key}={value} is not the size this run trains at: {source}={size} decides it (the order is "
+                       f"{', '.join(order)}); set {source}={value} instead")
+    return out
 
 
 def model_meta(cfg: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ saved at a step boundary), requeued (SIGUSR1). docs/training.md, "Runs, resume a
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from timm.utils import random_seed
 
 from quest.attention.fused_check import configure as configure_fused
 from quest.attention.fused_check import record as fused_record
+from quest.config.checks import ConfigError
 from quest.config.differences import Difference
 from quest.run.attempts import run_perf
 from quest.run.checkpoint import Checkpointer
@@ -30,7 +32,7 @@ from quest.runtime.distributed import DistContext, barrier, init_distributed
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import write_text_atomic
 
-from .builders import build_model, model_meta, resolve_img_size
+from .builders import build_model, model_meta, resolve_img_size, unused_size_keys
 from .checks import check_train_config
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .precision import set_matmul_precision
@@ -51,16 +53,20 @@ EXIT_INTERRUPTED = {"SIGINT": 130, "SIGTERM": 143}
 
 
 def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
-        provenance: dict[str, str] | None = None) -> dict[str, Any]:
+        provenance: dict[str, str] | None = None, given: Sequence[str] = ()) -> dict[str, Any]:
     """Train, resume, or report an already finished run; return the summary (written to summary.json).
 
     Every check that can refuse (the config's keys and values, the lock, the run directory's files, resume
     compatibility, the data) runs before anything is written into the run directory (quest.run.plan), so a
     refused command changes nothing. ``provenance``: files (relative path -> text) written into the run directory
     once the checks have passed, such as Hydra's record of the command (``.hydra/``). Nothing is written before
-    the run directory is claimed (quest.runtime.phase)."""
+    the run directory is claimed (quest.runtime.phase). ``given``: the command line's ``key=value`` overrides, so
+    that an input-size key another key overrules is refused rather than recorded as set and not used."""
     with command_phases("fit"):  # called by quest-train: its phases; called as a library: its own
         check_train_config(cfg)
+        unused = unused_size_keys(cfg, given)
+        if unused:
+            raise ConfigError("\n".join(unused))
         run_dir = Path(run_dir)
         ctx = init_distributed(cfg.trainer.device)
         # attention.fused=on checks the kernels on this device here, before the run directory is made
