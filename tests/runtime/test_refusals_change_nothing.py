@@ -378,26 +378,16 @@ def test_a_toy_rerun_refused_at_its_folder_changes_nothing(why, tmp_path, monkey
 @given(existing=st.sets(st.sampled_from(["a", "a/b", "a/b/c", "d", "d/e"])),
        target=st.sampled_from(["a/b/c/run", "a/x/run", "d/e", "d/e/f/g", "q/r", "a"]))
 def test_only_the_directories_that_were_missing_are_removed(existing, target, tmp_path_factory):
-    """Whatever existed before (an empty directory too) stays; what Hydra made for the refused job goes."""
+    """Whatever existed before (an empty directory too) stays; what a refused command's lock made goes."""
     root = tmp_path_factory.mktemp("m")
     for name in existing:
         (root / name).mkdir(parents=True, exist_ok=True)
     before = {p for p in root.rglob("*")}
     made = made_dirs.missing_dirs(root / target)
     assert all(not p.exists() for p in made) and (made[-1].parent.exists() if made else True)
-    (root / target).mkdir(parents=True, exist_ok=True)  # as Hydra makes it
+    (root / target).mkdir(parents=True, exist_ok=True)  # as the lock makes it
     remove_made_dirs(made)
     assert {p for p in root.rglob("*")} == before
-
-
-def test_remove_made_keeps_what_a_job_wrote(tmp_path, monkeypatch):
-    out = tmp_path / "a" / "run"
-    monkeypatch.setattr(made_dirs, "_job", (out, made_dirs.missing_dirs(out)))
-    out.mkdir(parents=True)
-    (out / "kept.txt").write_text("x")
-    made_dirs.remove_made(out)
-    assert (out / "kept.txt").is_file()
-
 
 
 # --- logger=wandb: its values and an online run's credentials, checked before the first change --------------------
