@@ -95,7 +95,8 @@ def run_job_first(work: Callable[[DictConfig], Any], config: DictConfig, dir_key
         out = str(OmegaConf.select(config, dir_key))
         if subdir_key is not None:
             out = os.path.join(out, str(OmegaConf.select(config, subdir_key)))
-        _exit_if_unmakeable(config, dir_key if subdir_key is None else f"{dir_key}/<{subdir_key}>", out)
+        _exit_if_unmakeable(config, dir_key if subdir_key is None else f"{dir_key}/<{subdir_key}>",
+                            os.path.abspath(out))
         with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
             config.hydra.runtime.output_dir = os.path.abspath(out)
         hydra_config.set_config(config)
@@ -148,6 +149,7 @@ class JobFirst(Callback):
         held = hydra_config.cfg
         try:
             hydra_config.set_config(config)
-            _exit_if_unmakeable(config, "hydra.sweep.dir", str(OmegaConf.select(config, "hydra.sweep.dir")))
+            _exit_if_unmakeable(config, "hydra.sweep.dir",
+                                os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
         finally:
             hydra_config.cfg = held
