@@ -30,6 +30,7 @@ from quest.runtime.errors import EXIT_BUG, program_name, reporting_errors
 from quest.store.files import atomic_write, write_text_atomic
 
 from ..helpers import FAST
+from ..interop_helpers import make_image_folder
 
 TRAIN = [*FAST, "trainer.max_steps=1"]
 TOY = ["grid=quick", "grid.lrs=[0.01]", "grid.weight_decays=[0.0]", "grid.data_seeds=[0]", "grid.init_seeds=[0]",
@@ -212,11 +213,14 @@ def test_a_sweeps_record_is_written_with_its_first_jobs_first_change(commands_ra
 
 
 # refused commands, each into folders that do not exist yet: a refusal by the config's checks (before the lock) and
-# one by the data (after it); the sweeps refuse every job
+# one by the data pre-flight (after it: an image folder beside the watched one, where the pre-flight keeps its cache);
+# the sweeps refuse every job
 REFUSED = {
     "train.py, a value": lambda t: (cli.train, ["train.py", *TRAIN, "recipe.lr=-1", f"hydra.run.dir={t / 'a' / 'run'}"]),
-    "train.py, its data": lambda t: (cli.train, ["train.py", *TRAIN, "data=imagefolder", "data.num_classes=3",
-                                                 f"data.root={t / 'nodata'}", f"hydra.run.dir={t / 'b' / 'run'}"]),
+    "train.py, its data": lambda t: (cli.train, ["train.py", *[a for a in TRAIN if not a.startswith("data")],
+                                                 "data=imagefolder", "data.num_classes=3",
+                                                 "data.num_workers=0", f"data.root={t.parent / 'bad_images'}",
+                                                 f"hydra.run.dir={t / 'b' / 'run'}"]),
     "eval.py": lambda t: (cli.evaluate, ["eval.py", "model=vit_pico", "attention=standard", "eval=clean",
                                          "eval.batch_size=0", f"hydra.run.dir={t / 'c' / 'results'}"]),
     "quest-toy": lambda t: (cli.toy, ["quest-toy", *TOY, "data.train_size=-1", f"hydra.run.dir={t / 'd' / 'toy'}"]),
@@ -233,15 +237,20 @@ REFUSED = {
 def test_a_refused_command_makes_no_directory_and_writes_nothing(name, tmp_path, monkeypatch, capsys):
     """Not made and removed again: the hook sees no directory made (Hydra's run or sweep directory, a job's) and
     no file written, multirun.yaml included; only the lock, with the folders that hold it, taken and put back."""
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.chdir(tmp_path / "cwd")
+    watched = tmp_path / "watched"
+    (watched / "cwd").mkdir(parents=True)
+    images = make_image_folder(tmp_path / "bad_images", per_class=2)
+    next((images / "train").rglob("*.png")).write_bytes(b"not an image")
+    monkeypatch.chdir(watched / "cwd")
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    main, argv = REFUSED[name](tmp_path)
-    seen = _watched(tmp_path, _command(main, argv, monkeypatch, code=1))
+    main, argv = REFUSED[name](watched)
+    seen = _watched(watched, _command(main, argv, monkeypatch, code=1))
     assert "error:" in capsys.readouterr().err
     changed = [c for c in seen if not _lock_or_its_folders(c, seen)]
     assert changed == [], changed[:5]
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cwd"]
+    assert sorted(p.name for p in watched.rglob("*")) == ["cwd"]
+    if name == "train.py, its data":  # refused after its lock: the lock's folders were made, and put back
+        assert any(c.event == "os.rmdir" for c in seen), seen[:5]
 
 
 def test_a_write_during_a_commands_checks_is_a_bug_and_nothing_is_written(tmp_path, capsys):
