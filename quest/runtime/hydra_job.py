@@ -15,8 +15,8 @@ its config is composed and nothing is made, and the directories become the job's
 
 The run directory is then made by the job's first write into it, or by its lock, which a command takes before its
 checks and which a refusal puts back with the folders it made (quest.store.owned_dir): nothing is made that a
-refusal would have to find and undo. A launcher that runs jobs elsewhere (``hydra/launcher=slurm``) runs Hydra's
-``run_job`` in the job's process, as before: there each job's directory is Hydra's, made before its checks.
+refusal would have to find and undo. quest's SLURM launcher (``hydra/launcher=slurm``) runs each job the same way in
+the job's process on its node; the sweep directory, where the jobs' logs go, is made when they are submitted.
 """
 from __future__ import annotations
 
