@@ -26,9 +26,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config.files import config_root, hydra_config_path
+from quest.run.hydra_job import run_app
 from quest.run.sweep_jobs import job_failed, sweep_failure
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
-from quest.runtime.hydra_job import run_app
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]

@@ -3,7 +3,7 @@ default, configs/hydra/sweeper/quest.yaml and configs/hydra/launcher/quest.yaml)
 
 Hydra's basic ones, with each job's checks before any directory of the sweep is made: the sweeper does not make the
 sweep directory or write ``multirun.yaml`` before the first job, and the launcher runs each job as
-quest.runtime.hydra_job runs a single run (before ``run_job``, which would make the job's directory first). The sweep's
+quest.run.hydra_job runs a single run (before ``run_job``, which would make the job's directory first). The sweep's
 ``multirun.yaml`` is written with the first change of the first job whose checks pass; a refused job's directory is
 never made. Here, not in quest, because Hydra takes sweepers and launchers only from the ``hydra_plugins`` namespace;
 Hydra imports this module whenever it starts, so it imports quest only when a sweep runs.
@@ -61,10 +61,10 @@ class QuestSweeper(BasicSweeper):
 
 class QuestLauncher(BasicLauncher):
     """Hydra's basic launcher (the jobs one after another in this process), each job run before Hydra would make its
-    directory (quest.runtime.hydra_job.run_job_first)."""
+    directory (quest.run.hydra_job.run_job_first)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from quest.runtime import hydra_job
+        from quest.run import hydra_job
         from quest.runtime.phase import after_checks, command_phases
 
         setup_globals()

@@ -1,7 +1,7 @@
 """The directories a command's output will be made in: which of them are missing (:func:`missing_dirs`: the folders
 a lock taken before the checks makes, and puts back on a refusal, quest.store.owned_dir), and what keeps one from
 being made (:func:`output_dir_problem`: checked before Hydra runs for the command line's ``hydra.run.dir=``, and before
-each job for the configured one, quest.runtime.hydra_job).
+each job for the configured one, quest.run.hydra_job).
 """
 from __future__ import annotations
 
