@@ -255,20 +255,24 @@ def test_a_refused_command_makes_no_directory_and_writes_nothing(name, tmp_path,
 
 
 def test_a_slurm_job_refused_on_its_node_makes_no_directory_of_its_own(tmp_path, monkeypatch, capsys):
-    """``hydra/launcher=slurm_cpu``, each job run here as submitit runs it on its node (the plugin's submission
-    replaced by a call of the job: no cluster is needed to see what the job does): the refused job makes no
+    """``hydra/launcher=slurm_cpu``, each job run here as submitit runs it on its node (submitit's executor replaced
+    by one that calls the job: no cluster is needed to see what the job does): the refused job makes no
     directory. The sweep directory and its multirun.yaml are made before the first job, as Hydra's sweeper makes them:
     the jobs' logs go there when they are submitted."""
     pytest.importorskip("submitit")
     import submitit
-    from hydra.core.singleton import Singleton
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as PluginLauncher
 
-    def on_this_node(self, job_overrides, initial_job_idx):
-        return [self(list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{i}", Singleton.get_state())
-                for i, overrides in enumerate(job_overrides)]
+    class OnThisNode:  # submitit's executor, each job called here instead of submitted with sbatch
+        def __init__(self, **params):
+            pass
 
-    monkeypatch.setattr(PluginLauncher, "launch", on_this_node)
+        def update_parameters(self, **params):
+            pass
+
+        def map_array(self, job, *columns):
+            return [SimpleNamespace(results=lambda ret=job(*args): [ret]) for args in zip(*columns)]
+
+    monkeypatch.setattr(submitit, "AutoExecutor", lambda cluster, **params: OnThisNode(**params))
     monkeypatch.setattr(submitit, "JobEnvironment", lambda: SimpleNamespace(job_id="42_0"))
     watched, sweep = tmp_path / "watched", tmp_path / "watched" / "sweep"
     (watched / "cwd").mkdir(parents=True)
@@ -276,8 +280,8 @@ def test_a_slurm_job_refused_on_its_node_makes_no_directory_of_its_own(tmp_path,
     argv = ["train.py", "-m", "hydra/launcher=slurm_cpu", *TRAIN, "recipe.lr=-1", f"hydra.sweep.dir={sweep}"]
     seen = _watched(watched, _command(cli.train, argv, monkeypatch, code=1))
     assert "recipe.lr must be > 0" in capsys.readouterr().err
-    made = [c.path for c in seen if c.event == "os.mkdir" and not _lock_or_its_folders(c, seen)]
-    assert made == [sweep], made
+    made = {c.path for c in seen if c.event == "os.mkdir" and not _lock_or_its_folders(c, seen)}
+    assert made == {sweep}, made  # asked for by the sweeper and again by the plugin's submission
     assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
 
 
