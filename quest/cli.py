@@ -187,7 +187,6 @@ def evaluate() -> None:
         from quest.evaluation.config import register_completion_config
 
         register_completion_config()
-        _register_plugins()
         _eval_app()
         return
     _exit_after_help("quest-eval", EVAL_USAGE, None, "eval")

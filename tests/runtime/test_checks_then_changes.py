@@ -222,6 +222,8 @@ REFUSED = {
                                                  "data=imagefolder", "data.num_classes=3",
                                                  "data.num_workers=0", f"data.root={t.parent / 'bad_images'}",
                                                  f"hydra.run.dir={t / 'b' / 'run'}"]),
+    "train.py, hydra.job.chdir": lambda t: (cli.train, ["train.py", *TRAIN, "hydra.job.chdir=true",
+                                                        f"hydra.run.dir={t / 'h' / 'run'}"]),
     "eval.py": lambda t: (cli.evaluate, ["eval.py", "model=vit_pico", "attention=standard", "eval=clean",
                                          "eval.batch_size=0", f"hydra.run.dir={t / 'c' / 'results'}"]),
     "quest-toy": lambda t: (cli.toy, ["quest-toy", *TOY, "data.train_size=-1", f"hydra.run.dir={t / 'd' / 'toy'}"]),
