@@ -26,9 +26,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from quest.config.files import config_root, hydra_config_path
+from quest.run.hydra_job import run_app
 from quest.run.sweep_jobs import job_failed, sweep_failure
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
-from quest.store.made_dirs import remove_made
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
@@ -67,9 +67,11 @@ def _exit_if_sweep_failed(app: str) -> None:
         sys.exit(failure[0])
 
 
-@hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="train")
-def _train_app(cfg: DictConfig) -> Any:
+def _train_job(cfg: DictConfig) -> Any:
     return _as_job(lambda: _train(cfg))
+
+
+_train_app = hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="train")(_train_job)
 
 
 def _train(cfg: DictConfig) -> None:
@@ -78,12 +80,8 @@ def _train(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in ("model", "attention", "recipe", "data")}
     with reporting_errors(program_name("quest-train")):
-        try:
-            summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg),
-                          given=list(hc.overrides.task))
-        except Exception:
-            remove_made(hc.runtime.output_dir)  # the directories Hydra made for a refused run go too
-            raise
+        summary = fit(cfg, hc.runtime.output_dir, choices, provenance=_hydra_record(cfg),
+                      given=list(hc.overrides.task))
     code = exit_code(summary, multirun=hc.mode == RunMode.MULTIRUN)
     if code:
         sys.exit(code)
@@ -108,21 +106,26 @@ def train() -> None:
     _exit_after_help("quest-train", TRAIN_USAGE, TrainConfig, "train")
     sys.argv = rewrite_attention_override(sys.argv)
     exit_on_bad_overrides(program_name("quest-train"), sys.argv[1:], TrainConfig, config_root(), "train")
-    _register_slurm_launcher()
-    _train_app()
+    _register_plugins()
+    run_app(_train_app, _train_job)
     _exit_if_sweep_failed("quest-train")
 
 
-def _register_slurm_launcher() -> None:
-    """Hydra finds launchers by listing the hydra_plugins namespace, which an editable install (the README's
-    ``pip install -e``) maps through an import hook that cannot be listed: registered by hand, quest's launcher
-    (``hydra/launcher=slurm``) is found in a checkout as in a wheel. Without the [slurm] extra there is none."""
+def _register_plugins() -> None:
+    """Hydra finds sweepers and launchers by listing the hydra_plugins namespace, which an editable install (the
+    README's ``pip install -e``) maps through an import hook that cannot be listed: registered by hand, quest's
+    (``hydra/sweeper=quest`` and ``hydra/launcher=quest``, every app's default; ``hydra/launcher=slurm``) are found
+    in a checkout as in a wheel. Without the [slurm] extra there is no SLURM launcher."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.quest_launcher.local import QuestLauncher, QuestSweeper
+
+    for plugin in (QuestSweeper, QuestLauncher):
+        Plugins.instance().register(plugin)
     try:
         from hydra_plugins.quest_launcher import SlurmLauncher
     except ImportError:
         return
-    from hydra.core.plugins import Plugins
-
     Plugins.instance().register(SlurmLauncher)
 
 
@@ -156,9 +159,11 @@ def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) ->
 
 
 # --- evaluation ----------------------------------------------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="eval")
-def _eval_app(cfg: DictConfig) -> Any:
+def _eval_job(cfg: DictConfig) -> Any:
     return _as_job(lambda: _evaluate(cfg))
+
+
+_eval_app = hydra.main(version_base="1.3", config_path=hydra_config_path(), config_name="eval")(_eval_job)
 
 
 def _evaluate(cfg: DictConfig) -> None:
@@ -173,7 +178,6 @@ def _evaluate(cfg: DictConfig) -> None:
         except Exception as exc:
             if is_user_error(exc):  # the log file (when one was started) keeps the error too
                 logging.getLogger("quest.eval").error("%s", describe(exc))
-            remove_made(hc.runtime.output_dir)
             raise
 
 
@@ -196,7 +200,8 @@ def evaluate() -> None:
     sys.argv = rewrite_attention_override(rewrite_model_override(sys.argv))
     exit_on_bad_overrides(program_name("quest-eval"), sys.argv[1:], eval_config_schema(), config_root(), "eval")
     _exit_if_nothing_to_evaluate(sys.argv[1:])
-    _eval_app()
+    _register_plugins()
+    run_app(_eval_app, _eval_job)
     _exit_if_sweep_failed("quest-eval")
 
 
@@ -214,9 +219,11 @@ def _exit_if_nothing_to_evaluate(args: list[str]) -> None:
 
 
 # --- toy study -----------------------------------------------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=hydra_config_path("toy"), config_name="toy")
-def _toy_app(cfg: DictConfig) -> Any:
+def _toy_job(cfg: DictConfig) -> Any:
     return _as_job(lambda: _toy(cfg))
+
+
+_toy_app = hydra.main(version_base="1.3", config_path=hydra_config_path("toy"), config_name="toy")(_toy_job)
 
 
 def _toy(cfg: DictConfig) -> None:
@@ -248,9 +255,6 @@ def _toy(cfg: DictConfig) -> None:
             print(summary_table(result["success_rates"]))
             logging.getLogger("quest.toy").info("toy study (%s grid) written to %s in %.0f s", cfg.grid.name,
                                                 out_dir, time.perf_counter() - start)
-        except Exception:
-            remove_made(hc.runtime.output_dir)  # only directories still empty: a study's outputs stay
-            raise
         finally:
             stop_log_file(handler[0] if handler else None)
 
@@ -262,7 +266,8 @@ def toy() -> None:
 
     register_toy_config()
     exit_on_bad_overrides(program_name("quest-toy"), sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
-    _toy_app()
+    _register_plugins()
+    run_app(_toy_app, _toy_job)
     _exit_if_sweep_failed("quest-toy")
 
 

@@ -34,3 +34,26 @@ if _PluginSlurmLauncher is not None:
                 raise SystemExit(EXIT_ERROR) from None
             sweep_jobs.record_returns(returns)
             return returns
+
+        def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
+                     singleton_state: dict) -> JobReturn:
+            """In the SLURM job's process: the plugin's job, composed as the plugin composes it, run before Hydra's
+            run_job would make its directory (quest.run.hydra_job.run_job_first): a job refused on the cluster
+            leaves no directory of its own. Its resubmission after a preemption comes here again."""
+            import submitit
+            from hydra.core.singleton import Singleton
+            from hydra.core.utils import setup_globals
+            from omegaconf import open_dict
+
+            from quest.run.hydra_job import run_job_first
+            from quest.runtime.phase import command_phases
+
+            assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+            Singleton.set_state(singleton_state)
+            setup_globals()
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+            with open_dict(sweep_config.hydra.job) as job:
+                job.id = submitit.JobEnvironment().job_id
+                sweep_config.hydra.job.num = job_num
+            with command_phases(f"quest-{sweep_config.hydra.job.name}"):
+                return run_job_first(self.task_function, sweep_config, job_dir_key, "hydra.sweep.subdir")

@@ -2,7 +2,8 @@
 values (logger.mode, and WANDB_MODE that gives logger=wandb its mode; logger.project, logger.entity), and, for an
 online run, that wandb has credentials. Without them ``wandb.init`` would fail (or, at a terminal, prompt) only once
 the run directory had been written to. Nothing here connects to the network, prompts, or writes a file: whether the
-key is accepted by the server is left to ``wandb.init``.
+key is accepted by the server is left to ``wandb.init``, which cannot be asked without starting a run (and writing its
+folder), so a training run starts it as its first change once the checks have passed (quest.train.lifecycle).
 
 Where wandb finds credentials (wandb 0.31, ``wandb.sdk.lib.wbauth``; what ``wandb.init`` calls before it prompts):
 the environment (WANDB_API_KEY, or WANDB_IDENTITY_TOKEN_FILE for federated identity), then the netrc file (NETRC, else

@@ -112,10 +112,10 @@ def init_wandb(out_dir: Path, then: str, **kwargs: Any) -> Any:
 
 def start_wandb(run_dir: Path, cfg: Any, choices: dict[str, str], resume_id: str | None,
                 archived: bool = False) -> Any:
-    """The training run's wandb run (logger.wandb; else None), started before the run directory is claimed: a
-    wandb.init that fails leaves the run directory as it was (:func:`init_wandb`). ``archived``: started after an
-    earlier run was moved to ``.replaced/`` (trainer.overwrite=true), which a failure leaves there. A resume continues
-    ``resume_id``'s wandb run."""
+    """The training run's wandb run (logger.wandb; else None), started as the first change once the run directory is
+    claimed (wandb.init cannot be checked without starting it): a wandb.init that fails leaves the run directory as
+    it was but its lock (:func:`init_wandb`). ``archived``: started after an earlier run was moved to ``.replaced/``
+    (trainer.overwrite=true), which a failure leaves there. A resume continues ``resume_id``'s wandb run."""
     from omegaconf import OmegaConf
 
     lc = cfg.logger
@@ -124,7 +124,7 @@ def start_wandb(run_dir: Path, cfg: Any, choices: dict[str, str], resume_id: str
     group = lc.group or wandb_group(choices)
     name = lc.name or f"{choices.get('attention', '?')}-seed{cfg.trainer.seed}"
     done = (f"the earlier run was moved to {run_dir / '.replaced'}/" if archived else
-            f"nothing was written to {run_dir}")
+            f"nothing was written to {run_dir} but its lock file")
     then = (f"{done}: rerun the same command once wandb's server can be reached, or log offline (WANDB_MODE=offline "
             "or logger.mode=offline; `wandb sync` uploads the run later)")
     return init_wandb(run_dir, then, project=lc.project, entity=lc.entity, mode=lc.mode, group=group, name=name,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from quest.runtime.phase import begin_changes
 from quest.store.locks import holder_text, lock_file
-from quest.store.tree import REPLACED, move_aside
+from quest.store.made_dirs import missing_dirs
+from quest.store.tree import REPLACED, move_aside, remove_made_dirs
 
 __all__ = ["OwnedDirectory"]
 
@@ -32,6 +33,7 @@ class OwnedDirectory:
         self.path, self.is_main = Path(path), is_main
         self._lock_fd: int | None = None
         self._lock_before, self._claimed, self._lock_was_there = b"", False, False
+        self._made: list[Path] = []  # the folders the lock made (the directory and its missing parents)
 
     @property
     def lock_path(self) -> Path:
@@ -43,7 +45,9 @@ class OwnedDirectory:
         if not self.is_main:
             return
         self._lock_was_there = self.lock_path.exists()
-        fd = lock_file(self.lock_path, self.what)
+        made = missing_dirs(self.path)
+        fd = lock_file(self.lock_path, self.what)  # a refused LockHeld found the directory there: nothing made
+        self._made = made
         # a command refused before claim() puts the old content back (unlock)
         self._lock_before = os.pread(fd, os.fstat(fd).st_size, 0)  # all of it: a refusal puts back every byte
         self._write_lock(fd, self.holder())
@@ -70,7 +74,8 @@ class OwnedDirectory:
         begin_changes()
 
     def unlock(self) -> None:
-        """Release the lock; unclaimed, leave the lock file as it was before :meth:`lock`, or gone if it made it."""
+        """Release the lock; unclaimed, leave the lock file as it was before :meth:`lock`, or gone if it made it,
+        with the folders it made to hold it (each only while empty)."""
         if self._lock_fd is None:
             return
         if not self._claimed:
@@ -80,6 +85,9 @@ class OwnedDirectory:
                 self.lock_path.unlink(missing_ok=True)  # still held: no other process has it locked
         os.close(self._lock_fd)
         self._lock_fd = None
+        if not self._claimed:
+            remove_made_dirs(self._made)
+        self._made = []
 
     def held_elsewhere(self) -> bool:
         """Whether another process holds the lock (a record saying 'running' without it was killed). Only reads: a

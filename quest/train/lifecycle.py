@@ -10,7 +10,7 @@ saved at a step boundary), requeued (SIGUSR1). docs/training.md, "Runs, resume a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,14 +81,19 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
             directory.unlock()
 
 
-def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], continuing: bool) -> logging.Handler | None:
-    """Every check has passed: claim the lock, clear a killed write's temporaries, make the plan's repairs, write
-    the command's record and start train.log. Returns the log handler to remove at the end."""
+def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], continuing: bool,
+            start_wandb_run: Callable[[], Any] | None = None) -> tuple[logging.Handler | None, Any]:
+    """Every check has passed: claim the lock, start the wandb run, clear a killed write's temporaries, make the
+    plan's repairs, write the command's record and start train.log. Returns the log handler to remove at the end and
+    the wandb run (None without one)."""
     directory.claim()  # every rank's changes begin here (quest.runtime.phase); only the main process writes
     if not directory.is_main:
-        return None
+        return None, None
     if plan.archive_all:  # the earlier run goes whole, its train.log included, before this run's log begins
         carry_out(directory, plan, continuing)
+    # the first change after the checks (but the archive of the run it replaces, whose wandb/ goes with it):
+    # wandb.init cannot be checked without starting it (whether its server answers and takes the key)
+    wandb_run = start_wandb_run() if start_wandb_run is not None else None
     handler = start_log_file(directory.path / "train.log")
     try:
         Checkpointer(directory.path / "checkpoints", DistContext(), False).clean_temporaries()
@@ -99,7 +104,7 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
     except BaseException:
         stop_log_file(handler)  # the caller only stops the handler it was given
         raise
-    return handler
+    return handler, wandb_run
 
 
 def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext,
@@ -137,16 +142,12 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         run.init_weights(tr.init_from)
     elif cfg.model.get("pretrained"):
         run.init_pretrained(cfg.model.pretrained, bool(cfg.model.get("pretrained_download", False)))
-    # the last step that can fail before the run directory is claimed: wandb.init (its server unreachable, its key
-    # refused) stops the command with the directory as it was; wandb finishes its run at exit if a step below fails.
-    # Not where an earlier run is archived (trainer.overwrite=true): its wandb/ moves to .replaced/ first
-    wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id) if ctx.is_main and not plan.archive_all else None
-    handler = _accept(directory, plan, provenance, continuing=True)
+    # wandb finishes its run at exit if a step below fails
+    handler, wandb_run = _accept(directory, plan, provenance, continuing=True, start_wandb_run=lambda: start_wandb(
+        run_dir, cfg, choices, run.state.wandb_id, archived=plan.archive_all))
     try:
         directory.write_record(config, "resume" if plan.checkpoint else "start", run.state.step, plan.changes,
                                ran)
-        if ctx.is_main and plan.archive_all:
-            wandb_run = start_wandb(run_dir, cfg, choices, run.state.wandb_id, archived=True)
         logger = RunLogger(run_dir, cfg, cfg.logger, enabled=ctx.is_main, wandb_run=wandb_run)
         run.state.logs_to(logger.wandb_id)
         # the input size the model was built for: a timm name's trailing number is its default (vit_pico_patch4_16

@@ -378,26 +378,16 @@ def test_a_toy_rerun_refused_at_its_folder_changes_nothing(why, tmp_path, monkey
 @given(existing=st.sets(st.sampled_from(["a", "a/b", "a/b/c", "d", "d/e"])),
        target=st.sampled_from(["a/b/c/run", "a/x/run", "d/e", "d/e/f/g", "q/r", "a"]))
 def test_only_the_directories_that_were_missing_are_removed(existing, target, tmp_path_factory):
-    """Whatever existed before (an empty directory too) stays; what Hydra made for the refused job goes."""
+    """Whatever existed before (an empty directory too) stays; what a refused command's lock made goes."""
     root = tmp_path_factory.mktemp("m")
     for name in existing:
         (root / name).mkdir(parents=True, exist_ok=True)
     before = {p for p in root.rglob("*")}
     made = made_dirs.missing_dirs(root / target)
     assert all(not p.exists() for p in made) and (made[-1].parent.exists() if made else True)
-    (root / target).mkdir(parents=True, exist_ok=True)  # as Hydra makes it
+    (root / target).mkdir(parents=True, exist_ok=True)  # as the lock makes it
     remove_made_dirs(made)
     assert {p for p in root.rglob("*")} == before
-
-
-def test_remove_made_keeps_what_a_job_wrote(tmp_path, monkeypatch):
-    out = tmp_path / "a" / "run"
-    monkeypatch.setattr(made_dirs, "_job", (out, made_dirs.missing_dirs(out)))
-    out.mkdir(parents=True)
-    (out / "kept.txt").write_text("x")
-    made_dirs.remove_made(out)
-    assert (out / "kept.txt").is_file()
-
 
 
 # --- logger=wandb: its values and an online run's credentials, checked before the first change --------------------
@@ -460,10 +450,13 @@ def test_a_refused_wandb_eval_changes_nothing(tmp_path, earlier_run, monkeypatch
 
 
 @pytest.mark.parametrize("state", STATES)
-def test_a_wandb_run_that_does_not_start_changes_nothing(state, tmp_path, earlier_run, monkeypatch, capsys):
+def test_a_wandb_run_that_does_not_start_changes_nothing_but_the_lock(state, tmp_path, earlier_run, monkeypatch,
+                                                                        capsys):
     """Credentials found, but wandb.init fails (its server unreachable: wandb raises CommError after its
-    init_timeout) having made its folder under <run>/wandb: the command stops with one line before the run directory
-    is claimed, and the folder wandb made goes. In an earlier run's directory the command would resume it."""
+    init_timeout) having made its folder under <run>/wandb. wandb.init cannot be checked without starting it, so it
+    is the first change once the run directory is claimed: the command stops with one line, the folder wandb made
+    goes, and the run directory is as it was but its lock file, which names this command (and, in a new directory,
+    the folders that hold it). In an earlier run's directory the command would resume it."""
     from wandb.errors import CommError
 
     cwd, run = place(state, tmp_path, earlier_run)
@@ -490,9 +483,17 @@ def test_a_wandb_run_that_does_not_start_changes_nothing(state, tmp_path, earlie
         (run / "wandb" / "latest-run").symlink_to(earlier.name)
         (run / "wandb" / "debug.log").symlink_to(f"{earlier.name}/logs/debug.log")
     more = ["trainer.max_steps=2"] if state == "earlier" else []  # a finished run would only be reported
-    refused("train.py", [*TRAIN, f"hydra.run.dir={run}", "logger=wandb", *more], cwd,
-            "the wandb run did not start (CommError: Timed out", tmp_path, monkeypatch, capsys)
+    before = tree_state(tmp_path)
+    code, err = start("train.py", [*TRAIN, f"hydra.run.dir={run}", "logger=wandb", *more], cwd, monkeypatch, capsys)
+    assert code == EXIT_ERROR and err.count("train.py: error: ") == 1 and "Traceback" not in err, err[-3000:]
+    assert "the wandb run did not start (CommError: Timed out" in err and "but its lock file" in err, err[-3000:]
     assert len(calls) == 1 and calls[0]["mode"] == "online"
+    after = tree_state(tmp_path)
+    lock = str((run / ".lock").relative_to(tmp_path))
+    assert (run / ".lock").read_text().startswith(f"pid {os.getpid()} ")  # claimed: it names this command
+    made = {str(p.relative_to(tmp_path)) for p in [run, *run.parents] if p.is_relative_to(tmp_path)} - set(before)
+    assert {k: v for k, v in after.items() if k != lock and k not in made} == \
+        {k: v for k, v in before.items() if k != lock}
     if state == "earlier":  # tree_state() holds the targets too; said here in words
         assert os.readlink(run / "wandb" / "latest-run") == earlier.name
         assert os.readlink(run / "wandb" / "debug.log") == f"{earlier.name}/logs/debug.log"
