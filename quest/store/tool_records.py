@@ -1,9 +1,10 @@
-"""The files quest's data tools write and read back, as typed records (quest.store.records): ``_ledger.jsonl`` (its header
-and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
-field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
-before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
-a shard read and linked); a file that fails is one :class:`~quest.store.damage.DamagedFile` naming the file and the field
-(docs/data.md, "What the data tools read back").
+"""The files quest's data tools write and read back, as typed records (quest.store.records): a shard folder's
+``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache (what a tool wrote, and from which
+source, is the folder's manifest: quest.store.manifest). Every field's type and range is checked, and every path a
+file names must stay inside the folder the file belongs to, before a tool believes it or acts on it (an
+``_info.json`` filename is a shard read and linked); a file that fails is one
+:class:`~quest.store.damage.DamagedFile` naming the file and the field (docs/data.md, "What the data tools read
+back").
 """
 from __future__ import annotations
 
@@ -16,23 +17,8 @@ from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.records import bounded, check_fields, relative_path
 
-__all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
-           "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
-           "check_preflight_cache"]
-
-
-@dataclass
-class LedgerHeader:
-    tool: str
-    params: dict[str, Any]
-
-
-@dataclass
-class LedgerLine:
-    key: str  # what the output was made from (a path under the source, or a shard's name)
-    out: str | None = field(metadata=relative_path())  # the output's path under the ledger's folder; null: removed
-    stamp: str | None = None  # the source's state it was made from
-    made: str | None = None  # the output's own size and modification time as the tool wrote it (older ledgers: none)
+__all__ = ["InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem", "PreflightCache", "check_info",
+           "check_capped", "check_preflight_cache"]
 
 
 @dataclass
@@ -80,18 +66,6 @@ def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where
     missing = [k for k in keys if k not in data]
     if missing:
         raise DamagedFile(source, f"{f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}", joined=": ")
-
-
-def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
-    check_fields(LedgerHeader, header, source)
-    _require(header, ("tool", "params"), source, "the header line quest's data tools write")
-    return LedgerHeader(header["tool"], header["params"])
-
-
-def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
-    check_fields(LedgerLine, row, source, folder)  # out inside the folder: a rerun deletes it
-    _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
-    return LedgerLine(row["key"], row["out"], row.get("stamp"), row.get("made"))
 
 
 def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
