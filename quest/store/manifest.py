@@ -176,7 +176,10 @@ class Manifest:
             return False
         if st.st_mtime_ns == entry.mtime_ns:
             return True
-        return entry.sha256 is not None and file_sha256(path) == entry.sha256
+        if entry.sha256 is None or file_sha256(path) != entry.sha256:
+            return False
+        entry.mtime_ns = st.st_mtime_ns  # the same bytes, touched: digested once, not on every later check
+        return True
 
     def _name(self, path: str | Path) -> str:
         return str(Path(path).relative_to(self.folder))
@@ -274,12 +277,10 @@ class Manifest:
         self._add(self._entry(out, source=source, stamp=stamp))
         self.written += 1
 
-    def drop(self, source: str) -> None:
-        """Remove the output made from ``source`` (its source changed or is gone) and say so; a file in its place
-        that is not what the tool wrote is moved to ``.replaced/`` instead."""
-        name = self.sources()[source]
-        entry = self.entries[name]
-        if self._unchanged(entry):
+    def _drop(self, name: str, unchanged: bool) -> None:
+        """Remove the output ``name`` (its source changed or is gone) and say so; a file in its place that is not
+        what the tool wrote (not ``unchanged``) is moved to ``.replaced/`` instead."""
+        if unchanged:
             remove(self.folder / name)
         else:
             move_aside(self.folder, [self.folder / name], UNRECORDED)
@@ -289,10 +290,13 @@ class Manifest:
     def drop_stale(self, stamps: dict[str, str], sources: set[str] | None = None) -> list[str]:
         """Drop every output (of ``sources``, default all) whose source is not in ``stamps`` or has another stamp
         now, or that is no longer what the tool wrote; the sources dropped."""
-        stale = [s for s, name in self.sources().items() if (sources is None or s in sources)
-                 and (stamps.get(s) != self.entries[name].stamp or not self._unchanged(self.entries[name]))]
-        for source in stale:
-            self.drop(source)
+        stale = []
+        for source, name in self.sources().items():
+            if sources is None or source in sources:
+                unchanged = self._unchanged(self.entries[name])  # judged once: a digest can be costly
+                if stamps.get(source) != self.entries[name].stamp or not unchanged:
+                    self._drop(name, unchanged)
+                    stale.append(source)
         return stale
 
     def report(self, kept: int) -> dict[str, int]:
