@@ -143,6 +143,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         manifest.close()
         capped = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
                                                          "linked": linked})
+        manifest.note([dst / CAPPED_INFO])  # the manifest lists every file the command wrote
     return {**capped, "this_run": manifest.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
 
 
@@ -246,6 +247,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         write_text_atomic(dst / info_path.name, info_path.read_text())
         capped = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
             known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
+        manifest.note([dst / info_path.name, dst / CAPPED_INFO])
     return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
 
 

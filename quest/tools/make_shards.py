@@ -121,7 +121,9 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
             log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
         log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
                  manifest.written, manifest.removed, len(planned) - manifest.written)
-        return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+        info = _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+        manifest.note([info])  # on record like the shards: the manifest lists every file the command wrote
+        return info
 
 
 def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
