@@ -25,9 +25,10 @@ and rsync use, so that a rerun over gigabytes of shards reads none of them; only
 another modification time is digested and compared with the SHA-256 taken when it was written. An edit to the same
 size that also puts the modification time back goes unseen; anything else is caught.
 
-A folder an earlier quest wrote holds ``.written.json`` or ``_ledger.jsonl`` instead (quest.store.old_manifests):
-read and checked the same way while there is no manifest, carried into it on the command's next write, and removed
-once the manifest is on disk.
+A folder an earlier quest wrote holds ``.written.json`` or ``_ledger.jsonl`` instead (quest.store.old_manifests),
+read and checked the same way: ``.written.json`` while there is no manifest, the ledger by the first resumable tool
+that holds the folder (only such a tool wrote one). Either is carried into the manifest on the command's next write
+and removed once the manifest is on disk; a command refused before its first change leaves it as it was.
 """
 from __future__ import annotations
 
@@ -96,11 +97,12 @@ class Manifest:
         self.carried: list[Path] = []  # an older quest's records read here: removed once the manifest is written
         self._append: TextIO | None = None
         self.written = self.removed = 0  # what this command did to the files of the manifest, for its report
-        self.fresh = not self._is_file(self.path)  # no manifest yet: an older quest's records are carried
-        if self.fresh:
-            self._carry(OLD_RECORD)
-        else:
+        if self._is_file(self.path):
             self._read()
+            if (self.folder / OLD_RECORD).is_file():  # a kill came before it was removed: its content is here
+                self.carried.append(self.folder / OLD_RECORD)
+        else:  # no manifest yet: an older quest's record is carried
+            self._carry(OLD_RECORD)
 
     @staticmethod
     def _is_file(path: Path) -> bool:
@@ -145,8 +147,9 @@ class Manifest:
             self.entries[entry.path] = entry
 
     def _carry(self, name: str) -> None:
-        """An older quest's record ``name``, when this folder has no manifest (module docstring): the data tools'
-        ledger is read only by a resumable tool (:meth:`resume`), the one command that wrote it."""
+        """An older quest's record ``name`` (module docstring): ``.written.json`` while this folder has no manifest;
+        the data tools' ledger by the first resumable tool that holds the folder (:meth:`resume`), the one kind of
+        command that wrote it, also where another command began the manifest since."""
         if name == OLD_LEDGER:
             settings, rows = read_old_ledger(self.folder)
         else:
@@ -213,7 +216,7 @@ class Manifest:
         write_text_atomic(self.path, header + "".join(e.line() for _, e in sorted(self.entries.items())))
         for old in self.carried:  # its content is in the manifest now
             remove(old)
-        self.carried, self.fresh = [], False
+        self.carried = []
 
     def begin(self) -> None:
         """Start appending (a resumable tool, once its checks passed): the folder made, the manifest rewritten whole
@@ -251,8 +254,7 @@ class Manifest:
     def resume(self, params: dict[str, Any]) -> bool:
         """Check that this folder is this tool's with these ``params`` (its settings; a ValueError naming the
         writer otherwise), and whether this tool wrote here before."""
-        if self.fresh and self.folder / OLD_LEDGER not in self.carried:
-            self._carry(OLD_LEDGER)
+        self._carry(OLD_LEDGER)  # there until a resumable tool carried it
         for tool, theirs in self.settings.items():
             if (tool, theirs) != (self.command, params):
                 raise ValueError(f"{self.folder} was written by {tool} with {theirs}; this command is {self.command} "

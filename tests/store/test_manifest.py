@@ -19,6 +19,7 @@ from quest.store.manifest import MANIFEST_NAME, Manifest
 from quest.store.old_manifests import OLD_LEDGER, OLD_RECORD
 from quest.store.output_folder import holding
 from quest.tools.capped import TOOL, cap_folder
+from quest.tools.make_shards import convert_image_folder, write_index
 
 from ..tree_state import tree_state
 
@@ -91,11 +92,11 @@ def _old_ledger(dst: Path) -> None:
     """``dst``'s manifest turned into the ledger quest-data cap kept before it: a header, then a line per output
     with its source, the source's stamp, and the output's size and modification time as ``made``."""
     lines = (dst / MANIFEST_NAME).read_text().splitlines()
-    header = json.loads(lines[0])
-    rows = [json.dumps({"tool": TOOL, "params": header["settings"][TOOL]})]
+    ((tool, params),) = json.loads(lines[0])["settings"].items()
+    rows = [json.dumps({"tool": tool, "params": params})]
     for line in lines[1:]:
         entry = json.loads(line)
-        if "source" not in entry:  # _capped.json: the ledger did not list it
+        if "source" not in entry:  # _capped.json, _info.json: the ledger did not list them
             continue
         rows.append(json.dumps({"key": entry["source"], "out": entry["path"], "stamp": entry["stamp"],
                                 "made": f"{entry['size']}:{entry['mtime_ns']}"}))
@@ -120,6 +121,27 @@ def test_a_copy_an_older_quest_made_is_followed_and_its_ledger_carried_into_the_
     (src / "train/c0/b.png").unlink()  # the source changed: followed as before
     assert cap_folder(src, dst, 16)["this_run"] == {"kept": 2, "written": 0, "removed": 1}
     assert not (dst / "train/c0/b.png").exists() and not (dst / ".replaced").exists()
+
+
+def test_an_older_conversion_indexed_since_is_still_followed(tmp_path):
+    """``make_shards index`` (which does not read the ledger) begins the manifest of a folder an older conversion
+    wrote; the next conversion carries the ledger still: nothing redone, nothing set aside."""
+    src, out = _source(tmp_path / "src"), tmp_path / "shards"
+
+    def convert():
+        return convert_image_folder(src, out, [("train", "train")], name="toy", shard_size=2)
+
+    convert()
+    _old_ledger(out)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.tar")}
+    write_index(out, {"train": "toy-train-*.tar"})
+    assert (out / OLD_LEDGER).exists() and (out / MANIFEST_NAME).exists()
+    convert()
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.tar")} == before
+    assert not (out / OLD_LEDGER).exists()
+    # only the _info.json the conversion wrote, which index wrote over (its splits kept in the new one)
+    assert [p.name for p in (out / ".replaced").rglob("*") if p.is_file()] == ["_info.json"]
+    assert set(before) <= set(Manifest(out, "make_shards convert").sources().values())
 
 
 def test_an_older_record_is_carried_only_for_files_that_still_hold_what_it_says(tmp_path):
