@@ -154,8 +154,11 @@ class Manifest:
             settings, rows = read_old_ledger(self.folder)
         else:
             settings, rows = {}, read_old_record(self.folder)
-        for row in rows:  # checked as the old file: these hold nothing unchecked
-            self._believe(row)
+        try:
+            for row in rows:  # each checked as its old file's line was, and again as an entry
+                self._believe(row)
+        except DamagedFile as exc:
+            raise DamagedFile(self.folder / name, exc.problem, REMEDY, ": ") from None
         self.settings.update(settings)
         if (self.folder / name).exists():
             self.carried.append(self.folder / name)

@@ -125,7 +125,7 @@ def test_a_copy_an_older_quest_made_is_followed_and_its_ledger_carried_into_the_
 
 def test_an_older_conversion_indexed_since_is_still_followed(tmp_path):
     """``make_shards index`` (which does not read the ledger) begins the manifest of a folder an older conversion
-    wrote; the next conversion carries the ledger still: nothing redone, nothing set aside."""
+    wrote; the next conversion carries the ledger still: no shard redone or set aside."""
     src, out = _source(tmp_path / "src"), tmp_path / "shards"
 
     def convert():
