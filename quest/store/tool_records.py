@@ -17,7 +17,7 @@ from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.records import bounded, check_fields, relative_path
 
-__all__ = ["InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem", "PreflightCache", "check_info",
+__all__ = ["InfoSplit", "ShardInfo", "CappedRecord", "CachedProblem", "PreflightCache", "check_info",
            "check_capped", "check_preflight_cache"]
 
 
@@ -38,7 +38,7 @@ class ShardInfo:
 
 
 @dataclass
-class CappedManifest:
+class CappedRecord:
     short_side: int = field(metadata=bounded(16))
     quality: int = field(metadata=bounded(1, 100))
     complete: bool = True
@@ -80,13 +80,13 @@ def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
     return info
 
 
-def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
-    check_fields(CappedManifest, manifest, source, folder)
-    _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
-    for i, name in enumerate(manifest.get("linked", [])):
+def check_capped(record: Any, folder: Path, source: Any) -> dict[str, Any]:
+    check_fields(CappedRecord, record, source, folder)
+    _require(record, ("short_side", "quality"), source, "the record quest-data cap writes")
+    for i, name in enumerate(record.get("linked", [])):
         if "/" in name:
             raise DamagedFile(source, f"linked[{i}] is {name!r}; expected a split folder's name", joined=": ")
-    return manifest
+    return record
 
 
 def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
@@ -102,11 +102,11 @@ def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
     return PreflightCache(data["fingerprint"], data["images"], problems)
 
 
-CAPPED_INFO = "_capped.json"  # a capped copy's manifest, at its root (quest-data cap)
+CAPPED_INFO = "_capped.json"  # a capped copy's record of its cap, at its root (quest-data cap)
 
 
 def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> dict[str, Any] | None:
-    """The manifest of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
+    """The record of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
     interrupted and ``complete_only``: a run on it would read a mix of old and new images, or miss some."""
     if not root:
         return None
@@ -114,12 +114,12 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
     if not path.is_file():
         return None
     try:
-        manifest = parse_json(path.read_text())
+        record = parse_json(path.read_text())
     except ValueError as exc:
-        raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
+        raise ValueError(f"{path} is not a capped copy's record ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
-    check_capped(manifest, path.parent, path)  # every field's type and range (quest.store.tool_records)
-    if complete_only and manifest.get("complete") is False:
+    check_capped(record, path.parent, path)  # every field's type and range (quest.store.tool_records)
+    if complete_only and record.get("complete") is False:
         raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
                          "complete: false); run the same quest-data cap command again to finish it")
-    return manifest
+    return record

@@ -21,7 +21,7 @@ from quest.store.manifest import MANIFEST_NAME, Manifest, ManifestEntry, Manifes
 from quest.store.old_manifests import OLD_LEDGER, LedgerHeader, LedgerLine
 from quest.store.tool_records import (
     CAPPED_INFO,
-    CappedManifest,
+    CappedRecord,
     InfoSplit,
     PreflightCache,
     ShardInfo,
@@ -151,11 +151,11 @@ def test_quest_data_check_names_a_bad_info_field(tmp_path):
     assert "num_classes is str '2', expected" in out.getvalue()
 
 
-CAPPED_FAULTS = list(faults(CappedManifest)) + [("linked", ["../val"]), ("linked", ["a/b"])]
+CAPPED_FAULTS = list(faults(CappedRecord)) + [("linked", ["../val"]), ("linked", ["a/b"])]
 
 
 @pytest.mark.parametrize("path,value", CAPPED_FAULTS, ids=[f"{f}={v!r}" for f, v in CAPPED_FAULTS])
-def test_a_capped_manifest_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
+def test_a_capped_record_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
     (tmp_path / CAPPED_INFO).write_text(json.dumps(planted(CAPPED, path, value)))
     with pytest.raises(DamagedFile) as refused:
         read_capped(tmp_path)
