@@ -4,8 +4,8 @@ TensorBoard event files (``tensorboard/`` in the run directory).
 metrics.jsonl is the record; TensorBoard's files are a view of it: each start (a resume included) removes the event
 files of the run's earlier attempts and writes every row metrics.jsonl holds again, so that an interrupted attempt's
 rows after its last checkpoint, which a resume cuts from metrics.jsonl, are not shown twice either. Only the event
-files ``tensorboard/.written.json`` names (quest.store.output_folder) are removed; any other is moved to the run's
-``.replaced/``."""
+files the manifest ``tensorboard/.manifest.jsonl`` names (quest.store.manifest) are removed; any other is moved to
+the run's ``.replaced/``."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from quest.runtime.errors import UserError
 from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 from quest.store.files import json_text, open_records, parse_json, write_json_atomic
-from quest.store.output_folder import RECORD, OutputFolder
+from quest.store.output_folder import OutputFolder
 from quest.store.run_files import check_metrics_row
 from quest.store.tree import move_aside, remove
 
@@ -159,16 +159,16 @@ class RunLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         directory = self.run_dir / TENSORBOARD_DIR
-        # the run directory's lock holds this folder; its record names the event files earlier attempts wrote
+        # the run directory's lock holds this folder; its manifest names the event files earlier attempts wrote
         view = OutputFolder(directory, "quest-train tensorboard", lock=False)
         try:
-            view.record()
+            view.manifest
         except DamagedFile as exc:  # not believed: kept, and every event file beside it counts as not this run's
             log.warning("%s is damaged (%s): moved to %s", exc.path, exc.problem,
-                        move_aside(self.run_dir, [directory / RECORD], TENSORBOARD_DIR))
+                        move_aside(self.run_dir, [exc.path], TENSORBOARD_DIR))
         stale = sorted(directory.glob("events.out.tfevents.*"))
         for path in stale:  # a view of metrics.jsonl, rewritten below
-            if view.own(path):
+            if view.manifest.owns(path):
                 remove(path)
         kept = move_aside(self.run_dir, [p for p in stale if p.exists()], TENSORBOARD_DIR)  # not this run's
         if kept is not None:
@@ -176,7 +176,7 @@ class RunLogger:
         before = set(directory.glob("events.out.tfevents.*"))
         may_change(directory)  # TensorBoard's writer writes there, not quest.store: the same rule
         writer = SummaryWriter(log_dir=str(directory))
-        view.note(sorted(set(directory.glob("events.out.tfevents.*")) - before), digest=False)
+        view.manifest.note(sorted(set(directory.glob("events.out.tfevents.*")) - before), digest=False)
         if cfg is not None:
             writer.add_text("config", "```yaml\n" + OmegaConf.to_yaml(cfg, resolve=True) + "```", 0)
         self._metrics.flush()

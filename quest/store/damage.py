@@ -15,7 +15,7 @@ class DamagedFile(ValueError):
     The message names the file and what was expected; ``path`` and ``problem`` say it to code. ``joined`` is what
     stands between the two in the message: " is damaged: " for a file judged whole, ": " for a problem that starts
     with the field it names (``run.json: epoch is -1, expected a value >= 0``), " " for a problem that is the rest
-    of a sentence about the file (``ledger.jsonl line 3 is not JSON``)."""
+    of a sentence about the file (``.manifest.jsonl line 3 is not JSON``)."""
 
     def __init__(self, path: str | Path, problem: str, remedy: str = "", joined: str = " is damaged: "):
         super().__init__(f"{path}{joined}{problem}" + (f". {remedy}" if remedy else ""))

@@ -7,19 +7,20 @@ may remove there (docs/training.md, "What a command may remove").
   folder is refused at once, naming the holder, and changes nothing (:class:`FolderHeld`).
 - Every check comes before the first change: a refused command leaves the folder as it was (the lock file put back,
   a folder the lock made removed again).
-- It removes or replaces in place only a file its record says it wrote: ``.written.json`` holds, per file, the
-  command that wrote it and the SHA-256 of what it wrote (:meth:`OutputFolder.note`). Any other file in the place of
-  an output (somebody else's, or one edited since) is refused (:func:`quest.store.tree.refuse_present`) or moved to
-  ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
-- The record is believed only once every field is checked (:class:`WrittenRecord`: each path inside the folder,
-  each entry a command and a SHA-256), when the folder is held: a damaged one is refused before any change.
+- It removes or replaces in place only a file the folder's manifest says it wrote, unchanged since
+  (:attr:`OutputFolder.manifest`, quest.store.manifest: per file the command, its size and SHA-256). Any other file
+  in the place of an output (somebody else's, or one edited since) is refused (:func:`quest.store.tree.refuse_present`)
+  or moved to ``.replaced/<UTC time>/`` with its bytes (:meth:`OutputFolder.make_room`); nothing is deleted.
+- The manifest is believed only once every line is checked, when the folder is held: a damaged one is refused
+  before any change.
 
-The data tools' record is their ledger (quest.store.ledger), which names each output and its stamp the same way.
+The resumable data tools hold their folder the same way and keep their outputs in the same manifest, each with the
+source it was made from.
 
 A command that writes one file into a folder that is not its own (``quest-plot --out fig.png``, often the user's
 working directory) holds that file, not the folder (:func:`holding` with ``output``): its lock file is
 ``.<name>.lock`` beside it (``.fig.png.lock``), so that two figures can be drawn into one folder at once while a
-second command drawing the same figure is refused, and it keeps no ``.written.json``: such a command replaces
+second command drawing the same figure is refused, and it keeps no manifest: such a command replaces
 nothing in place (any file already there is refused, or moved to ``.replaced/`` with ``--overwrite``), so a record
 would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
 alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
@@ -37,41 +38,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import ClassVar
 
-from quest.store.damage import DamagedFile
-from quest.store.files import file_sha256, read_json, write_json_atomic
 from quest.store.locks import LockHeld, holder_text
+from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
-from quest.store.records import check_record, matching, relative_path
 from quest.store.tree import move_aside, remove_made_dirs
 
-__all__ = ["FolderHeld", "OutputFolder", "RECORD", "WrittenEntry", "WrittenRecord", "holding", "output_path"]
-
-#: the record of what the commands writing a folder wrote there: {"files": {path: {"by": command, "sha256": ...}}}
-RECORD = ".written.json"
-_REMEDY = ("Move it away: without it no file in this folder counts as written by quest, and one in the way of an "
-           "output is kept in .replaced/ when it is replaced, never deleted")
-
-
-@dataclass
-class WrittenEntry:
-    """One file of :class:`WrittenRecord`: the command that wrote it and the SHA-256 of what it wrote (absent: a file
-    the command appends to, known by its name)."""
-
-    closed: ClassVar[bool] = True  # nothing else: an entry another program wrote is not believed
-    by: str
-    sha256: str = field(default="", metadata=matching("[0-9a-f]{64}", "64 hex digits (a SHA-256)"))
-
-
-@dataclass
-class WrittenRecord:
-    """:data:`RECORD`, as :meth:`OutputFolder.note` writes it: each file's path (inside the folder) -> its entry. A
-    record says which files a command may replace in place."""
-
-    files: dict[str, WrittenEntry] = field(metadata=relative_path())
+__all__ = ["FolderHeld", "OutputFolder", "holding", "output_path"]
 
 
 class FolderHeld(ValueError):
@@ -102,50 +77,19 @@ class OutputFolder(OwnedDirectory):
     def holder(self) -> bytes:
         return f"{self.command}, {holder_text().decode()}".encode()
 
-    def record(self) -> dict[str, dict[str, str]]:
-        """Path (relative to the folder) -> {"by": the command, "sha256": what it wrote}; every field checked before
-        it is believed (:class:`WrittenRecord`): :class:`~quest.store.damage.DamagedFile` naming the first one that is
-        wrong."""
-        path = self.path / RECORD
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            kind = "a symbolic link" if path.is_symlink() else "not a plain file"
-            raise DamagedFile(path, f"{kind}, expected the record quest writes there", _REMEDY)
-        try:
-            found = read_json(path)
-            if found is None:
-                return {}
-            check_record(WrittenRecord, found, path, "the record quest writes there", folder=self.path)
-        except DamagedFile as exc:  # not JSON, not an object, a field: the same way out
-            raise DamagedFile(path, exc.problem, _REMEDY, exc.joined) from None
-        return found["files"]
-
-    def own(self, path: Path) -> bool:
-        """Whether ``path`` is a file this command wrote and nobody changed since (its record's bytes; a file
-        recorded without them, which the command appends to: its name)."""
-        entry = self.record().get(self._name(path))
-        if not (isinstance(entry, dict) and entry.get("by") == self.command and path.is_file()
-                and not path.is_symlink()):
-            return False
-        return "sha256" not in entry or entry["sha256"] == file_sha256(path)
+    @cached_property
+    def manifest(self) -> Manifest:
+        """What the commands writing this folder wrote there (quest.store.manifest), read and checked on first use,
+        which :func:`holding` makes before the block runs: a damaged manifest is refused before any change."""
+        return Manifest(self.path, self.command)
 
     def make_room(self, paths: Iterable[str | Path], keep_own: bool = False, label: str = "") -> Path | None:
         """Every check has passed: claim the folder and move those of ``paths`` that exist into a new
         ``.replaced/<UTC time>[-label]/`` (returned; None when none moved), but with ``keep_own`` a file this
-        command wrote and nobody changed since (:meth:`own`), which the command then replaces in place."""
+        command wrote and nobody changed since (:meth:`Manifest.owns`), which the command then replaces in place."""
         self.claim()
         present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
-        return move_aside(self.path, [p for p in present if not (keep_own and self.own(p))], label)
-
-    def note(self, paths: Iterable[str | Path], digest: bool = True) -> None:
-        """Record ``paths`` (just written by this command) with their bytes' SHA-256 (``digest``; False for a file
-        the command goes on appending to, known by its name); entries of files now gone are dropped."""
-        files = {name: entry for name, entry in self.record().items() if (self.path / name).exists()}
-        files.update({self._name(Path(p)): {"by": self.command, **({"sha256": file_sha256(p)} if digest else {})}
-                      for p in paths})
-        write_json_atomic(self.path / RECORD, {"files": dict(sorted(files.items()))})
-
-    def _name(self, path: Path) -> str:
-        return str(Path(path).relative_to(self.path))
+        return move_aside(self.path, [p for p in present if not (keep_own and self.manifest.owns(p))], label)
 
 
 def output_path(text: str) -> Path:
@@ -184,7 +128,7 @@ def holding(path: str | Path, command: str, output: str | None = None,
                          f"command to end, or give this {command} another "
                          f"{'folder' if output is None else 'file'}") from None
     try:
-        folder.record()  # a damaged record is refused now, before any change, not after the outputs are written
+        folder.manifest  # a damaged manifest is refused now, before any change, not after the outputs are written
         yield folder
     finally:
         claimed = folder.claimed

@@ -1,9 +1,10 @@
-"""The files quest's data tools write and read back, as typed records (quest.store.records): ``_ledger.jsonl`` (its header
-and lines), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache. Every
-field's type and range is checked, and every path a file names must stay inside the folder the file belongs to,
-before a tool believes it or acts on it (a ledger's ``out`` is a file a rerun deletes; an ``_info.json`` filename is
-a shard read and linked); a file that fails is one :class:`~quest.store.damage.DamagedFile` naming the file and the field
-(docs/data.md, "What the data tools read back").
+"""The files quest's data tools write and read back, as typed records (quest.store.records): a shard folder's
+``_info.json``, a capped copy's ``_capped.json`` and the pre-flight's cache (what a tool wrote, and from which
+source, is the folder's manifest: quest.store.manifest). Every field's type and range is checked, and every path a
+file names must stay inside the folder the file belongs to, before a tool believes it or acts on it (an
+``_info.json`` filename is a shard read and linked); a file that fails is one
+:class:`~quest.store.damage.DamagedFile` naming the file and the field (docs/data.md, "What the data tools read
+back").
 """
 from __future__ import annotations
 
@@ -16,23 +17,8 @@ from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.records import bounded, check_fields, relative_path
 
-__all__ = ["LedgerHeader", "LedgerLine", "InfoSplit", "ShardInfo", "CappedManifest", "CachedProblem",
-           "PreflightCache", "check_ledger_header", "check_ledger_line", "check_info", "check_capped",
-           "check_preflight_cache"]
-
-
-@dataclass
-class LedgerHeader:
-    tool: str
-    params: dict[str, Any]
-
-
-@dataclass
-class LedgerLine:
-    key: str  # what the output was made from (a path under the source, or a shard's name)
-    out: str | None = field(metadata=relative_path())  # the output's path under the ledger's folder; null: removed
-    stamp: str | None = None  # the source's state it was made from
-    made: str | None = None  # the output's own size and modification time as the tool wrote it (older ledgers: none)
+__all__ = ["InfoSplit", "ShardInfo", "CappedRecord", "CachedProblem", "PreflightCache", "check_info",
+           "check_capped", "check_preflight_cache"]
 
 
 @dataclass
@@ -52,7 +38,7 @@ class ShardInfo:
 
 
 @dataclass
-class CappedManifest:
+class CappedRecord:
     short_side: int = field(metadata=bounded(16))
     quality: int = field(metadata=bounded(1, 100))
     complete: bool = True
@@ -82,18 +68,6 @@ def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where
         raise DamagedFile(source, f"{f'{where}: ' if where else ''}no {', '.join(missing)}; expected {what}", joined=": ")
 
 
-def check_ledger_header(header: Any, source: Any) -> LedgerHeader:
-    check_fields(LedgerHeader, header, source)
-    _require(header, ("tool", "params"), source, "the header line quest's data tools write")
-    return LedgerHeader(header["tool"], header["params"])
-
-
-def check_ledger_line(row: Any, folder: Path, source: str) -> LedgerLine:
-    check_fields(LedgerLine, row, source, folder)  # out inside the folder: a rerun deletes it
-    _require(row, ("key", "out"), source, 'a line {"key": ..., "out": ..., "stamp": ...}')
-    return LedgerLine(row["key"], row["out"], row.get("stamp"), row.get("made"))
-
-
 def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
     """A shard folder's _info.json, checked (timm's layout; keys it does not declare are left alone)."""
     check_fields(ShardInfo, info, source, folder)  # every filename inside the folder: a shard read and linked
@@ -106,13 +80,13 @@ def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
     return info
 
 
-def check_capped(manifest: Any, folder: Path, source: Any) -> dict[str, Any]:
-    check_fields(CappedManifest, manifest, source, folder)
-    _require(manifest, ("short_side", "quality"), source, "the manifest quest-data cap writes")
-    for i, name in enumerate(manifest.get("linked", [])):
+def check_capped(record: Any, folder: Path, source: Any) -> dict[str, Any]:
+    check_fields(CappedRecord, record, source, folder)
+    _require(record, ("short_side", "quality"), source, "the record quest-data cap writes")
+    for i, name in enumerate(record.get("linked", [])):
         if "/" in name:
             raise DamagedFile(source, f"linked[{i}] is {name!r}; expected a split folder's name", joined=": ")
-    return manifest
+    return record
 
 
 def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
@@ -128,11 +102,11 @@ def check_preflight_cache(data: Any, root: Path, source: Any) -> PreflightCache:
     return PreflightCache(data["fingerprint"], data["images"], problems)
 
 
-CAPPED_INFO = "_capped.json"  # a capped copy's manifest, at its root (quest-data cap)
+CAPPED_INFO = "_capped.json"  # a capped copy's record of its cap, at its root (quest-data cap)
 
 
 def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> dict[str, Any] | None:
-    """The manifest of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
+    """The record of a capped copy at ``root`` (None when ``root`` is not one); a ValueError when the copy was
     interrupted and ``complete_only``: a run on it would read a mix of old and new images, or miss some."""
     if not root:
         return None
@@ -140,12 +114,12 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
     if not path.is_file():
         return None
     try:
-        manifest = parse_json(path.read_text())
+        record = parse_json(path.read_text())
     except ValueError as exc:
-        raise ValueError(f"{path} is not a capped copy's manifest ({exc}); expected the JSON quest-data cap "
+        raise ValueError(f"{path} is not a capped copy's record ({exc}); expected the JSON quest-data cap "
                          "writes") from exc
-    check_capped(manifest, path.parent, path)  # every field's type and range (quest.store.tool_records)
-    if complete_only and manifest.get("complete") is False:
+    check_capped(record, path.parent, path)  # every field's type and range (quest.store.tool_records)
+    if complete_only and record.get("complete") is False:
         raise ValueError(f"{root} is a capped copy that was interrupted or is being written ({path} says "
                          "complete: false); run the same quest-data cap command again to finish it")
-    return manifest
+    return record

@@ -9,7 +9,8 @@ byte. A run on such a copy says so: ``DST/_capped.json`` records the cap, and th
 it (quest.data.pipelines.train_input.build_train_input).
 
 Resumable, safe to interrupt, and it follows its source: every output file is written whole (quest.store.files.atomic_write)
-and recorded with its source's size and modification time in ``DST/_ledger.jsonl`` (quest.store.ledger). Running
+and recorded in the folder's manifest ``DST/.manifest.jsonl`` (quest.store.manifest) with its own size and SHA-256
+and its source's size and modification time. Running
 the same command again keeps the outputs whose source is unchanged, redoes those whose source changed, removes
 those whose source is gone, moves anything it did not record to ``DST/.replaced/`` (never deleted), and ends with
 the copy a fresh run would make of today's source. The folder is held for the whole command: a second one into it
@@ -37,7 +38,7 @@ from quest.data.entries import class_folders
 from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
 from quest.runtime.workers import die_with_parent
 from quest.store.files import atomic_write, write_text_atomic
-from quest.store.ledger import LEDGER_NAME, UNRECORDED, Ledger, file_stamp, remove_unrecorded
+from quest.store.manifest import MANIFEST_NAME, UNRECORDED, Manifest, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAPPED_INFO, read_capped
 from quest.store.tree import REPLACED, make_dirs, make_link, move_aside, remove_empty_dirs
@@ -100,7 +101,7 @@ def _jpeg_name(path: Path) -> str:
 def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits: Sequence[str] = ("train",),
                workers: int = 1, progress: Callable[[Iterable, int], Iterable] | None = None) -> dict[str, Any]:
     """An image folder ``src/<split>/<class>/<image>``: the ``splits`` capped into ``dst``, every other split folder
-    linked. Run again, it follows the source (module docstring). Returns the manifest written to
+    linked. Run again, it follows the source (module docstring). Returns the record written to
     ``dst/_capped.json`` and, under ``this_run``, how many outputs this run kept, wrote and removed."""
     from quest.data.preflight import folder_files
 
@@ -118,53 +119,54 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
                              "would write both to one JPEG")
     stamps = {str(f.relative_to(src)): file_stamp(f) for found in files.values() for f in found}
     counts: dict[str, Any] = {}
-    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+    with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
-        ledger.begin()
+        manifest.begin()
         _start(dst, src, short_side, quality)
         linked = _link(dst, {s: src / s for s in folders if s not in splits})
-        ledger.drop_stale(stamps)
+        manifest.drop_stale(stamps)
         for split in splits:
-            _mirror_classes(src / split, dst / split, ledger)
+            _mirror_classes(src / split, dst / split, manifest)
         todo = [(str(src / key), str(dst / Path(key).parent)) for key, stamp in stamps.items()
-                if ledger.current(key, stamp) is None]
+                if manifest.current(key, stamp) is None]
         problems: dict[str, str] = {}
         for job, (out, reason) in _run(todo, partial(_cap_file, short_side=short_side, quality=quality), workers,
                                        progress):
             key = str(Path(job[0]).relative_to(src))
             if out is not None:
-                ledger.record(key, str(Path(out).relative_to(dst)), stamps[key])
+                manifest.record(key, str(Path(out).relative_to(dst)), stamps[key])
             else:
                 problems[job[0]] = reason
         for split in splits:
             unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
             counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
-        ledger.close()
-        manifest = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
-                                                           "linked": linked})
-    return {**manifest, "this_run": ledger.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
+        manifest.close()
+        capped = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
+                                                         "linked": linked})
+        manifest.note([dst / CAPPED_INFO])  # the manifest lists every file the command wrote
+    return {**capped, "this_run": manifest.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
 
 
-def _mirror_classes(src_split: Path, dst_split: Path, ledger: Ledger) -> None:
+def _mirror_classes(src_split: Path, dst_split: Path, manifest: Manifest) -> None:
     """``dst_split`` holds a folder for every class folder of the source, also one whose images are all unreadable
-    (ImageFolder numbers classes by their folders), and nothing the ledger does not list."""
+    (ImageFolder numbers classes by their folders), and nothing the manifest does not list."""
     classes = [p.name for p in class_folders(src_split)]  # the data set's classes (quest.data.entries)
     make_dirs(dst_split)
     for path in dst_split.iterdir():
         if path.is_dir() and not path.is_symlink() and path.name not in classes:
-            # a class the source no longer has: its outputs left the ledger with their sources; anything else in it
+            # a class the source no longer has: its outputs left the manifest with their sources; anything else in it
             # is kept in .replaced/, and the emptied folders go
-            remove_unrecorded(path, set(), ledger)
+            remove_unrecorded(path, set(), manifest)
             remove_empty_dirs(path, keep_top=False)
     for name in classes:
         make_dirs(dst_split / name)
-        remove_unrecorded(dst_split / name, set(), ledger)
+        remove_unrecorded(dst_split / name, set(), manifest)
         remove_empty_dirs(dst_split / name, keep_top=True)  # sub-folders the source no longer has
 
 
 def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
     """``dst/<name>`` a link to each target, and no other link at the top of ``dst`` (one that leads elsewhere is
-    kept in .replaced/: a link the ledger does not record); the names linked."""
+    kept in .replaced/: a link the manifest does not record); the names linked."""
     move_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
         path.name not in targets or path.resolve() != targets[path.name].resolve())], UNRECORDED)
     for name, target in targets.items():
@@ -223,29 +225,30 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             raise irregular
     stamps = {n: file_stamp(src / n) for n in names}
     links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
-    with holding(dst, TOOL) as folder, _ledger(dst, short_side, quality, splits) as ledger:
+    with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
-        ledger.begin()
+        manifest.begin()
         _start(dst, src, short_side, quality)
         _link(dst, links)
-        ledger.drop_stale(stamps)
-        remove_unrecorded(dst, {CAPPED_INFO, LEDGER_NAME, info_path.name, *links}, ledger)
-        todo = [(str(src / n), str(dst / n)) for n in names if ledger.current(n, stamps[n]) is None]
+        manifest.drop_stale(stamps)
+        remove_unrecorded(dst, {CAPPED_INFO, info_path.name, *links}, manifest)
+        todo = [(str(src / n), str(dst / n)) for n in names if manifest.current(n, stamps[n]) is None]
         problems = []
         for job, reason in _run(todo, partial(_cap_shard, short_side=short_side, quality=quality), workers, progress):
             if reason is None:
                 name = str(Path(job[1]).relative_to(dst))
-                ledger.record(name, name, stamps[name])
+                manifest.record(name, name, stamps[name])
             else:
                 problems.append(reason)
-        ledger.close()
+        manifest.close()
         if problems:
             raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
                              + "; ".join(problems[:5]))
         write_text_atomic(dst / info_path.name, info_path.read_text())
-        manifest = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
+        capped = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
             known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
-    return {**manifest, "this_run": ledger.report(kept=len(names) - len(todo))}
+        manifest.note([dst / info_path.name, dst / CAPPED_INFO])
+    return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
 
 
 def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
@@ -263,19 +266,20 @@ def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
                          "a different cap needs another folder")
 
 
-def _ledger(dst: Path, short_side: int, quality: int, splits: Sequence[str]) -> Ledger:
-    """The copy's ledger, once the folder is held (the caller) and checked: a copy goes into a new or empty folder,
-    or one an earlier run of this tool wrote (the rerun removes what the source no longer makes, which must never be
-    somebody else's files)."""
-    _refuse_foreign(dst)
-    _refuse_inner_links(dst)
-    return Ledger(dst, TOOL, {"short_side": short_side, "quality": quality, "splits": list(splits)})
+def _manifest(folder: OutputFolder, short_side: int, quality: int, splits: Sequence[str]) -> Manifest:
+    """The copy's manifest, once the folder is held (the caller) and checked: a copy goes into a new or empty folder,
+    or one an earlier run of this tool with these settings wrote (the rerun removes what the source no longer makes,
+    which must never be somebody else's files)."""
+    existed = folder.manifest.resume({"short_side": short_side, "quality": quality, "splits": list(splits)})
+    _refuse_foreign(folder.path, existed)
+    _refuse_inner_links(folder.path)
+    return folder.manifest
 
 
-def _refuse_foreign(dst: Path) -> None:
-    if not dst.is_dir() or (dst / CAPPED_INFO).exists() or (dst / LEDGER_NAME).exists():
+def _refuse_foreign(dst: Path, existed: bool) -> None:
+    if not dst.is_dir() or existed or (dst / CAPPED_INFO).exists():
         return
-    found = sorted(p.name for p in dst.iterdir() if p.name != OutputFolder.lock_name)
+    found = sorted(p.name for p in dst.iterdir() if p.name not in (OutputFolder.lock_name, MANIFEST_NAME))
     if found:
         raise ValueError(f"{dst} already holds files quest-data cap did not write ({', '.join(found[:5])}"
                          f"{' ...' if len(found) > 5 else ''}); give a new or empty folder for the copy")

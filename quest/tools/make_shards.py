@@ -25,7 +25,7 @@ from quest.data.entries import class_listing
 from quest.data.folder import check_image_folder
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
 from quest.store.files import atomic_write, write_text_atomic
-from quest.store.ledger import UNRECORDED, Ledger, file_stamp, is_partial_write
+from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
 from quest.store.output_folder import holding, output_path
 from quest.store.tree import move_aside
 
@@ -79,7 +79,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
 
     Run again, it follows the source: a shard is kept when the files it is made of (names, sizes, modification
     times, labels) and the settings are unchanged, written again otherwise, and shards of these splits that the
-    conversion no longer makes are removed (quest.store.ledger). ``_info.json`` says ``complete: false`` from the
+    conversion no longer makes are removed (quest.store.manifest). ``_info.json`` says ``complete: false`` from the
     first shard written to the last, and readers refuse the folder meanwhile."""
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
@@ -91,34 +91,39 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
-    with holding(out, TOOL) as folder, Ledger(out, TOOL, {}) as ledger:  # held: a second conversion is refused
-        taken = [n for n in [*planned, *INFO_NAMES] if (out / n).exists() and n not in ledger.outputs()]
-        if taken and not ledger.existed:
+    with holding(out, TOOL) as folder, folder.manifest as manifest:  # held: a second conversion is refused
+        existed = manifest.resume({})
+        mine = set(manifest.sources().values())
+        taken = [n for n in [*planned, *INFO_NAMES] if (out / n).exists() and n not in mine]
+        if taken and not existed:
             raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
                              "make_shards did not record writing; give another folder or --name")
         load_info(out)  # an _info.json that cannot be read is refused before anything changes
         folder.claim()
-        ledger.begin()
+        manifest.begin()
         _merge_info(out, {}, {"complete": False})  # before the first shard changes
-        ledger.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
-                          keys={k for k in ledger.entries if ours.fullmatch(k)})
-        # shards of these splits the ledger does not list (a kill came before their line, or somebody else's) and
+        manifest.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
+                            sources={s for s in manifest.sources() if ours.fullmatch(s)})
+        # shards of these splits the manifest does not list (a kill came before their line, or somebody else's) and
         # partial writes: kept in .replaced/, never deleted
+        mine = set(manifest.sources().values())
         move_aside(out, [path for path in out.iterdir() if path.is_file() and (
-            ours.fullmatch(path.name) and path.name not in ledger.outputs()
+            ours.fullmatch(path.name) and path.name not in mine
             or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))], UNRECORDED)
         for shard, (write, stamp) in planned.items():
-            if ledger.current(shard, stamp) is None:
+            if manifest.current(shard, stamp) is None:
                 atomic_write(out / shard, write)
-                ledger.record(shard, shard, stamp)
+                manifest.record(shard, shard, stamp)
         written = {split: {"name": split, "num_samples": sum(n for _, n in shards),
                            "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards]}
                    for split, shards in lengths.items()}
         for split, entry in written.items():
             log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
         log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
-                 ledger.written, ledger.removed, len(planned) - ledger.written)
-        return _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+                 manifest.written, manifest.removed, len(planned) - manifest.written)
+        info = _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
+        manifest.note([info])  # on record like the shards: the manifest lists every file the command wrote
+        return info
 
 
 def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
@@ -166,7 +171,7 @@ def write_index(root: Path, splits: dict[str, str]) -> Path:
         info.setdefault("splits", {}).update(written)
         path = path or root / INFO_NAMES[0]
         write_text_atomic(path, json.dumps(info, indent=1) + "\n")
-        folder.note([path])
+        folder.manifest.note([path])
         return path
 
 

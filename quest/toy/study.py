@@ -163,7 +163,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -
     start = time.perf_counter()
 
     def done(i: int, task: _Task, seconds: float) -> None:
-        folder.note([task.path])  # a rerun reuses only the chunks on this record
+        folder.manifest.note([task.path])  # a rerun reuses only the chunks on this record
         elapsed = time.perf_counter() - start
         log.info("%s, n=%d, data %d: trained in %.1f s [%d/%d chunks, %.0f s elapsed, about %.0f s to go]",
                  task.name, task.data["train_size"], task.data_seed, seconds, i, len(todo), elapsed,
@@ -263,7 +263,7 @@ def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str],
     chunk."""
     for t in tasks:
         path = Path(t.path)
-        if folder.own(path):  # reused by _execute (another file in its place is moved aside below)
+        if folder.manifest.owns(path):  # reused by _execute (another file in its place is moved aside below)
             fingerprint = torch.load(path, weights_only=True)["fingerprint"]
             if fingerprint != t.fingerprint:
                 raise ValueError(
@@ -277,7 +277,7 @@ def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str],
 
 
 def _note(folder: OutputFolder, files: Sequence[str]) -> None:
-    folder.note([folder.path / name for name in files if (folder.path / name).exists()])
+    folder.manifest.note([folder.path / name for name in files if (folder.path / name).exists()])
 
 
 def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: Sequence[int],

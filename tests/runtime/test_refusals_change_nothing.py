@@ -368,8 +368,8 @@ def test_a_toy_rerun_refused_at_its_folder_changes_nothing(why, tmp_path, monkey
     if why == "held":
         held, names = holding(out / ".lock"), "pid 1 on elsewhere"
     else:
-        (out / ".written.json").write_text("{ cut short")
-        names = ".written.json"
+        (out / ".manifest.jsonl").write_text("{ cut short")
+        names = ".manifest.jsonl"
     rerun = [a for a in TOY_SMALL if a != "device=cpu"]  # device=auto: a line is logged, toy.log must not get it
     refused("quest-toy", [*rerun, f"hydra.run.dir={out}"], cwd, names, tmp_path, monkeypatch, capsys, held=held)
 

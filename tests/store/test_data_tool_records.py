@@ -1,7 +1,8 @@
-"""What the data tools read back (quest/store/tool_records.py): ``_ledger.jsonl``, a shard folder's ``_info.json``, a
-capped copy's ``_capped.json`` and the pre-flight's cache. For every kind, every field set to a value of the wrong
-type, one out of its range, and every path it names set outside its folder: the reader refuses it naming the file
-and the field, before acting on it (the pre-flight's cache, only a shortcut, is not believed: the folder is checked
+"""What the data tools read back: the folder's manifest (quest/store/manifest.py) and the ledger an older quest wrote
+instead (quest/store/old_manifests.py), a shard folder's ``_info.json``, a capped copy's ``_capped.json`` and the
+pre-flight's cache (quest/store/tool_records.py). For every kind, every field set to a value of the wrong type, one
+out of its range, and every path it names set outside its folder: the reader refuses it naming the file and the
+field, before acting on it (the pre-flight's cache, only a shortcut, is not believed: the folder is checked
 again)."""
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ from PIL import Image
 from quest.data.preflight import _cache_paths, check_image_folder_files
 from quest.data.shard_index import ShardError, load_info
 from quest.store.damage import DamagedFile
-from quest.store.ledger import LEDGER_NAME, Ledger
+from quest.store.manifest import MANIFEST_NAME, Manifest, ManifestEntry, ManifestHeader
+from quest.store.old_manifests import OLD_LEDGER, LedgerHeader, LedgerLine
 from quest.store.tool_records import (
     CAPPED_INFO,
-    CappedManifest,
+    CappedRecord,
     InfoSplit,
-    LedgerHeader,
-    LedgerLine,
     PreflightCache,
     ShardInfo,
     read_capped,
@@ -32,52 +32,87 @@ from quest.tools.data_check import check_root
 
 from ..record_faults import faults, planted
 
-HEADER = {"tool": "quest-data cap", "params": {"short_side": 16, "quality": 90, "splits": ["train"]}}
-LINE = {"key": "train/cat/a.png", "out": "train/cat/a.png", "stamp": "69:1700000000000000000"}
+TOOL, PARAMS = "quest-data cap", {"short_side": 16, "quality": 90, "splits": ["train"]}
+HEADER = {"manifest": 1, "settings": {TOOL: PARAMS}}
+LINE = {"path": "train/cat/a.png", "by": TOOL, "size": 69, "mtime_ns": 1700000000000000000, "sha256": "0" * 64,
+        "source": "train/cat/a.png", "stamp": "69:1700000000000000000"}
+OLD_HEADER = {"tool": TOOL, "params": PARAMS}
+OLD_LINE = {"key": "train/cat/a.png", "out": "train/cat/a.png", "stamp": "69:1700000000000000000"}
 INFO = {"splits": {"train": {"name": "train", "num_samples": 3, "filenames": ["toy-train-0.tar"],
                              "shard_lengths": [3]}}, "num_classes": 2, "classes": ["cat", "dog"], "complete": True}
 CAPPED = {"complete": True, "short_side": 16, "quality": 90, "resample": "bicubic", "source": "/data/src",
           "layout": "image folder", "splits": {"train": {"images": 2, "unreadable": {}}}, "linked": ["val"]}
 
 
-def _ledger(folder: Path, header, line) -> Ledger:
+def _manifest(folder: Path, header, line, name: str = MANIFEST_NAME) -> Manifest:
+    """The manifest of ``folder`` holding ``header`` and ``line`` (in the older ledger's form with ``OLD_LEDGER``),
+    read as the tool reads it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / LEDGER_NAME).write_text(json.dumps(header) + "\n" + json.dumps(line) + "\n")
-    return Ledger(folder, HEADER["tool"], HEADER["params"])
+    (folder / name).write_text(json.dumps(header) + "\n" + json.dumps(line) + "\n")
+    manifest = Manifest(folder, TOOL)
+    manifest.resume(PARAMS)
+    return manifest
 
 
 def test_good_files_read_right(tmp_path):
-    ledger = _ledger(tmp_path / "l", HEADER, LINE)
-    assert ledger.entries == {LINE["key"]: (LINE["out"], LINE["stamp"])}
+    assert _manifest(tmp_path / "m", HEADER, LINE).entries == {LINE["path"]: ManifestEntry(**LINE)}
     (tmp_path / "_info.json").write_text(json.dumps(INFO))
     assert load_info(tmp_path) == (INFO, tmp_path / "_info.json")
     (tmp_path / CAPPED_INFO).write_text(json.dumps(CAPPED))
     assert read_capped(tmp_path) == CAPPED
 
 
-LEDGER_FAULTS = ([("header", path, value) for path, value in faults(LedgerHeader)]
-                 + [("line", path, value) for path, value in faults(LedgerLine)]
-                 + [("line", "out", value) for value in ("../outside.png", "/etc/passwd", "train/../../x.png")])
+OUTSIDE = ("../outside.png", "/etc/passwd", "train/../../x.png")
+MANIFEST_FAULTS = ([("header", path, value) for path, value in faults(ManifestHeader)]
+                   + [("line", path, value) for path, value in faults(ManifestEntry)]
+                   + [("line", "path", value) for value in OUTSIDE] + [("line", "sha256", "zz")])
 
 
-@pytest.mark.parametrize("part,path,value", LEDGER_FAULTS, ids=[f"{p}.{f}={v!r}" for p, f, v in LEDGER_FAULTS])
-def test_a_ledger_field_that_does_not_fit_is_refused_naming_the_line_and_field(tmp_path, part, path, value):
+@pytest.mark.parametrize("part,path,value", MANIFEST_FAULTS, ids=[f"{p}.{f}={v!r}" for p, f, v in MANIFEST_FAULTS])
+def test_a_manifest_field_that_does_not_fit_is_refused_naming_the_line_and_field(tmp_path, part, path, value):
     header, line = (planted(HEADER, path, value), LINE) if part == "header" else (HEADER, planted(LINE, path, value))
     with pytest.raises(DamagedFile) as refused:
-        _ledger(tmp_path, header, line)
+        _manifest(tmp_path, header, line)
     number = 1 if part == "header" else 2
-    assert f"{tmp_path / LEDGER_NAME} line {number}: {path} is" in str(refused.value)
+    assert f"{tmp_path / MANIFEST_NAME} line {number}: {path}" in str(refused.value)
+    assert refused.value.path == tmp_path / MANIFEST_NAME  # the file, for a reader that keeps it aside
 
 
-def test_only_a_cut_last_ledger_line_is_passed_over(tmp_path):
-    (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + "\n" + json.dumps(LINE) + '\n{"key": "train/c')
-    assert list(Ledger(tmp_path, HEADER["tool"], HEADER["params"]).entries) == [LINE["key"]]
-    (tmp_path / LEDGER_NAME).write_text(json.dumps(HEADER) + '\n{"key": "train/c\n' + json.dumps(LINE) + "\n")
+def test_a_manifest_entry_without_its_command_or_with_a_key_it_does_not_declare_is_refused(tmp_path):
+    with pytest.raises(DamagedFile, match="line 2: no by; expected the command"):
+        _manifest(tmp_path, HEADER, {k: v for k, v in LINE.items() if k != "by"})
+    with pytest.raises(DamagedFile, match="line 2: it holds keep"):
+        _manifest(tmp_path, HEADER, {**LINE, "keep": True})
+
+
+OLD_FAULTS = ([("header", path, value) for path, value in faults(LedgerHeader)]
+              + [("line", path, value) for path, value in faults(LedgerLine)]
+              + [("line", "out", value) for value in OUTSIDE])
+
+
+@pytest.mark.parametrize("part,path,value", OLD_FAULTS, ids=[f"{p}.{f}={v!r}" for p, f, v in OLD_FAULTS])
+def test_an_older_ledger_is_checked_as_strictly_naming_the_line_and_field(tmp_path, part, path, value):
+    header, line = ((planted(OLD_HEADER, path, value), OLD_LINE) if part == "header"
+                    else (OLD_HEADER, planted(OLD_LINE, path, value)))
+    with pytest.raises(DamagedFile) as refused:
+        _manifest(tmp_path, header, line, OLD_LEDGER)
+    assert f"{tmp_path / OLD_LEDGER} line {1 if part == 'header' else 2}: {path} is" in str(refused.value)
+
+
+@pytest.mark.parametrize("name,header,line", [(MANIFEST_NAME, HEADER, LINE), (OLD_LEDGER, OLD_HEADER, OLD_LINE)])
+def test_only_a_cut_last_line_is_passed_over(tmp_path, name, header, line):
+    (tmp_path / "train/cat").mkdir(parents=True)
+    (tmp_path / "train/cat/a.png").write_bytes(b"x" * 69)
+    (tmp_path / name).write_text(json.dumps(header) + "\n" + json.dumps(line) + '\n{"path": "train/c')
+    manifest = Manifest(tmp_path, TOOL)
+    manifest.resume(PARAMS)
+    assert list(manifest.sources()) == ["train/cat/a.png"]
+    (tmp_path / name).write_text(json.dumps(header) + '\n{"path": "train/c\n' + json.dumps(line) + "\n")
     with pytest.raises(DamagedFile, match="line 2 is not JSON"):
-        Ledger(tmp_path, HEADER["tool"], HEADER["params"])
+        Manifest(tmp_path, TOOL).resume(PARAMS)
 
 
-def test_a_rerun_whose_ledger_names_a_file_outside_its_folder_deletes_nothing(tmp_path):
+def test_a_rerun_whose_manifest_names_a_file_outside_its_folder_deletes_nothing(tmp_path):
     """The path a rerun would delete: the whole command refused first, every file as it was."""
     src = tmp_path / "src"
     for c in ("cat", "dog"):
@@ -87,11 +122,11 @@ def test_a_rerun_whose_ledger_names_a_file_outside_its_folder_deletes_nothing(tm
     cap_folder(src, dst, short_side=16)
     victim = tmp_path / "victim.png"
     victim.write_bytes(b"someone else's")
-    lines = (dst / LEDGER_NAME).read_text().splitlines()
-    lines.append(json.dumps({"key": "train/cat/gone.png", "out": "../victim.png", "stamp": "1:1"}))
-    (dst / LEDGER_NAME).write_text("\n".join(lines) + "\n")
+    lines = (dst / MANIFEST_NAME).read_text().splitlines()
+    lines.append(json.dumps({"path": "../victim.png", "by": TOOL, "source": "train/cat/gone.png", "stamp": "1:1"}))
+    (dst / MANIFEST_NAME).write_text("\n".join(lines) + "\n")
     before = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(DamagedFile, match=r"out is '\.\./victim\.png', a path outside"):
+    with pytest.raises(DamagedFile, match=r"path is '\.\./victim\.png', a path outside"):
         cap_folder(src, dst, short_side=16)
     assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -116,11 +151,11 @@ def test_quest_data_check_names_a_bad_info_field(tmp_path):
     assert "num_classes is str '2', expected" in out.getvalue()
 
 
-CAPPED_FAULTS = list(faults(CappedManifest)) + [("linked", ["../val"]), ("linked", ["a/b"])]
+CAPPED_FAULTS = list(faults(CappedRecord)) + [("linked", ["../val"]), ("linked", ["a/b"])]
 
 
 @pytest.mark.parametrize("path,value", CAPPED_FAULTS, ids=[f"{f}={v!r}" for f, v in CAPPED_FAULTS])
-def test_a_capped_manifest_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
+def test_a_capped_record_field_that_does_not_fit_is_refused_naming_the_field(tmp_path, path, value):
     (tmp_path / CAPPED_INFO).write_text(json.dumps(planted(CAPPED, path, value)))
     with pytest.raises(DamagedFile) as refused:
         read_capped(tmp_path)

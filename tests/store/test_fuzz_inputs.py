@@ -165,8 +165,8 @@ ENTRIES = [
     ("quest-plot", "run", ["metrics.jsonl", "summary.json"], _plot),
     ("quest-data", "images", ["train/.quest-preflight.json"], _check),
     ("quest-data", "shards", ["_info.json"], _check),
-    ("quest-data", "capped", ["_capped.json", "_ledger.jsonl"], _cap),
-    ("python -m quest.tools.make_shards", "shards", ["_ledger.jsonl", "_info.json"], _shards),
+    ("quest-data", "capped", ["_capped.json", ".manifest.jsonl"], _cap),
+    ("python -m quest.tools.make_shards", "shards", [".manifest.jsonl", "_info.json"], _shards),
 ]
 # a torch or safetensors file: its header, whole or cut, is not JSON; an empty one is refused where a cut one is
 BINARY_DAMAGES = ["truncated", "random bytes", "a directory", "unreadable"]

@@ -1,5 +1,6 @@
 """Cases from probing the commands as a hostile user would (issue 48): what a command reads of a folder it writes is
-checked before it is believed, and a check comes before the first change. A damaged ``.written.json``, a link or a
+checked before it is believed, and a check comes before the first change. A damaged manifest (or the
+``.written.json`` an older quest kept instead), a link or a
 directory where the lock file belongs, a linked folder inside a capped copy, a checkpoint linked from another run, a
 figure format matplotlib refuses, a resume onto a capped copy of the data: each refused (or resolved) before anything
 changes, and nothing outside the folder is ever written."""
@@ -23,7 +24,9 @@ from quest.run.directory import check_data, data_fingerprint
 from quest.run.outputs import start_log_file, stop_log_file
 from quest.store.damage import DamagedFile
 from quest.store.locks import lock_file
-from quest.store.output_folder import RECORD, holding, output_path
+from quest.store.manifest import MANIFEST_NAME
+from quest.store.old_manifests import OLD_RECORD
+from quest.store.output_folder import holding, output_path
 from quest.store.tool_records import CAPPED_INFO
 from quest.tools.capped import cap_folder
 from quest.tools.export import resolve_checkpoint, run_summary
@@ -48,26 +51,48 @@ GOOD = {"by": "quest-export", "sha256": "0" * 64}
     (json.dumps({"files": {"x": {"by": "quest-export", "sha256": "zz"}}}), "64 hex digits"),
     (json.dumps({"files": {"x": {**GOOD, "keep": True}}}), "files.x holds keep"),
 ])
-def test_a_damaged_record_is_refused_when_the_folder_is_held_and_nothing_changes(tmp_path, content, named):
+def test_a_damaged_older_record_is_refused_when_the_folder_is_held_and_nothing_changes(tmp_path, content, named):
     folder = tmp_path / "out"
     folder.mkdir()
-    (folder / RECORD).write_text(content)
+    (folder / OLD_RECORD).write_text(content)
     (folder / "model.safetensors").write_bytes(b"weights")
     before = tree_state(folder)
     with pytest.raises(DamagedFile, match="Move it away") as caught:
         with holding(folder, "quest-export"):
             raise AssertionError("the block must not run: its first change would come before the refusal")
-    assert named in str(caught.value) and str(folder / RECORD) in str(caught.value)
+    assert named in str(caught.value) and str(folder / OLD_RECORD) in str(caught.value)
     assert tree_state(folder) == before  # the lock file the hold made is gone again
 
 
+@pytest.mark.parametrize(("content", "named"), [
+    ("", "empty"),
+    ("[1]\n", "line 1: holds list"),
+    ('{"files": {}}\n', "line 1: it holds files"),
+    ('{"manifest": 1}\n{"path": "x", "by": "quest-export"\n{"path": "y", "by": "quest-export"}\n',
+     "line 2 is not JSON"),
+    ('{"manifest": 1}\n' + json.dumps({"path": "../outside.txt", "by": "quest-export"}) + "\n", "a path outside"),
+    ('{"manifest": 1}\n' + json.dumps({"path": "x", "by": "quest-export", "size": -1}) + "\n", "size is -1"),
+])
+def test_a_damaged_manifest_is_refused_when_the_folder_is_held_and_nothing_changes(tmp_path, content, named):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / MANIFEST_NAME).write_text(content)
+    before = tree_state(folder)
+    with pytest.raises(DamagedFile, match="Move it away") as caught:
+        with holding(folder, "quest-export"):
+            raise AssertionError("the block must not run: its first change would come before the refusal")
+    assert named in str(caught.value) and str(folder / MANIFEST_NAME) in str(caught.value)
+    assert tree_state(folder) == before
+
+
+@pytest.mark.parametrize("name", [MANIFEST_NAME, OLD_RECORD])
 @pytest.mark.parametrize("kind", ["directory", "link"])
-def test_a_record_that_is_not_a_plain_file_is_refused(tmp_path, kind):
+def test_a_record_that_is_not_a_plain_file_is_refused(tmp_path, kind, name):
     folder = tmp_path / "out"
     folder.mkdir()
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps({"files": {"x": GOOD}}))
-    (folder / RECORD).mkdir() if kind == "directory" else (folder / RECORD).symlink_to(elsewhere)
+    (folder / name).mkdir() if kind == "directory" else (folder / name).symlink_to(elsewhere)
     with pytest.raises(DamagedFile, match="symbolic link" if kind == "link" else "not a plain file"):
         with holding(folder, "quest-export"):
             pass
@@ -78,12 +103,14 @@ def test_what_note_writes_is_a_record_the_next_hold_believes(tmp_path):
     with holding(folder, "quest-export") as held:
         held.claim()
         (folder / "sub").mkdir()
-        for name in ("a.md", "sub/b.csv"):
+        for name in ("a.md", "sub/b.csv", "log.txt"):
             (folder / name).write_text(name)
-        held.note([folder / "a.md", folder / "sub/b.csv"])
-        held.note([folder / "log.txt"], digest=False)
+        held.manifest.note([folder / "a.md", folder / "sub/b.csv"])
+        held.manifest.note([folder / "log.txt"], digest=False)
     with holding(folder, "quest-export") as held:
-        assert sorted(held.record()) == ["a.md", "log.txt", "sub/b.csv"] and held.own(folder / "sub/b.csv")
+        assert sorted(held.manifest.entries) == ["a.md", "log.txt", "sub/b.csv"]
+        assert held.manifest.owns(folder / "sub/b.csv") and held.manifest.owns(folder / "log.txt")
+        assert held.manifest.entries["a.md"].size == 4 and held.manifest.entries["log.txt"].size is None
 
 
 @pytest.mark.parametrize("dangling", [False, True])
@@ -352,7 +379,7 @@ def test_json_nested_past_the_decoder_is_damage_like_any_other_not_a_bug(tmp_pat
     assert parse_json('{"a": [[1]]}') == {"a": [[1]]}
     src, dst = _images(tmp_path / "src"), tmp_path / "capped"
     cap_folder(src, dst, 16)
-    with open(dst / "_ledger.jsonl", "a") as f:
+    with open(dst / MANIFEST_NAME, "a") as f:
         f.write(deep + "\n{}\n")
-    with pytest.raises(ValueError, match=r"_ledger\.jsonl line \d+ is not JSON"):
+    with pytest.raises(ValueError, match=r"\.manifest\.jsonl line \d+ is not JSON"):
         cap_folder(src, dst, 16)

@@ -65,20 +65,20 @@ def test_an_image_above_the_cap_is_resized_with_pil_s_bicubic_and_one_below_is_k
         cap_image(b"not an image", 64, 90)
 
 
-def test_the_copy_caps_train_links_val_names_unreadable_files_and_writes_its_manifest_last(tmp_path):
+def test_the_copy_caps_train_links_val_names_unreadable_files_and_writes_its_record_last(tmp_path):
     src = _folder(tmp_path / "src", corrupt=True)
-    manifest = cap_folder(src, tmp_path / "dst", 64, quality=90)
+    capped = cap_folder(src, tmp_path / "dst", 64, quality=90)
     dst = tmp_path / "dst"
     assert (dst / "val").is_symlink() and (dst / "val").resolve() == (src / "val").resolve()
     for c in ("c0", "c1"):
         assert Image.open(dst / "train" / c / "big0.JPEG").size == (85, 64)
         assert (dst / "train" / c / "small.png").read_bytes() == (src / "train" / c / "small.png").read_bytes()
     assert not (dst / "train" / "c1" / "broken.JPEG").exists()
-    assert manifest["splits"]["train"]["images"] == 8
-    assert list(manifest["splits"]["train"]["unreadable"]) == [str(src.resolve() / "train" / "c1" / "broken.JPEG")]
-    assert manifest.pop("this_run") == {"kept": 0, "written": 8, "removed": 0}
-    assert read_capped(dst) == json.loads((dst / CAPPED_INFO).read_text()) == manifest
-    assert manifest["short_side"] == 64 and manifest["quality"] == 90 and manifest["linked"] == ["val"]
+    assert capped["splits"]["train"]["images"] == 8
+    assert list(capped["splits"]["train"]["unreadable"]) == [str(src.resolve() / "train" / "c1" / "broken.JPEG")]
+    assert capped.pop("this_run") == {"kept": 0, "written": 8, "removed": 0}
+    assert read_capped(dst) == json.loads((dst / CAPPED_INFO).read_text()) == capped
+    assert capped["short_side"] == 64 and capped["quality"] == 90 and capped["linked"] == ["val"]
 
 
 def test_the_cli_reports_and_refuses_with_exit_codes(tmp_path, capsys):
@@ -108,8 +108,8 @@ def test_shards_are_capped_under_the_same_names_and_read_back(tmp_path):
 
     convert_image_folder(_folder(tmp_path / "src"), tmp_path / "shards", [("train", "train"), ("val", "val")],
                          shard_size=3)
-    manifest = cap_shards(tmp_path / "shards", tmp_path / "capped", 64)
-    assert manifest["splits"] == {"train": {"shards": 3}} and manifest["linked"] == ["val"]
+    capped = cap_shards(tmp_path / "shards", tmp_path / "capped", 64)
+    assert capped["splits"] == {"train": {"shards": 3}} and capped["linked"] == ["val"]
     before = WdsDataset(resolve_shards(tmp_path / "shards", "train"), train=False, num_classes=2)
     after = WdsDataset(resolve_shards(tmp_path / "capped", "train"), train=False, num_classes=2)
     pairs = list(zip(before, after))

@@ -1,6 +1,6 @@
 """The resumable data tools follow their source (docs/data.md, "Running a data tool again"): ``quest-data cap`` of an
 image folder or of shards, and ``make_shards convert``, interrupted after every number of outputs, with each fault a
-kill leaves (a partial write, an output without its ledger line, a cut ledger line), then the source changed in each
+kill leaves (a partial write, an output without its manifest line, a cut manifest line), then the source changed in each
 way (an image modified, added, deleted, made unreadable, grown past the cap, a class removed), then run again: the
 result equals a fresh run on today's source byte for byte, outputs whose source did not change are not rewritten,
 what a kill left unrecorded is kept in ``.replaced/`` with its bytes (never deleted), and until the rerun ends the
@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from quest.data.shard_index import ShardError, resolve_shards
-from quest.store.ledger import LEDGER_NAME
+from quest.store.manifest import MANIFEST_NAME
 from quest.store.tool_records import read_capped
 from quest.tools.capped import cap_folder, cap_shards
 from quest.tools.data_check import check_root
@@ -25,7 +25,7 @@ from quest.tools.make_shards import convert_image_folder
 
 CAP = 32  # the short side kept: a 48 x 40 image is resized, a 20 x 16 one copied byte for byte
 CHANGES = ("none", "modify", "add", "delete", "unreadable", "grow", "drop class")
-FAULTS = ("stop", "partial write", "unrecorded output", "cut ledger line")
+FAULTS = ("stop", "partial write", "unrecorded output", "cut manifest line")
 _clock = itertools.count(1)
 
 
@@ -75,7 +75,7 @@ def _change(src: Path, change: str) -> set[str]:
 
 
 def _tree(root: Path) -> dict[str, object]:
-    """Every entry under ``root`` but the ledger and what a rerun kept aside (:func:`_aside`): file bytes, link
+    """Every entry under ``root`` but the manifest and what a rerun kept aside (:func:`_aside`): file bytes, link
     targets, and folders."""
     out: dict[str, object] = {}
     for path in sorted(root.rglob("*")):
@@ -86,7 +86,7 @@ def _tree(root: Path) -> dict[str, object]:
             out[rel] = ("link", os.readlink(path))
         elif path.is_dir():
             out[rel] = "folder"
-        elif path.name != LEDGER_NAME:
+        elif path.name != MANIFEST_NAME:
             out[rel] = path.read_bytes()
     return out
 
@@ -124,14 +124,14 @@ def _stop_after(n: int | None):
 
 def _fault(dst: Path, fault: str, partial: Path) -> None:
     """What a kill -9 leaves beside a clean stop (``partial``: where a write was cut)."""
-    ledger = dst / LEDGER_NAME
-    lines = ledger.read_text().splitlines(keepends=True)
+    manifest = dst / MANIFEST_NAME
+    lines = manifest.read_text().splitlines(keepends=True)
     if fault == "partial write":
         partial.write_bytes(b"\xff\xd8 cut")
     elif fault == "unrecorded output" and len(lines) > 1:
-        ledger.write_text("".join(lines[:-1]))  # the output is whole, its line never reached the file
-    elif fault == "cut ledger line" and len(lines) > 1:
-        ledger.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+        manifest.write_text("".join(lines[:-1]))  # the output is whole, its line never reached the file
+    elif fault == "cut manifest line" and len(lines) > 1:
+        manifest.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
 
 
 def _cap_or_interrupt(cap, src: Path, dst: Path, stop: int | None, fault: str, partial: str) -> None:
@@ -250,14 +250,14 @@ def test_a_folder_holding_files_the_tool_did_not_write_is_refused_and_left_as_it
     before = _tree(stranger)
     with pytest.raises(ValueError, match=r"already holds files quest-data cap did not write \(mine\)"):
         cap_folder(src, stranger, CAP)
-    assert _tree(stranger) == before and not (stranger / LEDGER_NAME).exists()
+    assert _tree(stranger) == before and not (stranger / MANIFEST_NAME).exists()
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "toy-train-0001.tar").write_bytes(b"somebody's file under a name the conversion would write")
     before = _tree(shards)
     with pytest.raises(ValueError, match="toy-train-0001.tar, which make_shards did not record writing"):
         _convert(src, shards)
-    assert _tree(shards) == before and not (shards / LEDGER_NAME).exists()
+    assert _tree(shards) == before and not (shards / MANIFEST_NAME).exists()
     cap_folder(src, tmp_path / "copy", CAP)
     before = _tree(tmp_path / "copy")
     with pytest.raises(ValueError, match="use another folder"):  # another tool, or the same one with other settings
