@@ -7,8 +7,9 @@ results or output folder), ``{tmp}`` the test's folder (everything under it is h
 
 States (what ``{target}`` is before the command): ``new`` missing with its parents, outside the working directory;
 ``under_empty_parent`` missing under an empty ``runs/`` of the user's (it stays); ``earlier`` a copy of a run
-stopped at trainer.max_steps; ``evaluated`` the same with an evaluation beside it; ``out`` a missing output folder
-under ``{tmp}``; ``first`` the folder as the row's own command left it when it ran once before (a rerun's case).
+stopped at trainer.max_steps; ``evaluated`` the same with an evaluation beside it; ``toy`` a copy of a finished toy
+study (TOY_SMALL); ``out`` a missing output folder under ``{tmp}``; ``first`` the folder as the row's own command
+left it when it ran once before (a rerun's case).
 """
 from __future__ import annotations
 
@@ -202,8 +203,11 @@ T = "train.py"
 # train.py: every state for one refusal of each stage (the command line before Hydra, the config's checks, the
 # data's checks, the files it names, the run directory's own state); the other refusals of a stage in one state each
 TRAIN_ROWS = [
-    *_rows("unknown_key", T, (*TRAIN, "hydra.run.dir={target}", "recipe.nope=1"), ("recipe.nope",), STATES),
-    *_rows("bad_value", T, (*TRAIN, "hydra.run.dir={target}", "recipe.lr=-1"), ("recipe.lr",), STATES),
+    Refusal("unknown_key", T, (*TRAIN, "hydra.run.dir={target}", "recipe.nope=1"), ("recipe.nope",), "new"),
+    # the config's checks say every problem they found, one per indented line
+    *_rows("bad_values", T, (*TRAIN, "hydra.run.dir={target}", "recipe.lr=-1", "data.batch_size=0", "trainer.epochs=0",
+                             "trainer.precision=fp8"),
+           ("recipe.lr", "data.batch_size", "trainer.epochs", "trainer.precision"), STATES),
     Refusal("bad_relation", T, (*TRAIN, "hydra.run.dir={target}", "recipe.mixup=0.5", "data.batch_size=15"),
             ("data.batch_size",), "new"),
     Refusal("patch_size", T, (*TRAIN, "hydra.run.dir={target}", "model.img_size=30"), ("img_size",),
@@ -211,14 +215,10 @@ TRAIN_ROWS = [
     Refusal("no_cuda", T, (*TRAIN, "hydra.run.dir={target}", "trainer.device=cuda"), ("cuda",), "earlier"),
     Refusal("missing_extra", T, (*TRAIN, "hydra.run.dir={target}", "logger=wandb"), ("quest[wandb]",), "new",
             setup=without_wandb),
-    Refusal("zero_batch", T, (*TRAIN, "hydra.run.dir={target}", "data.batch_size=0"), ("data.batch_size",), "new"),
-    Refusal("zero_epochs", T, (*TRAIN, "hydra.run.dir={target}", "trainer.epochs=0"), ("trainer.epochs",), "new"),
-    Refusal("precision", T, (*TRAIN, "hydra.run.dir={target}", "trainer.precision=fp8"), ("trainer.precision",),
-            "new"),
     Refusal("data_root_unset", T, (*DATA_FREE, "hydra.run.dir={target}", "data=imagefolder", "data.num_classes=2"),
             ("data.root",), "new"),
-    *_rows("data_root_missing", T, (*DATA_FREE, "hydra.run.dir={target}", "data=imagefolder", "data.num_classes=3",
-                                    "data.root={tmp}/nodata", *REPLACE), ("nodata",), STATES),
+    Refusal("data_root_missing", T, (*DATA_FREE, "hydra.run.dir={target}", "data=imagefolder", "data.num_classes=3",
+                                     "data.root={tmp}/nodata", *REPLACE), ("nodata",), "earlier"),
     *_rows("data_preflight", T, (*DATA_FREE, "hydra.run.dir={target}", "data=imagefolder", "data.num_classes=3",
                                  "data.num_workers=0", "data.root={bad_images}", *REPLACE), ("not an image",),
            STATES),
@@ -292,9 +292,10 @@ TOY_ROWS = [
             ("data.train_size", "2 job(s) of the sweep failed"), "new", errors=3),
     # a rerun into a study's folder: of another config; another study holds it; its record damaged
     Refusal("another_config", Y, (*TOY_SMALL, "train.epochs=2", "hydra.run.dir={target}"),
-            ("different toy config",), "first"),
-    Refusal("in_use", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (HOLDER,), "first", setup=hold(".lock")),
-    Refusal("damaged_record", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (".written.json",), "first",
+            ("different toy config",), "toy"),
+    # device=auto: a line is logged, which toy.log must not get
+    Refusal("in_use", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (HOLDER,), "toy", setup=hold(".lock")),
+    Refusal("damaged_record", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (".written.json",), "toy",
             setup=_damaged_toy_record),
     Refusal("in_use", Y, (*TOY_SMALL, "hydra.run.dir={target}"), (HOLDER,), "out", setup=hold(".lock")),
 ]
@@ -353,4 +354,4 @@ TOOL_ROWS = [
 
 ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS]
 #: rows run again as two ranks of a torchrun group: rank 0 says the line, rank 1 exits with the same code silently
-UNDER_TORCHRUN = ["train.py:unknown_key:earlier", "train.py:bad_value:earlier", "eval.py:bad_value:earlier"]
+UNDER_TORCHRUN = ["train.py:unknown_key:new", "train.py:bad_values:earlier", "eval.py:bad_value:earlier"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .refusal_cases import CHECKPOINT, RESTORED, SHARDS, SMALL_EVAL, STATES, TRAIN, Refusal, Scene, TimesDiffer
+from .refusal_cases import CHECKPOINT, RESTORED, SHARDS, SMALL_EVAL, TRAIN, Refusal, Scene, TimesDiffer
 
 #: what reaches wandb.init, per case: it must not be called before the command's checks passed
 WANDB_INIT_CALLS: list[dict] = []
@@ -84,8 +84,8 @@ def _init_called_once_online(scene: Scene) -> None:
 
 RUN = (*TRAIN, "hydra.run.dir={target}")
 WANDB_ROWS = [
-    *[Refusal("online_without_credentials", "train.py", (*RUN, "logger=wandb"), ("`wandb login`",), state,
-              setup=no_wandb_credentials("online"), check=wandb_not_called) for state in STATES],
+    Refusal("online_without_credentials", "train.py", (*RUN, "logger=wandb"), ("`wandb login`",), "earlier",
+            setup=no_wandb_credentials("online"), check=wandb_not_called),
     Refusal("online_by_key_without_credentials", "train.py", (*RUN, "logger=wandb", "logger.mode=online"),
             ("WANDB_API_KEY",), "new", setup=no_wandb_credentials(None), check=wandb_not_called),
     Refusal("bad_wandb_mode", "train.py", (*RUN, "logger=wandb"), ("WANDB_MODE",), "under_empty_parent",

@@ -18,17 +18,34 @@ import re
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quest import cli
+from quest.evaluation import register_eval_configs, run_evaluation
 from quest.run import sweep_jobs
-from quest.runtime.errors import EXIT_BUG
+from quest.runtime.errors import EXIT_BUG, reporting_errors
+from quest.store import made_dirs
+from quest.store.tree import remove_made_dirs
 
-from ..helpers import ROOT
+from ..helpers import ROOT, compose_cfg, eval_cfg
 from ..interop_helpers import make_image_folder
-from .refusal_cases import ROWS, SHARDS, SMALL_EVAL, TRAIN, UNDER_TORCHRUN, ExitCodeDiffers, Refusal, Scene, TimesDiffer
+from .refusal_cases import (
+    ROWS,
+    SHARDS,
+    SMALL_EVAL,
+    TOY_SMALL,
+    TRAIN,
+    UNDER_TORCHRUN,
+    ExitCodeDiffers,
+    Refusal,
+    Scene,
+    TimesDiffer,
+)
 from .refusal_inputs import WANDB_ROWS, damage, damaged_cases
 
 
@@ -43,6 +60,7 @@ def _make_shards() -> None:
 
 ENTRY = {"train.py": cli.train, "eval.py": cli.evaluate, "quest-toy": cli.toy, "quest-export": cli.export,
          "quest-report": cli.report, "quest-plot": cli.plot, "quest-data": cli.data, SHARDS: _make_shards}
+register_eval_configs()
 ARGV0 = {SHARDS: str(ROOT / "quest" / "tools" / "make_shards.py")}  # what program_name() reads back
 
 
@@ -72,8 +90,10 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return dict(sorted(out.items()))
 
 
-def run_command(program: str, argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    """``program`` with ``argv`` run in this process as a shell would: (exit code, stdout, stderr)."""
+def run_command(program: str, argv: list[str], cwd: Path, monkeypatch, capsys,
+                entry: Callable[[], None] | None = None) -> tuple[int, str, str]:
+    """``program`` with ``argv`` run in this process as a shell would (or ``entry``, the part of it a case runs):
+    (exit code, stdout, stderr)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [ARGV0.get(program, program), *argv])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # what a user sees
@@ -81,7 +101,7 @@ def run_command(program: str, argv: list[str], cwd: Path, monkeypatch, capsys) -
     capsys.readouterr()
     code = 0
     try:
-        ENTRY[program]()
+        (entry or ENTRY[program])()
     except SystemExit as exc:
         code = exc.code or 0
     said = capsys.readouterr()
@@ -92,7 +112,8 @@ def run_command(program: str, argv: list[str], cwd: Path, monkeypatch, capsys) -
 def inputs(tmp_path_factory) -> dict[str, Path]:
     """What the commands read, made once: a run stopped at trainer.max_steps (.hydra/, train.log, checkpoints, ...),
     the same with an evaluation beside it, a run of before run.json (quest-report reads Hydra's copy of its config),
-    its export, an image folder (checked), one with a file that is not an image, a capped copy and shards."""
+    its export, an image folder (checked), one with a file that is not an image, a capped copy, shards and a finished
+    toy study."""
     from quest.tools.data_check import main as data_main
     from quest.tools.make_shards import main as shards_main
 
@@ -108,6 +129,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         mp.setattr(sys, "argv", ["quest-export", str(run), "--out", str(base / "export")])
         with pytest.raises(SystemExit, match="0"):
             cli.export()
+        mp.setattr(sys, "argv", ["quest-toy", *TOY_SMALL, f"hydra.run.dir={base / 'toy'}"])
+        cli.toy()
     old = Path(shutil.copytree(run, base / "old" / "run", symlinks=True))
     (old / "run.json").unlink()
     (old / ".hydra" / "config.yaml").write_text("model:\n  name: vit_pico_patch4_16\n")
@@ -121,7 +144,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         shards_main(["convert", str(images), str(base / "shards"), "--shard-size", "4"])
     assert (evaluated / "eval" / "clean" / "last-model" / "eval_results.json").is_file()
     return {"run": run, "runs": run.parent, "evaluated": evaluated, "old": old, "export": base / "export",
-            "images": images, "bad_images": bad, "capped": base / "capped", "shards": base / "shards"}
+            "images": images, "bad_images": bad, "capped": base / "capped", "shards": base / "shards",
+            "toy": base / "toy"}
 
 
 def _scene(row: Refusal, tmp: Path, inputs: dict[str, Path], monkeypatch, capsys) -> Scene:
@@ -131,8 +155,8 @@ def _scene(row: Refusal, tmp: Path, inputs: dict[str, Path], monkeypatch, capsys
         row.state, tmp / ("run" if row.state in ("earlier", "evaluated") else "out"))
     if row.state == "under_empty_parent":
         (cwd / "runs").mkdir()  # the user's, empty: it stays
-    elif row.state in ("earlier", "evaluated"):
-        shutil.copytree(inputs["run" if row.state == "earlier" else "evaluated"], target, symlinks=True)
+    elif row.state in ("earlier", "evaluated", "toy"):
+        shutil.copytree(inputs["run" if row.state == "earlier" else row.state], target, symlinks=True)
     scene = Scene(tmp, cwd, target, inputs, monkeypatch)
     if row.state == "first":  # a rerun: the folder as this command left it, without --overwrite
         code, _, err = run_command(row.program, _args(row, scene, drop=("--overwrite", "train.epochs=2")), cwd,
@@ -174,6 +198,8 @@ def run_refused(row: Refusal, scene: Scene, capsys, ranks: int = 1) -> None:
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) == row.errors and all(_by(row.program, line) for line in errors), text
     said_first = err[err.index(errors[0]):]  # its message may go on over indented lines, one per problem
+    if row.errors == 1:  # and it is the last thing said
+        assert all(not line.strip() or line[0].isspace() for line in said_first.splitlines()[1:]), text
     for words in row.says:
         assert words.format(**_places(scene)) in said_first, text
     assert all(other[0] == code and other[2] == "" for other in said[1:]), said[1:]
@@ -216,6 +242,36 @@ def test_under_torchrun_a_refused_start_is_said_once(row, tmp_path, inputs, monk
     run_refused(row, _scene(row, tmp_path, inputs, monkeypatch, capsys), capsys, ranks=2)
 
 
+def _work(program: str, args: list[str]) -> Callable[[], None]:
+    """train.py's or eval.py's work once Hydra composed its config (quest.cli's _train, _evaluate): its output folder
+    made as Hydra makes it, then fit or run_evaluation inside the same error path, the folders made removed again on
+    an error (quest.store.made_dirs). What reads the files is this part; the config is composed once, not twice as
+    Hydra's app does."""
+    overrides = [a for a in args if not a.startswith("hydra.run.dir=")]
+    given = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
+
+    def work() -> None:
+        from quest.train import exit_code, fit
+
+        checkpoint = next((Path(a.split("=", 1)[1]) for a in overrides if a.startswith("checkpoint=")), None)
+        out = Path(given) if given else checkpoint.parents[1] / "eval" / "clean" / "last-model"
+        made = made_dirs.missing_dirs(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with reporting_errors(program):
+            try:
+                if program == "train.py":
+                    code = exit_code(fit(compose_cfg(*overrides), out))
+                else:
+                    run_evaluation(eval_cfg(*overrides), out)
+                    code = 0
+            except Exception:
+                remove_made_dirs(made)
+                raise
+        if code:
+            sys.exit(code)
+    return work
+
+
 LEDGER_REWRITTEN = ("a rerun whose manifest (_capped.json, _info.json) is a directory rewrites _ledger.jsonl (the "
                     "same bytes, a new modification time) before it finds the manifest: the ledger's begin() comes "
                     "before that check")
@@ -239,8 +295,9 @@ def test_a_damaged_input_is_one_line_naming_it_or_read_right_never_a_bug(reader,
     damage(target / name, how)
     scene = Scene(tmp_path, cwd, target, inputs, monkeypatch)
     before = snapshot(tmp_path)
-    row = Refusal(f"{name} {how}", reader.program, reader.args, ())
-    code, out, err = run_command(reader.program, _args(row, scene), cwd, monkeypatch, capsys)
+    args = _args(Refusal(f"{name} {how}", reader.program, reader.args, ()), scene)
+    entry = _work(reader.program, args) if reader.program in ("train.py", "eval.py") else None
+    code, out, err = run_command(reader.program, args, cwd, monkeypatch, capsys, entry)
     text = (out + err)[-3000:]
     assert code != EXIT_BUG and code in (0, 1, 2) and "Traceback" not in err, text
     errors = [line for line in err.splitlines() if ": error: " in line]
@@ -252,3 +309,41 @@ def test_a_damaged_input_is_one_line_naming_it_or_read_right_never_a_bug(reader,
         assert _untimed(after) == _untimed(before), "the refused command changed the folder"
         if after != before:
             raise TimesDiffer(f"modification times changed: {sorted(k for k in after if after[k] != before.get(k))}")
+
+
+def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, inputs, monkeypatch, capsys):
+    """Not a refusal, but the same promise: the finished run is reported, its directory as it was. A file named
+    like the directory of a logger that is off (wandb, with logger=jsonl) is not in the way."""
+    row = Refusal("rerun", "train.py", (*TRAIN, "hydra.run.dir={target}"), ())
+    scene = _scene(row, tmp_path, inputs, monkeypatch, capsys)
+    (scene.target / "wandb").write_text("the user's file\n")
+    before = snapshot(tmp_path)
+    code, _, err = run_command("train.py", _args(row, scene), scene.cwd, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert snapshot(tmp_path) == before
+
+
+# --- the mechanism: which directories a command made -------------------------------------------------------------
+@settings(max_examples=60)
+@given(existing=st.sets(st.sampled_from(["a", "a/b", "a/b/c", "d", "d/e"])),
+       target=st.sampled_from(["a/b/c/run", "a/x/run", "d/e", "d/e/f/g", "q/r", "a"]))
+def test_only_the_directories_that_were_missing_are_removed(existing, target, tmp_path_factory):
+    """Whatever existed before (an empty directory too) stays; what Hydra made for the refused job goes."""
+    root = tmp_path_factory.mktemp("m")
+    for name in existing:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    before = set(root.rglob("*"))
+    made = made_dirs.missing_dirs(root / target)
+    assert all(not p.exists() for p in made) and (made[-1].parent.exists() if made else True)
+    (root / target).mkdir(parents=True, exist_ok=True)  # as Hydra makes it
+    remove_made_dirs(made)
+    assert set(root.rglob("*")) == before
+
+
+def test_remove_made_keeps_what_a_job_wrote(tmp_path, monkeypatch):
+    out = tmp_path / "a" / "run"
+    monkeypatch.setattr(made_dirs, "_job", (out, made_dirs.missing_dirs(out)))
+    out.mkdir(parents=True)
+    (out / "kept.txt").write_text("x")
+    made_dirs.remove_made(out)
+    assert (out / "kept.txt").is_file()
