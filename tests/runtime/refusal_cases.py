@@ -144,12 +144,17 @@ def _afile(scene: Scene) -> None:
     (scene.tmp / "afile").write_text("x\n")
 
 
-def without_wandb(scene: Scene) -> None:
-    """wandb as if not installed: the extras' check (quest.runtime.extras) finds no module of that name."""
-    import quest.runtime.extras
+def without(module: str) -> Callable[[Scene], None]:
+    """``module`` as if not installed: the extras' check (quest.runtime.extras) finds no module of that name."""
+    def setup(scene: Scene) -> None:
+        import quest.runtime.extras
 
-    installed = quest.runtime.extras._installed
-    scene.monkeypatch.setattr(quest.runtime.extras, "_installed", lambda module: module != "wandb" and installed(module))
+        installed = quest.runtime.extras._installed
+        scene.monkeypatch.setattr(quest.runtime.extras, "_installed", lambda name: name != module and installed(name))
+    return setup
+
+
+without_wandb = without("wandb")
 
 
 def _blocker(name: str) -> Callable[[Scene], None]:
@@ -343,6 +348,8 @@ TOOL_ROWS = [
                                              "eval.clean.max_samples=40", "hydra.run.dir={target}"),
             ("{target}",), "out", setup=foreign("eval_results.json")),
     tool("in_use", EXPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
+    tool("onnx_missing_extra", EXPORT, ("quest[onnx]",), more=("--onnx",), setup=without("onnxruntime")),
+    tool("onnx_in_use", EXPORT, (HOLDER,), more=("--onnx", "--overwrite"), setup=hold(".lock")),
     tool("in_use", REPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
     tool("in_use", PLOT, (HOLDER,), more=OVERWRITE, setup=hold(".fig.png.lock")),
     tool("in_use", CAP, (HOLDER,), setup=hold(".lock")),
