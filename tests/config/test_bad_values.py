@@ -1,9 +1,9 @@
 """Every key of train.py's, eval.py's and the toy study's configs x a generated bad value (hypothesis): the value is
 refused before any work by a user error (quest/runtime/errors.py prints it as one line, no traceback) that names the key, or
 it is accepted and then the run ends as a run does (completed, or a user error), never with a bug's traceback. The
-issue's examples (recipe.lr=-1, data.batch_size=0, ...) go through the real entry point in tests/runtime/test_error_path.py;
-this covers the keys nobody listed, in-process: the value is set on the composed config as Hydra would, then
-checked."""
+checks, for every key: in-process, the value set on the composed config as Hydra would, then checked. That such a
+refusal reaches the user as one line, exit 1, before any change, through each command's entry point, is the refusal
+contract's (tests/runtime/test_refusal_contract.py, with the issue's examples: recipe.lr=-1, data.batch_size=0, ...)."""
 from __future__ import annotations
 
 import copy

@@ -3,12 +3,13 @@ files missing, cut short at any byte, or replaced with garbage, either resumes e
 same metrics rows as a run that was never stopped) or is refused with a message that names the file, leaving the
 directory byte for byte as it was. Nothing is ever deleted or overwritten without being kept in .replaced/ first.
 
-A matrix over every file x fault x stopped state."""
+A matrix over every file x fault x stopped state. Each refusal of a start (another config, trainer.resume=never, a
+held or unwritable directory, a bad value, through train.py with Hydra's record and train.log) is a row of the
+refusal contract (tests/runtime/test_refusal_contract.py)."""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -22,7 +23,6 @@ from quest.train import fit
 from quest.train.trainer import Run
 
 from ..helpers import FAST, compose_cfg
-from ..warm import run_app
 
 # 2 epochs of 4 steps; a checkpoint at steps 3 and 6 and at each epoch's end (4, 8); best.pt from epoch 1 on
 CONFIG = [*FAST, "trainer.epochs=2", "trainer.checkpoint_every_n_steps=3"]
@@ -217,51 +217,13 @@ def test_last_checkpoint_missing_beside_best_metrics_and_summary_is_refused_not_
     assert [s for s, _ in _rows(tmp_path)].count(5) == 1  # step 5 logged once, by the resumed run
 
 
-@pytest.mark.parametrize("refusal", ["config", "resume_never", "locked", "bad_value", "explicit_resume"])
-def test_a_refused_command_changes_nothing(tmp_path, stopped, refusal):
-    """Each kind of refusal, the directory hashed before and after (Hydra's record and train.log included)."""
-    from quest.run.directory import RunDirectory
-
+def test_a_summary_with_a_field_of_the_wrong_type_is_kept_aside_on_resume_naming_the_field(tmp_path, stopped):
+    """summary.json's step a string: not believed (the stopped run is not taken as stopped), kept aside with the
+    field named, and written again by the resumed run."""
     shutil.copytree(stopped("stopped", 3), tmp_path, dirs_exist_ok=True)  # trainer.max_steps=3, trained once
-    digest = _digest(tmp_path)
-    assert ".hydra/config.yaml" in digest and "train.log" in digest and ".lock" in digest
-    overrides = {"config": ["recipe.lr=0.5"], "resume_never": ["trainer.resume=never"], "locked": [],
-                 "bad_value": ["recipe.lr=-1"],
-                 "explicit_resume": [f"trainer.resume={tmp_path / 'checkpoints' / 'best.pt'}"]}[refusal]
-    holder = RunDirectory(tmp_path)
-    if refusal == "locked":
-        holder.lock()  # another process holds the directory
-    try:
-        with pytest.raises((ConfigError, RuntimeError)):
-            _fit(tmp_path, *overrides)
-    finally:
-        holder.unlock()
-    assert _digest(tmp_path) == digest
-
-
-def test_cli_refusal_leaves_hydra_record_and_log_as_they_were(tmp_path):
-    """The same through train.py: Hydra itself writes nothing before quest's checks (output_subdir is quest's). The
-    commands are train.py's argv forked from the warm zygote (tests/warm.py): exit codes and files are the point."""
-    args = [*CONFIG, f"hydra.run.dir={tmp_path}", "trainer.max_steps=2"]
-    assert run_app("train.py", *args, cwd=tmp_path).returncode == 0
-    digest = _digest(tmp_path)
-    assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "train.log"} <= digest.keys()
-    refused = run_app("train.py", *args, "recipe.lr=0.5", cwd=tmp_path)
-    assert refused.returncode == 1 and "recipe.lr: 0.002 -> 0.5" in refused.stdout + refused.stderr
-    assert _digest(tmp_path) == digest
-    # a refused new run leaves no empty directory behind
-    fresh = tmp_path / "bad"
-    bad = run_app("train.py", *args[:-2], f"hydra.run.dir={fresh}", "recipe.lr=-1", cwd=tmp_path)
-    assert bad.returncode == 1 and not fresh.exists()
-
-
-def test_a_run_directory_this_user_cannot_write_is_named_before_any_work(tmp_path, monkeypatch):
-    """A read-only run directory (Hydra's "Unable to configure handler 'file'" before): a message with the way
-    out. Root may write anywhere, so the permission is taken away through os.access, which the check asks."""
-    _fit(tmp_path, "trainer.max_steps=1")
-    digest = _digest(tmp_path)
-    real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path else real(p, mode, **kw))
-    with pytest.raises(ConfigError, match=r"cannot be written by this user.*hydra\.run\.dir="):
-        _fit(tmp_path)
-    assert _digest(tmp_path) == digest
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "step": "3"}))
+    assert _fit(tmp_path, "trainer.max_steps=3")["step"] == 3
+    why = "".join(p.read_text() for p in tmp_path.glob(".replaced/*/why.txt"))
+    assert "summary.json: damaged: step is str '3', expected an integer" in why, why
+    assert json.loads((tmp_path / "summary.json").read_text())["step"] == 3

@@ -5,7 +5,7 @@ rename, link and removal this process asks for, whoever asks (quest's store, Hyd
 phase of the command running at that moment. Each command runs in this process as its console script does (its
 function in quest.cli with its argv, so inside its error path and its phases) on a small real input, and the test
 checks that nothing under the test's folder was changed while the command was still in its checks, except its lock
-file (taken before the checks and put back by a refusal, tests/runtime/test_refusals_change_nothing.py) and the
+file (taken before the checks and put back by a refusal, tests/runtime/test_refusal_contract.py) and the
 folders that hold it; that nothing was changed outside the command's phases (Hydra's own directories and a sweep's
 ``multirun.yaml`` included: quest.run.hydra_job); and that its changes did begin, so that the hook saw the phase
 at work. Refused commands, single runs and sweeps, are watched the same way: the hook sees no directory made but the

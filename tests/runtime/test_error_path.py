@@ -1,96 +1,27 @@
-"""One error path (quest/runtime/errors.py): every mistake a user can make reaches them as one line `<program>: error: ...`
-with exit code 1, never a traceback, also when the refusal comes from inside the run; a refused command leaves the
-directory it ran in as it was (no run directory, no lock file); a bug of quest keeps its traceback and says so."""
+"""One error path (quest/runtime/errors.py), the mechanism: a user error is exactly its message on one line
+`<program>: error: ...` with exit code 1, a bug of quest keeps its traceback and says so, memory and a full disk are
+described, torchrun's ranks say an error once, the program is named as the user typed it, and a multirun's refused
+job does not stop the good one. Every command's refusals through it (one line, its exit code, the folder as it was)
+are rows of the refusal contract (tests/runtime/test_refusal_contract.py)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
-from quest.store.locks import lock_file
 
 from ..helpers import FAST
-from ..interop_helpers import make_image_folder
 from ..warm import run_app
 
 # what a user sees: Hydra's full-error switch (set for the rest of the suite) off
 ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-
-
-def _tree(root: Path) -> dict[str, str]:
-    """Every path under root with a hash of its content (directories too): what a command must leave as it was.
-    Not the pre-flight's cache of a data root's check (.quest-preflight.json, docs/data.md): kept on purpose, so
-    that the corrected command does not read every image again."""
-    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-            for p in sorted(root.rglob("*")) if p.name != ".quest-preflight.json"}
-
-
-def _refused(tmp_path: Path, *args: str, names: str) -> str:
-    before = _tree(tmp_path)
-    base = FAST if not any(a.startswith("data=") for a in args) else [a for a in FAST if not a.startswith("data.fake")]
-    out = run_app("train.py", *base, *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
-    text = out.stdout + out.stderr
-    assert out.returncode == EXIT_ERROR, text[-3000:]
-    assert "Traceback" not in text and "Error executing job" not in text, text[-3000:]
-    # one error, the last thing printed (its message may go on over indented lines, one per problem)
-    assert out.stderr.count("train.py: error: ") == 1, out.stderr[-3000:]
-    error = out.stderr[out.stderr.index("train.py: error: "):]
-    assert names in error, out.stderr[-3000:]
-    assert _tree(tmp_path) == before, "the refused command changed the directory it ran in"
-    return error
-
-
-# refusals raised inside the run (after Hydra composed the config): the issue's examples, each naming its key
-@pytest.mark.parametrize("args, names", [
-    (["recipe.lr=-1"], "recipe.lr"),
-    (["data.batch_size=0"], "data.batch_size"),
-    (["trainer.epochs=0"], "trainer.epochs"),
-    (["model.img_size=30"], "img_size"),
-    (["trainer.precision=fp8"], "trainer.precision"),
-    (["data=imagefolder", "data.num_classes=2"], "data.root"),
-])
-def test_a_refusal_from_inside_the_run_is_one_line_and_leaves_nothing(tmp_path, args, names):
-    _refused(tmp_path, *args, names=names)
-
-
-def test_a_data_preflight_refusal_is_one_line_and_leaves_nothing(tmp_path):
-    data = make_image_folder(tmp_path / "data", per_class=2)
-    bad = next((data / "train").rglob("*.png"))
-    bad.write_bytes(b"not an image")
-    _refused(tmp_path, "data=imagefolder", f"data.root={data}", "data.num_classes=3", "data.num_workers=0",
-             names=bad.name)
-
-
-def test_a_run_directory_in_use_is_one_line_and_keeps_the_holders_lock(tmp_path):
-    run = tmp_path / "run"
-    fd = lock_file(run / ".lock", "test")  # another process's run: this test holds its lock
-    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
-    try:
-        line = _refused(tmp_path, names="in use by another process")
-        assert "pid 1 on elsewhere" in line
-    finally:
-        os.close(fd)
-
-
-def test_an_unreadable_checkpoint_version_is_one_line(tmp_path):
-    run = tmp_path / "run"
-    ok = run_app("train.py", *FAST, "trainer.max_steps=1", f"hydra.run.dir={run}", cwd=tmp_path, env=ENV)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    last = run / "checkpoints" / "last.pt"
-    ckpt = torch.load(last, weights_only=True)
-    ckpt["version"] = 999
-    torch.save(ckpt, last)
-    (run / "summary.json").unlink()  # an interrupted run: the next command resumes from last.pt
-    _refused(tmp_path, "trainer.max_steps=2", names="last.pt")
 
 
 def test_each_job_of_a_multirun_reports_its_own_error_and_the_sweep_goes_on(tmp_path):
@@ -182,27 +113,6 @@ def test_too_little_memory_for_the_config_is_the_users_one_line_with_the_size(ca
     assert code == EXIT_ERROR and err.startswith("prog: error: out of memory: MemoryError. Lower")
     code, err = _report(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), capsys)  # any other: a bug
     assert code == EXIT_BUG and "Traceback" in err
-
-
-@pytest.mark.parametrize("tool, argv", [
-    ("quest.tools.data_check", ["cap", "{missing}", "{tmp}/out", "--short-side", "64", "--no-progress"]),
-    ("quest.tools.data_check", ["check", "{missing}", "--no-progress"]),
-    ("quest.tools.export", ["{missing}", "--out", "{tmp}/out"]),
-    ("quest.report.__main__", ["{missing}"]),
-    ("quest.report.plot", ["diagnostics", "{missing}", "--out", "{tmp}/out.png"]),
-])
-def test_a_tool_refusing_its_input_prints_one_error_line_and_exits_2(tmp_path, capsys, tool, argv):
-    """The tools' own refusals have the format of every other error, `<program>: error: <message>`; their exit code
-    is 2 (as argparse's), since 1 means "ran and found problems" (docs/training.md, "Errors")."""
-    import importlib
-
-    main = importlib.import_module(tool).main
-    missing = tmp_path / "no-such-run"
-    code = main([a.format(missing=missing, tmp=tmp_path) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and ": error: " in lines[0] and str(missing) in lines[0], err
-    assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("argv0, expected", [

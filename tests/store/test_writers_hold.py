@@ -1,19 +1,17 @@
-"""What a command may remove (docs/training.md): every writing command x a foreign file in each place it writes x a
-second instance of it at once.
+"""What a command may remove (docs/training.md): every writing command x a foreign file in each place it writes.
 
-- A file the command did not write, in the place of one of its outputs, is refused (the message names it, and the
-  folder is byte for byte as it was) or moved to ``.replaced/<UTC time>[-label]/`` under the same path with its
-  bytes; which of the two is fixed per command and place below. Never lost.
-- While another process holds the folder (simulated by taking its lock here with quest.store.locks.lock_file: no timing), the
-  command is refused at once, naming the holder, before it loads what it reads (a model, a data set), and the
-  folder is byte for byte as it was.
+A file the command did not write, in the place of one of its outputs, is refused (the message names it, and the
+folder is byte for byte as it was) or moved to ``.replaced/<UTC time>[-label]/`` under the same path with its bytes;
+which of the two is fixed per command and place. Never lost. The places where it is kept aside are here; the places
+where it is refused, and every command refused while another process holds its folder, are rows of the refusal
+contract (tests/runtime/test_refusal_contract.py). Here too: what an overwrite keeps, the temporaries training
+removes, a figure's lock beside it, and a lock file removed by its holder as it lets go.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
-import importlib
 import io
 import os
 from collections.abc import Callable
@@ -37,7 +35,6 @@ from quest.tools.make_shards import convert_image_folder, write_index
 from quest.train import fit
 
 from ..helpers import CONFIGS, FAST, compose_cfg, eval_cfg
-from ..tree_state import tree_state
 
 register_eval_configs()
 
@@ -93,8 +90,6 @@ class Writer:
     run: Callable[[dict[str, Path], Path, bool], object]
     first: bool = False
     prepare: Callable[[dict[str, Path], Path], None] | None = None
-    lock: str = ".lock"  # its folder's lock file (an evaluation's is its own: it may write into a run directory)
-    loads: tuple[str, str] | None = None  # (module, function): what it loads, which a refused second instance must not
 
 
 def _export(i, out, overwrite):
@@ -152,41 +147,33 @@ def _tensorboard(i, out, overwrite):
 
 
 WRITERS = {w.name: w for w in [
-    Writer("quest-export", _export), Writer("quest-report", _report), Writer("quest-plot", _plot, lock=".fig.png.lock"),
-    Writer("quest-data cap", _cap), Writer("quest-data cap (rerun)", _cap, first=True),
-    Writer("make_shards convert", _convert), Writer("make_shards convert (rerun)", _convert, first=True),
+    Writer("quest-export", _export), Writer("quest-report", _report), Writer("quest-plot", _plot),
+    Writer("quest-data cap (rerun)", _cap, first=True), Writer("make_shards convert (rerun)", _convert, first=True),
     Writer("make_shards index", _index, prepare=_shards),
     Writer("quest-toy", _toy), Writer("quest-toy (rerun)", _toy, first=True),
     Writer("quest-train tensorboard", _tensorboard),
-    Writer("quest-eval", _eval, lock=".eval.lock", loads=("quest.evaluation.runner", "load_target")),
+    Writer("quest-eval", _eval),
 ]}
 
-# (command, the place a foreign file takes, what the command does with it, whether it runs with --overwrite)
+# (command, the place a foreign file takes, whether it runs with --overwrite): the file is kept aside
 PLACES = [
-    *[("quest-export", p, "refused", False) for p in ("model.safetensors", "config.json", "README.md")],
-    *[("quest-export", p, "kept", True) for p in ("model.safetensors", "config.json", "README.md")],
-    *[("quest-report", p, how, ow) for p in ("runs.md", "runs.csv") for how, ow in (("refused", False), ("kept", True))],
-    ("quest-plot", "fig.png", "refused", False), ("quest-plot", "fig.png", "kept", True),
-    *[("quest-data cap", p, "refused", False) for p in ("train/c0/a.JPEG", "_capped.json", ".manifest.jsonl")],
-    *[("quest-data cap (rerun)", p, "kept", False) for p in ("train/c0/a.JPEG", "train/c1/s.png", "train/c0/x.txt")],
-    *[("quest-data cap (rerun)", p, "refused", False) for p in ("_capped.json", ".manifest.jsonl")],
-    *[("make_shards convert", p, "refused", False) for p in ("toy-train-0000.tar", "_info.json")],
-    ("make_shards convert (rerun)", "toy-train-0001.tar", "kept", False),
-    ("make_shards convert (rerun)", ".manifest.jsonl", "refused", False),
-    ("make_shards index", "_info.json", "kept", False),
-    *[("quest-toy", p, "kept", False) for p in ("runs.csv", "study.json", "key_norms.pt", "success_heatmaps.png",
-                                                "chunks/standard-data0.pt")],
-    *[("quest-toy (rerun)", p, "kept", False) for p in ("success_rates.csv", "chunks/standard-data0.pt")],
-    ("quest-train tensorboard", "tensorboard/events.out.tfevents.1.elsewhere.1.0", "kept", False),
-    *[("quest-eval", p, "kept", False) for p in ("eval_results.md", "eval_results.csv", "eval.log")],
-    ("quest-eval", "eval_results.json", "refused", False),
+    *[("quest-export", p, True) for p in ("model.safetensors", "config.json", "README.md")],
+    *[("quest-report", p, True) for p in ("runs.md", "runs.csv")],
+    ("quest-plot", "fig.png", True),
+    *[("quest-data cap (rerun)", p, False) for p in ("train/c0/a.JPEG", "train/c1/s.png", "train/c0/x.txt")],
+    ("make_shards convert (rerun)", "toy-train-0001.tar", False),
+    ("make_shards index", "_info.json", False),
+    *[("quest-toy", p, False) for p in ("runs.csv", "study.json", "key_norms.pt", "success_heatmaps.png",
+                                        "chunks/standard-data0.pt")],
+    *[("quest-toy (rerun)", p, False) for p in ("success_rates.csv", "chunks/standard-data0.pt")],
+    ("quest-train tensorboard", "tensorboard/events.out.tfevents.1.elsewhere.1.0", False),
+    *[("quest-eval", p, False) for p in ("eval_results.md", "eval_results.csv", "eval.log")],
 ]
 
 
-@pytest.mark.parametrize(("name", "place", "expected", "overwrite"), PLACES,
-                         ids=[f"{n}:{p}:{'overwrite' if o else e}" for n, p, e, o in PLACES])
-def test_a_file_the_command_did_not_write_is_refused_or_kept_never_lost(inputs, tmp_path, name, place, expected,
-                                                                         overwrite):
+@pytest.mark.parametrize(("name", "place", "overwrite"), PLACES,
+                         ids=[f"{n}:{p}:{'overwrite' if o else 'kept'}" for n, p, o in PLACES])
+def test_a_file_the_command_did_not_write_is_kept_never_lost(inputs, tmp_path, name, place, overwrite):
     writer, folder = WRITERS[name], tmp_path / "out"
     if writer.prepare:
         writer.prepare(inputs, folder)
@@ -196,52 +183,11 @@ def test_a_file_the_command_did_not_write_is_refused_or_kept_never_lost(inputs, 
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
     target.write_bytes(FOREIGN)
-    before = tree_state(folder)
     ok, said = _call(lambda: writer.run(inputs, folder, overwrite))
-    if expected == "refused":
-        assert not ok, f"{name} took {place} for its own"
-        # named (a folder's files by the folder they are in; an evaluation's record by its folder)
-        assert place.split("/")[0] in said or name == "quest-eval" and str(folder) in said, said
-        assert tree_state(folder) == before  # nothing changed: not the foreign file, not the lock file, nothing
-        return
     assert ok, said
     kept = _kept(folder)
     assert kept.get(place) == FOREIGN, sorted(kept)  # the same path under .replaced/<time>/, the same bytes
     assert not target.exists() or target.read_bytes() != FOREIGN  # the command's own output in its place
-
-
-@pytest.mark.parametrize("name", list(WRITERS))
-def test_a_second_instance_is_refused_naming_the_holder_and_changes_nothing(inputs, tmp_path, name, monkeypatch):
-    writer, folder = WRITERS[name], tmp_path / "out"
-    if writer.prepare:
-        writer.prepare(inputs, folder)
-    if writer.first:
-        assert _call(lambda: writer.run(inputs, folder, False))[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    if writer.loads is not None:  # refused at once: what it loads (minutes for a model and a data set) is not
-
-        def loaded(*args, **kwargs):
-            raise AssertionError(f"{name} loaded {writer.loads[1]} before it found the folder held")
-
-        monkeypatch.setattr(importlib.import_module(writer.loads[0]), writer.loads[1], loaded)
-    fd = lock_file(folder / writer.lock, "the test's folder")  # the first instance, still running
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, HOLDER, 0)
-        before = tree_state(folder)
-        ok, said = _call(lambda: writer.run(inputs, folder, True))
-        assert not ok, f"{name} wrote into a folder another process holds"
-        assert HOLDER.decode().strip() in said, said
-        assert tree_state(folder) == before
-    finally:
-        os.close(fd)
-
-
-def test_a_refused_command_leaves_no_folder_behind(inputs, tmp_path):
-    """The lock made the folder; a command refused before writing removes it again."""
-    out = tmp_path / "new" / "export"
-    assert export_main([str(tmp_path / "no-such-run"), "--out", str(out)]) == 2
-    assert not (tmp_path / "new").exists()
 
 
 def test_an_export_rerun_with_overwrite_keeps_the_previous_export(inputs, tmp_path):
