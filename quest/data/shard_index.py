@@ -6,6 +6,7 @@ shard data set (quest/data/shards.py), its pre-flight (shard_preflight.py), ``qu
 from __future__ import annotations
 
 import json
+import os
 import re
 import tarfile
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ def expand_braces(pattern: str) -> list[str]:
 def load_info(root: Path) -> tuple[dict[str, Any], Path | None]:
     for name in INFO_NAMES:
         path = root / name
+        if not path.is_file() and os.path.lexists(path):  # a folder or a broken link in the index's place
+            raise ShardError(f"{path} is not a file; expected the shard index (JSON) make_shards writes there")
         if path.is_file():
             try:
                 info = parse_json(path.read_bytes().decode())

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from quest.runtime.errors import input_error, program_name
-from quest.store.output_folder import output_path
+from quest.store.output_folder import FolderHeld, output_path
+from quest.store.tree import OutputExists
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
 
@@ -56,16 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = build_report(load_runs(args.sweep_dirs), metrics=metrics, by=by, primary=args.primary,
                               include_stopped=args.include_stopped, num_classes=args.num_classes,
                               decimals=args.decimals)
-    except ReportInputError as err:
+        # --out held by another report, or holding tables this one did not write: refused as any input is
+        written = write_outputs(report, args.out, args.overwrite) if args.out else []
+    except (ReportInputError, OutputExists, FolderHeld) as err:
         return input_error(program_name("quest-report"), err)
     print(runs_markdown(report))
     if perf := perf_markdown(report):
         print(perf)
     if report.sweeps:
         print(lr_markdown(report))
-    if args.out:
-        for path in write_outputs(report, args.out, args.overwrite):
-            print(f"wrote {path}", file=sys.stderr)
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -112,6 +112,8 @@ def read_capped(root: str | os.PathLike | None, complete_only: bool = True) -> d
         return None
     path = Path(root).expanduser() / CAPPED_INFO
     if not path.is_file():
+        if os.path.lexists(path):  # a folder or a broken link in the record's place: not a copy, and not nothing
+            raise DamagedFile(path, "is not a file; expected the record quest-data cap writes there", joined=" ")
         return None
     try:
         record = parse_json(path.read_text())
