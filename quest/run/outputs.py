@@ -88,6 +88,8 @@ def init_wandb(out_dir: Path, then: str, **kwargs: Any) -> Any:
     wandb = require("wandb", "wandb", "logger=wandb")
     folder = Path(out_dir) / "wandb"
     before = {p: (os.readlink(p) if p.is_symlink() else None) for p in folder.iterdir()} if folder.is_dir() else None
+    # a link's own times, put back with it: a link re-made with its old target is otherwise a new one
+    times = {p: (p.lstat().st_atime_ns, p.lstat().st_mtime_ns) for p, link in (before or {}).items() if link}
     try:
         return wandb.init(dir=str(out_dir), **kwargs)
     except BaseException as exc:
@@ -102,6 +104,8 @@ def init_wandb(out_dir: Path, then: str, **kwargs: Any) -> Any:
         for path, link in was.items():
             if link is not None and not os.path.lexists(path):
                 os.symlink(link, path)
+                if os.utime in os.supports_follow_symlinks:
+                    os.utime(path, ns=times[path], follow_symlinks=False)
         if before is None and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
         if not isinstance(exc, Exception):  # an interrupt: as it came

@@ -31,8 +31,6 @@ TOY_SMALL = ("grid=quick", "grid.lrs=[0.01]", "grid.weight_decays=[0.0]", "grid.
              "data.train_size=16", "data.test_size=16", "train.epochs=1", "probe_size=8", "workers=1",
              "compile=false", "attentions=[standard]", "device=cpu")
 STATES = ("new", "under_empty_parent", "earlier")
-RESTORED = ("a file wandb rewrote in the folder (its latest-run and debug.log links) is put back with its target, "
-            "but not its modification time")
 HOLDER = "pid 1 on elsewhere"
 FOREIGN = b'{"somebody": "else\'s file"}\n'  # valid JSON: refused for not being the command's, not for being garbage
 SHARDS = "python -m quest.tools.make_shards"
