@@ -173,7 +173,7 @@ def _leaf_problem(key: str, value: Any, hint: Any, metadata: Mapping[str, Any]) 
         return None
     numbers = value if isinstance(value, list) else [value]
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
-        return f"  {key} must be finite (not nan, inf or -inf), got {value!r}"
+        return f"  {key} must be a finite number (not nan, inf or -inf), got {value!r}"
     optional = value is not None and unwrap_optional(hint) is not hint
     return f"  {key} must be {allowed_words(hint, metadata)}{' (or null)' if optional else ''}, got {value!r}"
 
@@ -192,19 +192,18 @@ def declared_problems(node: DictConfig, schema: type, prefix: str = "") -> list[
         if f.name not in node or OmegaConf.is_missing(node, f.name):
             continue
         key, hint, value = prefix + f.name, hints[f.name], node[f.name]
-        child = dataclass_of(hint)
-        if child is not None and OmegaConf.is_dict(value):
-            own = OmegaConf.get_type(value)
-            schema_of = own if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, child) \
-                else child
-            problems += declared_problems(value, schema_of, f"{key}.")
-        elif typing.get_origin(unwrap_optional(hint)) is dict and OmegaConf.is_dict(value):
+        if typing.get_origin(unwrap_optional(hint)) is dict and OmegaConf.is_dict(value):
             entry = typing.get_args(unwrap_optional(hint))[1]
             for name in value.keys():
                 if dataclasses.is_dataclass(entry) and OmegaConf.is_dict(value[name]):
                     problems += declared_problems(value[name], entry, f"{key}.{name}.")
                 elif entry is not Any:  # a free-form mapping (attention.options) is checked where it is used
                     problems.append(_leaf_problem(f"{key}[{name}]", _plain(value[name]), entry, f.metadata))
+        elif dataclass_of(hint) is not None and OmegaConf.is_dict(value):
+            own, child = OmegaConf.get_type(value), dataclass_of(hint)
+            schema_of = own if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, child) \
+                else child
+            problems += declared_problems(value, schema_of, f"{key}.")
         elif hint is not Any:
             problems.append(_leaf_problem(key, _plain(value), hint, f.metadata))
     return [p for p in problems if p is not None]
