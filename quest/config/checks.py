@@ -22,10 +22,22 @@ from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from quest.store.records import bound_ends, fits_declaration, matching, type_name, unwrap_optional
+# the declarations a config field takes are records' own (one mechanism), importable from here too
+from quest.store.records import (
+    bound_ends,
+    bounded,
+    described,
+    fits_declaration,
+    listed,
+    matching,
+    one_of,
+    type_name,
+    unwrap_optional,
+)
 
 __all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "declared_problems", "allowed_words",
-           "process_count", "is_int", "DEVICE_PATTERN", "DEVICE", "PRECISIONS", "MATMUL_PRECISIONS"]
+           "process_count", "is_int", "DEVICE_PATTERN", "DEVICE", "PRECISIONS", "MATMUL_PRECISIONS", "bounded", "one_of",
+           "listed", "described", "matching"]
 
 #: what trainer.device and eval.device accept
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
