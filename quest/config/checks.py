@@ -232,8 +232,11 @@ class Checks:
         return OmegaConf.select(self.cfg, key)
 
     def fail(self, key: str, message: str) -> None:
-        """Record a problem: ``message`` completes "<key> ...", e.g. "must be a positive integer"."""
-        self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
+        """Record a problem: ``message`` completes "<key> ...", e.g. "must be a positive integer". A key already
+        refused is not refused again: a relation judged on a value that broke its own declaration says nothing more
+        (one line per key)."""
+        if not any(problem.startswith(f"  {key} ") for problem in self.problems):
+            self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
 
     def check(self, key: str, ok: Callable[[Any], bool], allowed: str, optional: bool = False) -> None:
         value = self.value(key)

@@ -19,8 +19,9 @@ def check_toy_config(cfg: Mapping[str, Any]) -> None:
     :class:`~quest.toy.config.ToyConfig`): each against its field's declaration, then the ranges' low <= high."""
     c = Checks(OmegaConf.create(dict(cfg)))
     c.declared(ToyConfig)
-    for key in ("paper_outcome.biased_train", "paper_outcome.biased_test"):
-        low_high = c.value(key)
-        if f"  {key} " not in "".join(c.problems) and low_high is not None and low_high[0] > low_high[1]:
+    c.raise_if_any("toy study")
+    for key in ("paper_outcome.biased_train", "paper_outcome.biased_test"):  # each value passed alone: two numbers
+        low, high = c.value(key)
+        if low > high:
             c.fail(key, "must be [low, high] with 0 <= low <= high <= 1")
     c.raise_if_any("toy study")

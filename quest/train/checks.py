@@ -82,11 +82,6 @@ def _recipe(c: Checks) -> None:
 
     if c.value("recipe.lr") is None and c.value("recipe.base_lr") is None:
         c.fail("recipe.lr", "must be set, or recipe.base_lr (scaled by the global batch)")
-    for key, words in (("recipe.scale", "[min, max] with 0 < min <= max <= 1"),
-                       ("recipe.ratio", "[min, max] with 0 < min <= max")):  # each end is declared on its field
-        low_high = c.value(key)
-        if low_high is not None and len(low_high) == 2 and low_high[0] > low_high[1]:
-            c.fail(key, f"must be {words}")
     c.one_of("recipe.opt", list_optimizers())
     c.check("recipe.auto_augment", _timm_augment_policy, "a timm augmentation policy such as rand-m9-mstd0.5-inc1, "
             "3a or augmix-m5-w4-d2 (timm.data.auto_augment)", optional=True)
@@ -203,6 +198,11 @@ def _relations(c: Checks) -> None:
 
     # a warm-up as long as training (a short smoke run of a recipe) is allowed: quest.train.builders warns with the
     # peak the schedule reaches, and summary.json records it as lr_peak
+    for key, words in (("recipe.scale", "[min, max] with 0 < min <= max <= 1"),
+                       ("recipe.ratio", "[min, max] with 0 < min <= max")):  # each end is declared on its field
+        low, high = c.value(key)
+        if low > high:
+            c.fail(key, f"must be {words}")
     lr = number("recipe.lr")  # with recipe.base_lr the peak depends on the global batch: checked when it is known
     for key, what in (("recipe.warmup_lr", "the warm-up would lower the learning rate"),
                       ("recipe.min_lr", "the schedule would raise the learning rate instead of decaying it")):
