@@ -197,7 +197,7 @@ def _lines_naming(message: str, key: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name, key, hint, f", DECLARED, ids=[f"{n}:{k}" for n, k, _, _ in DECLARED])
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data())
 def test_a_value_outside_its_declaration_is_refused_in_one_line_naming_its_key(name, key, hint, f, data):
     cfg, _, check = CONFIGS_CHECKED[name]
@@ -209,7 +209,7 @@ def test_a_value_outside_its_declaration_is_refused_in_one_line_naming_its_key(n
 
 
 @pytest.mark.parametrize("name, key, hint, f", DECLARED, ids=[f"{n}:{k}" for n, k, _, _ in DECLARED])
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data())
 def test_a_value_inside_its_declaration_is_accepted(name, key, hint, f, data):
     cfg, schema, _ = CONFIGS_CHECKED[name]
