@@ -47,7 +47,7 @@ class DataConfig:
     # the registered data set (configs/data/*.yaml; quest.data.list_datasets): checked against that registry, which
     # plugins fill, so no choices here
     name: str = MISSING
-    root: Optional[str] = None  # a path, no range; where the data set lives (null: the built-in digits need none)
+    root: Optional[str] = None  # where the data set lives, a path (null: the built-in digits need none)
     batch_size: int = field(default=64, metadata={**TRAINING_ONLY, **bounded(1)})  # per process
     eval_batch_size: Optional[int] = field(default=None, metadata={**TRAINING_ONLY, **bounded(1)})  # None: 2 x batch_size
     # DataLoader worker processes, each with its own copy of the data set's index
