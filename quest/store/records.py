@@ -138,13 +138,16 @@ def type_name(hint: Any) -> str:
 
 
 def field_problem(value: Any, hint: Any, bounds: tuple[Bound, Bound] = (None, None),
-                  where: str = "") -> str | None:
-    """Why ``value`` is not of type ``hint`` within ``bounds`` (naming the part at ``where`` inside it), or None."""
+                  where: str = "", open_ends: tuple[bool, bool] = (False, False)) -> str | None:
+    """Why ``value`` is not of type ``hint`` within ``bounds`` (an end excluded where ``open_ends`` says so; naming
+    the part at ``where`` inside it), or None."""
     problem = _type_problem(value, hint, where)
-    if problem is None and _is_number(value) and _outside(value, bounds):
-        low, high = bound_ends(bounds)
-        span = (f"between {low} and {high}" if low is not None and high is not None
-                else f">= {low}" if low is not None else f"<= {high}")
+    if problem is None and _is_number(value) and _outside(value, bounds, open_ends):
+        (low, high), (open_low, open_high) = bound_ends(bounds), open_ends
+        above, below = f"{'>' if open_low else '>='} {low}", f"{'<' if open_high else '<='} {high}"
+        span = (f"between {low} and {high}" if low is not None and high is not None and open_ends == (False, False)
+                else f"{above} and {below}" if low is not None and high is not None
+                else above if low is not None else below)
         return f"{where or 'it'} is {value!r}, expected a value {span}"
     return problem
 
@@ -284,7 +287,10 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
         if nested is not None:
             hint = nested | None if _allows_none(hint) else nested
         value = data[key]
-        problem = field_problem(value, hint, f.metadata.get("bounds", (None, None)), where)
+        problem = field_problem(value, hint, f.metadata.get("bounds", (None, None)), where,
+                                f.metadata.get("open", (False, False)))
+        if problem is None and not fits_declaration(value, hint, f.metadata):  # its choices or length
+            problem = f"{where} is {_describe(value)}, expected what its declaration allows ({_declared(f.metadata)})"
         if problem is None and f.metadata.get("path") and value is not None:
             named = ([(name, f"a key of {where}") for name in value] if isinstance(value, Mapping)
                      else [(name, f"{where}[{i}]") for i, name in enumerate(value)] if isinstance(value, list)
@@ -310,6 +316,15 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
                 if problem:
                     return problem
     return None
+
+
+def _declared(metadata: Mapping[str, Any]) -> str:
+    """A :func:`one_of` / :func:`listed` declaration in words."""
+    words = [f"one of {', '.join(map(repr, metadata['choices']))}"] if "choices" in metadata else []
+    length, min_length, distinct = metadata.get("length", (None, 0, False))
+    words += [f"{length} entries"] if length is not None else []
+    words += [f"at least {min_length} entries"] if min_length else []
+    return ", ".join(words + (["each entry once"] if distinct else [])) or "its declaration"
 
 
 def _key_label(label: str, key: str) -> str:
