@@ -17,11 +17,13 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
-from quest.attention.fused_check import MODES as FUSED_MODES
 from quest.config.checks import DEVICE, MATMUL_PRECISIONS, PRECISIONS, ConfigError, process_count
 from quest.data.config import DataConfig, image_size  # the keys every data set has (docs/data.md)
 from quest.store.records import bounded, described, listed, one_of
 
+#: attention.fused: quest.attention.fused_check.MODES, written out here because that module imports torch, which
+#: --help and tab completion must not wait for (tests/config/test_declared_bounds.py holds the two equal)
+FUSED_MODES = ("auto", "on", "off")
 #: recipe.sched: timm create_scheduler_v2's schedules
 SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
 TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
@@ -209,7 +211,7 @@ class LoggerConfig:
     # whose refusal names WANDB_MODE when the value came from it
     mode: str = "offline"
     group: Optional[str] = None  # a free name; None: derived from the Hydra choices
-    name: Optional[str] = None  # wandb run name (null: the run directory's name)
+    name: Optional[str] = None  # wandb run name, a free name (null: the run directory's name)
     tags: List[str] = field(default_factory=list)  # wandb tags (free names)
 
 

@@ -234,6 +234,13 @@ def test_a_non_finite_value_of_any_float_is_refused_naming_its_key(name, key, hi
     assert f"  {key} must be a finite number (not nan, inf or -inf)" in str(info.value)
 
 
+def test_the_schema_s_fused_modes_are_the_kernels_own():
+    from quest.attention.fused_check import MODES
+    from quest.config.schema import FUSED_MODES
+
+    assert FUSED_MODES == MODES
+
+
 def test_every_default_passes_its_declarations():
     for name, (cfg, schema, check) in CONFIGS_CHECKED.items():
         assert declared_problems(cfg, schema) == [], name
