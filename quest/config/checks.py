@@ -222,7 +222,9 @@ def declared_problems(node: DictConfig, schema: type, prefix: str = "") -> list[
 
 
 class Checks:
-    """Collects value problems of one config; :meth:`raise_if_any` reports them all at once."""
+    """Collects value problems of one config; :meth:`raise_if_any` reports them all at once. :meth:`declared` adds
+    every value that breaks its schema field's declaration; :meth:`check`, :meth:`one_of` and :meth:`fail` add what a
+    declaration cannot state (a name against a registry that plugins fill, a relation between keys)."""
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -239,6 +241,7 @@ class Checks:
             self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
 
     def check(self, key: str, ok: Callable[[Any], bool], allowed: str, optional: bool = False) -> None:
+        """Refuse ``key`` ("must be <allowed>") unless ``ok(value)``; null passes where ``optional``."""
         value = self.value(key)
         if value is None and optional:
             return
@@ -256,6 +259,7 @@ class Checks:
             self.problems.extend(declared_problems(node, schema, prefix))
 
     def one_of(self, key: str, choices: Iterable[Any], optional: bool = False) -> None:
+        """Refuse ``key`` unless its value is one of ``choices`` known only now (a registry's names)."""
         choices = list(choices)
         self.check(key, lambda v: v in choices, f"one of {', '.join(map(str, choices))}", optional)
 
