@@ -205,8 +205,10 @@ class LoggerConfig:
 
     wandb: bool = False  # also log to Weights & Biases (the [wandb] extra)
     tensorboard: bool = False  # also write TensorBoard event files to <run>/tensorboard (the [tensorboard] extra)
-    project: str = "quest"  # wandb project (wandb's limits on a name: quest.config.wandb_check)
-    entity: Optional[str] = None  # wandb entity (null: your default; checked in quest.config.wandb_check)
+    # wandb project: wandb's limits on a name, checked only with logger.wandb=true (quest.config.wandb_check)
+    project: str = "quest"
+    # wandb entity (null: your default): checked only with logger.wandb=true (quest.config.wandb_check)
+    entity: Optional[str] = None
     # offline unless the user configures wandb (online | offline | disabled): checked in quest.config.wandb_check,
     # whose refusal names WANDB_MODE when the value came from it
     mode: str = "offline"

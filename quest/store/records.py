@@ -13,6 +13,10 @@ The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, 
 ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
 dict of its fields), and ``torch.Tensor``.
 
+The same declarations (:func:`bounded` with open ends, :func:`one_of`, :func:`listed`, :func:`matching`,
+:func:`described`) state what a config value may be on its schema field (quest.config.schema), and
+:func:`fits_declaration` is the one test of both; quest.config.checks words a config refusal its own way.
+
 A file's key that a Python name cannot hold (``val/top1``) is declared with :func:`stored_as`; a field that names a
 path inside the file's folder (or a mapping keyed by such paths) with :func:`relative_path`; a string of a fixed form
 (a SHA-256) with :func:`matching`; the type of the values under keys a record does not declare (a metrics row's
