@@ -2,8 +2,12 @@
 
 Hydra's structured configs already refuse a misspelt key given as ``key=value``, but ``+key=value`` and
 ``++key=value`` open the node and add it; :func:`check_known_keys` walks the composed config against the schema
-dataclasses and refuses such keys with the same kind of message. :class:`Checks` collects value problems so that a
-user sees every bad value of a command line at once, each naming the key, the value and what is allowed.
+dataclasses and refuses such keys with the same kind of message. What a value may be is declared once, on its schema
+field, with the metadata quest's records use (:func:`quest.store.records.bounded`, ``one_of``, ``listed``,
+``matching``, ``described``; :func:`process_count`); :func:`declared_problems` walks the composed config against
+those declarations. :class:`Checks` collects the problems of one config, those and the relations between keys a
+declaration cannot state, so that a user sees every bad value of a command line at once, each naming the key, the
+value and what is allowed.
 """
 from __future__ import annotations
 
@@ -13,15 +17,32 @@ import math
 import os
 import re
 import typing
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "float_keys", "is_int", "DEVICE_PATTERN",
-           "PRECISIONS", "MATMUL_PRECISIONS"]
+# the declarations a config field takes are records' own (one mechanism), importable from here too
+from quest.store.records import (
+    bound_ends,
+    bounded,
+    described,
+    fits_declaration,
+    listed,
+    matching,
+    one_of,
+    type_name,
+    unwrap_optional,
+)
+
+__all__ = ["ConfigError", "check_known_keys", "Checks", "dataclass_of", "declared_problems", "allowed_words",
+           "process_count", "is_int", "DEVICE_PATTERN", "DEVICE", "PRECISIONS", "MATMUL_PRECISIONS", "bounded", "one_of",
+           "listed", "described", "matching"]
 
 #: what trainer.device and eval.device accept
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+#: the declaration of a device key (trainer.device, eval.device, the toy study's device)
+DEVICE = matching(DEVICE_PATTERN.pattern, "auto, cpu, cuda or cuda:N")
 #: autocast precisions of training (recipe.precision, trainer.precision besides auto) and evaluation (eval.precision)
 PRECISIONS = ("fp32", "bf16", "fp16")
 #: trainer.matmul_precision: torch.set_float32_matmul_precision's levels (highest: IEEE float32; high: TF32 tensor
@@ -52,6 +73,12 @@ def process_count_problem(value: Any, minimum: int) -> str | None:
     if is_int(value) and minimum <= value <= most:
         return None
     return f"an integer in {minimum}..{most} (at most 4 per CPU this process may use, or 64)"
+
+
+def process_count(minimum: int = 1) -> dict[str, Any]:
+    """Field metadata of a count of worker processes or threads: ``minimum``..:func:`most_processes`, the upper end
+    found when the value is checked (it depends on the machine)."""
+    return {"bounds": (minimum, most_processes), "allowed": lambda: process_count_problem(None, minimum)}
 
 
 class ConfigError(ValueError):
@@ -103,38 +130,101 @@ def check_known_keys(cfg: DictConfig, schema: type, ignore: Iterable[str] = ("hy
                       + "\n".join(lines))
 
 
-def _is_float_type(annotation: Any) -> bool:
-    """float, Optional[float], List[float] or Optional[List[float]]."""
-    if annotation is float:
-        return True
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Union and len(args) == 1:
-        return _is_float_type(args[0])
-    return origin in (list, typing.List) and args == [float]
+#: a list's length in a refusal's words ("two values in [0, 1)")
+_COUNTS = {1: "one", 2: "two", 3: "three", 4: "four"}
 
 
-def float_keys(schema: type, prefix: str = "") -> list[str]:
-    """Every key of the ``schema`` dataclass tree typed float (also Optional[float], List[float]) whose value must be
-    finite: all of them except fields with ``metadata={"finite": False}`` (quest.config.schema.NON_FINITE_OK)."""
+def _number_words(kind: Any, metadata: Mapping[str, Any], plural: bool) -> str:
+    low, high = bound_ends(metadata.get("bounds", (None, None)))
+    open_low, open_high = metadata.get("open", (False, False))
+    if kind is int:
+        noun = "integers" if plural else "an integer"
+        if low == 1 and high is None:
+            return "positive integers" if plural else "a positive integer"
+        if low is not None and high is not None:
+            return f"{noun} in {low}..{high}"
+        return f"{noun} {'>' if open_low else '>='} {low}" if low is not None else (
+            f"{noun} {'<' if open_high else '<='} {high}" if high is not None else noun)
+    noun = "values " if plural else ""
+    if low is not None and high is not None:
+        return f"{noun}in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    if low is not None:
+        return f"{noun}{'>' if open_low else '>='} {low}"
+    if high is not None:
+        return f"{noun}{'<' if open_high else '<='} {high}"
+    return "finite numbers" if plural else "a finite number"
+
+
+def allowed_words(hint: Any, metadata: Mapping[str, Any]) -> str:
+    """What a value of a field declared with ``hint`` and ``metadata`` may be, in the words a refusal completes
+    ("must be <words>"): the field's :func:`described` words, else derived from its type and declaration."""
+    if "allowed" in metadata:  # a function where the words hold a limit found when checked (process_count)
+        return metadata["allowed"]() if callable(metadata["allowed"]) else metadata["allowed"]
+    kind = unwrap_optional(hint)
+    is_list = typing.get_origin(kind) in (list, tuple)
+    item = unwrap_optional(typing.get_args(kind)[0]) if is_list and typing.get_args(kind) else kind
+    if "choices" in metadata:
+        words = "one of " + ", ".join(map(str, metadata["choices"]))
+    elif "pattern" in metadata:
+        words = metadata["pattern"][1]
+    elif item in (int, float):
+        words = _number_words(item, metadata, plural=is_list)
+    else:
+        return type_name(kind)
+    if not is_list:
+        return words
+    length, min_length, distinct = metadata.get("length", (None, 0, False))
+    if length is not None:
+        return f"{_COUNTS.get(length, length)} {words}"
+    return (f"a {'non-empty ' if min_length else ''}list of {'distinct ' if distinct else ''}"
+            f"{words if item in (int, float) else 'values each ' + words}")
+
+
+def _leaf_problem(key: str, value: Any, hint: Any, metadata: Mapping[str, Any]) -> str | None:
+    if fits_declaration(value, hint, metadata):
+        return None
+    numbers = value if isinstance(value, list) else [value]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        return f"  {key} must be a finite number (not nan, inf or -inf), got {value!r}"
+    optional = value is not None and unwrap_optional(hint) is not hint
+    return f"  {key} must be {allowed_words(hint, metadata)}{' (or null)' if optional else ''}, got {value!r}"
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def declared_problems(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
+    """One line per value of ``node`` that breaks its ``schema`` field's type or declaration ("  <key> must be
+    <allowed>, got <value>"), walking nested dataclasses (a node typed by a subclass, a data set's settings, by its
+    own) and the entries of ``Dict[str, ...]`` fields. A missing value (``???``) is left to Hydra's own error."""
     hints = typing.get_type_hints(schema)
-    keys: list[str] = []
+    problems: list[str] = []
     for f in dataclasses.fields(schema):
-        child = dataclass_of(hints[f.name])
-        if child is not None:
-            keys.extend(float_keys(child, f"{prefix}{f.name}."))
-        elif _is_float_type(hints[f.name]) and f.metadata.get("finite", True):
-            keys.append(prefix + f.name)
-    return keys
-
-
-def _finite(value: Any) -> bool:
-    values = value if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
-    return all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in values)
+        if f.name not in node or OmegaConf.is_missing(node, f.name):
+            continue
+        key, hint, value = prefix + f.name, hints[f.name], node[f.name]
+        if typing.get_origin(unwrap_optional(hint)) is dict and OmegaConf.is_dict(value):
+            entry = typing.get_args(unwrap_optional(hint))[1]
+            for name in value.keys():
+                if dataclasses.is_dataclass(entry) and OmegaConf.is_dict(value[name]):
+                    problems += declared_problems(value[name], entry, f"{key}.{name}.")
+                elif entry is not Any:  # a free-form mapping (attention.options) is checked where it is used
+                    problems.append(_leaf_problem(f"{key}[{name}]", _plain(value[name]), entry, f.metadata))
+        elif dataclass_of(hint) is not None and OmegaConf.is_dict(value):
+            own, child = OmegaConf.get_type(value), dataclass_of(hint)
+            schema_of = own if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, child) \
+                else child
+            problems += declared_problems(value, schema_of, f"{key}.")
+        elif hint is not Any:
+            problems.append(_leaf_problem(key, _plain(value), hint, f.metadata))
+    return [p for p in problems if p is not None]
 
 
 class Checks:
-    """Collects value problems of one config; :meth:`raise_if_any` reports them all at once."""
+    """Collects value problems of one config; :meth:`raise_if_any` reports them all at once. :meth:`declared` adds
+    every value that breaks its schema field's declaration; :meth:`check`, :meth:`one_of` and :meth:`fail` add what a
+    declaration cannot state (a name against a registry that plugins fill, a relation between keys)."""
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -144,10 +234,14 @@ class Checks:
         return OmegaConf.select(self.cfg, key)
 
     def fail(self, key: str, message: str) -> None:
-        """Record a problem: ``message`` completes "<key> ...", e.g. "must be a positive integer"."""
-        self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
+        """Record a problem: ``message`` completes "<key> ...", e.g. "must be a positive integer". A key already
+        refused is not refused again: a relation judged on a value that broke its own declaration says nothing more
+        (one line per key)."""
+        if not any(problem.startswith(f"  {key} ") for problem in self.problems):
+            self.problems.append(f"  {key} {message}, got {self.value(key)!r}")
 
     def check(self, key: str, ok: Callable[[Any], bool], allowed: str, optional: bool = False) -> None:
+        """Refuse ``key`` ("must be <allowed>") unless ``ok(value)``; null passes where ``optional``."""
         value = self.value(key)
         if value is None and optional:
             return
@@ -158,38 +252,14 @@ class Checks:
         if not good:
             self.fail(key, f"must be {allowed}" + (" (or null)" if optional else ""))
 
-    def process_count(self, *keys: str, minimum: int = 1, optional: bool = False) -> None:
-        """A count of worker processes or threads: :func:`process_count_problem`."""
-        for key in keys:
-            problem = process_count_problem(self.value(key), minimum)
-            if problem is not None and not (optional and self.value(key) is None):
-                self.fail(key, f"must be {problem}" + (" (or null)" if optional else ""))
-
-    def finite(self, *keys: str) -> None:
-        """Each value (each element of a list) a finite number, or null where the key allows it."""
-        for key in keys:
-            self.check(key, _finite, "finite (not nan, inf or -inf)", optional=True)
-
-    def positive_int(self, *keys: str, optional: bool = False) -> None:
-        for key in keys:
-            self.check(key, lambda v: isinstance(v, int) and v >= 1, "a positive integer", optional)
-
-    def non_negative(self, *keys: str, optional: bool = False) -> None:
-        for key in keys:
-            self.check(key, lambda v: v >= 0, ">= 0", optional)
-
-    def positive(self, *keys: str, optional: bool = False) -> None:
-        for key in keys:
-            self.check(key, lambda v: v > 0, "> 0", optional)
-
-    def fraction(self, *keys: str, low_open: bool = False, high_open: bool = False, optional: bool = False) -> None:
-        """A value in [0, 1], with either end excluded on request."""
-        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        for key in keys:
-            self.check(key, lambda v: (v > 0 if low_open else v >= 0) and (v < 1 if high_open else v <= 1),
-                       f"in {lo}0, 1{hi}", optional)
+    def declared(self, schema: type, prefix: str = "") -> None:
+        """Every value under ``prefix`` against its declaration on ``schema`` (:func:`declared_problems`)."""
+        node = self.cfg if not prefix else OmegaConf.select(self.cfg, prefix.rstrip("."))
+        if node is not None:
+            self.problems.extend(declared_problems(node, schema, prefix))
 
     def one_of(self, key: str, choices: Iterable[Any], optional: bool = False) -> None:
+        """Refuse ``key`` unless its value is one of ``choices`` known only now (a registry's names)."""
         choices = list(choices)
         self.check(key, lambda v: v in choices, f"one of {', '.join(map(str, choices))}", optional)
 

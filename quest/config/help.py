@@ -18,12 +18,14 @@ import typing
 from functools import lru_cache
 from typing import Any, Iterator
 
-from quest.config.checks import dataclass_of
+from quest.config.checks import allowed_words, dataclass_of
 
 __all__ = ["DOC", "key_docs", "field_doc", "app_help", "data_set_settings", "data_set_keys"]
 
 #: the metadata key of a field's description (where a comment cannot say it)
 DOC = "doc"
+#: the metadata keys that declare what a value may be (quest.store.records), shown after the description
+_DECLARING = ("bounds", "choices", "pattern", "length", "allowed")
 
 
 @lru_cache(maxsize=None)
@@ -77,7 +79,8 @@ def field_doc(cls: type, name: str) -> str:
 
 def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
     """(dotted key, default, description) for every key of the ``schema`` dataclass tree, depth first; a field
-    holding a dataclass is listed itself and then its keys."""
+    holding a dataclass is listed itself and then its keys. A field's declared range or choices follow its
+    description ("must be in [0, 1]"), in the words a refusal uses."""
     hints = typing.get_type_hints(schema)
     for fld in dataclasses.fields(schema):
         key = f"{prefix}{fld.name}"
@@ -88,7 +91,10 @@ def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
             default = fld.default_factory()
         else:
             default = None if nested is None else "{...}"
-        yield key, default, field_doc(schema, fld.name)
+        doc = field_doc(schema, fld.name)
+        if any(k in fld.metadata for k in _DECLARING):
+            doc = f"{doc.rstrip('.')}; must be {allowed_words(hints[fld.name], fld.metadata)}"
+        yield key, default, doc
         if nested is not None:
             yield from key_docs(nested, key + ".")
 

@@ -1,5 +1,5 @@
 """The settings of an adversarial evaluation and what they mean: the config sections of ``adversarial`` and
-``adversarial_paper`` (every setting of either can be set on the other), their value checks, and the protocol text
+``adversarial_paper`` (every setting of either can be set on the other) with what each value may be, and the protocol text
 each result carries (the space, labels and clipping of each attack in words, and where the settings differ from the
 authors' protocol of QUEST Tables 3/4, :func:`paper_adversarial_config`).
 """
@@ -12,14 +12,13 @@ import torch
 from omegaconf import OmegaConf
 
 from quest.attention.elliptical import ESTIMATORS
-from quest.config.checks import Checks, is_int
+from quest.store.records import bounded, described, listed, one_of
 
 from .attack_space import SPACES, AttackSpace
-from .section_checks import sublist
 from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
 __all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "SCORE_PRECISIONS", "AdversarialConfig",
-           "FGSMConfig", "PGDConfig", "SPSAConfig", "AutoAttackConfig", "paper_adversarial_config", "check_adversarial",
+           "FGSMConfig", "PGDConfig", "SPSAConfig", "AutoAttackConfig", "paper_adversarial_config",
            "attack_labels", "clipping", "protocol", "budget_key", "check_section", "score_precision_used",
            "scoring_text"]
 
@@ -32,52 +31,67 @@ SCORE_PRECISIONS = ("fp32", "fp16")
 # pyautoattack's versions; 'custom' needs an attack list this config does not expose
 AUTOATTACK_VERSIONS = ("standard", "plus", "rand")
 ONE_OVER_255 = 1.0 / 255.0
+# pixel space: an l_inf budget above 1 means nothing (every image is already within 1 of every other); in normalised
+# units 1 is about a quarter of the pixel range, far beyond any budget in use
+BUDGETS = {**bounded(0, 1), **listed(distinct=True), **described(
+    "a list of distinct budgets in [0, 1] (units of the section's space: pixel 1/255 = one grey level, or normalised)")}
 
 
 @dataclass
 class FGSMConfig:
     """FGSM: one signed-gradient step."""
 
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+    # L-inf radii, each a result (1/255 = 0.00392)
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255], metadata=BUDGETS)
+    # None: adversarial.max_samples; else a smaller evenly spaced subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
 
 
 @dataclass
 class PGDConfig:
     """PGD: projected gradient descent in the eps-ball."""
 
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
-    steps: int = 20  # PGD iterations
-    step_size: float = 0.15  # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
+    # L-inf radii, each a result (1/255 = 0.00392)
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255], metadata=BUDGETS)
+    steps: int = field(default=20, metadata=bounded(1))  # PGD iterations
+    # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
+    step_size: float = field(default=0.15, metadata=bounded(0, open_low=True))
     random_start: bool = True  # start from a uniform point in the eps-ball
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+    # None: adversarial.max_samples; else a smaller evenly spaced subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
 
 
 @dataclass
 class SPSAConfig:
     """SPSA: a gradient-free attack (gradient estimated by random perturbations)."""
 
-    eps: List[float] = field(default_factory=lambda: [0.1])  # L-inf radii, each a result
-    lr: float = 0.01  # Adam
-    delta: float = 0.01  # finite-difference perturbation size
-    nb_sample: int = 128  # perturbations per gradient estimate
-    nb_iter: int = 40  # SPSA iterations
+    eps: List[float] = field(default_factory=lambda: [0.1], metadata=BUDGETS)  # L-inf radii, each a result
+    lr: float = field(default=0.01, metadata=bounded(0, open_low=True))  # Adam
+    delta: float = field(default=0.01, metadata=bounded(0, open_low=True))  # finite-difference perturbation size
+    nb_sample: int = field(default=128, metadata=bounded(1))  # perturbations per gradient estimate
+    nb_iter: int = field(default=40, metadata=bounded(1))  # SPSA iterations
     random_start: bool = True  # uniform in the eps-ball, as cleverhans' SPSA (the authors' code) starts
     # iterate: the gradient estimated at x + perturbation (the algorithm); cleverhans_torch: at 2x, where cleverhans'
     # torch SPSA and the authors' copy of it estimate it (quest/evaluation/spsa.py)
-    estimate_at: str = "iterate"
-    max_batch_size: int = 256  # model inputs per forward while estimating the gradient
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+    estimate_at: str = field(default="iterate", metadata=one_of(*SPSA_ESTIMATE_AT))
+    max_batch_size: int = field(default=256, metadata=bounded(1))  # model inputs per forward while estimating the gradient
+    # None: adversarial.max_samples; else a smaller evenly spaced subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
 
 
 @dataclass
 class AutoAttackConfig:
     """AutoAttack (the autoattack package): an ensemble of parameter-free attacks."""
 
-    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255])  # L-inf radii, each a result (1/255 = 0.00392)
-    version: str = "standard"  # APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)
-    norm: str = "Linf"  # threat model: Linf | L2
-    max_samples: Optional[int] = None  # None: adversarial.max_samples; else a smaller evenly spaced subset
+    # L-inf radii, each a result (1/255 = 0.00392)
+    eps: List[float] = field(default_factory=lambda: [ONE_OVER_255], metadata=BUDGETS)
+    # APGD-CE, APGD-T (9 targets), FAB-T (9 targets), Square (5000 queries)
+    version: str = field(default="standard", metadata=one_of(*AUTOATTACK_VERSIONS))
+    # the threat model: the suite reports l_inf budgets and the largest l_inf perturbation applied, for every attack
+    norm: str = field(default="Linf", metadata=one_of("Linf", **described(
+        "Linf (the suite's budgets and its max_linf are l_inf)")))
+    # None: adversarial.max_samples; else a smaller evenly spaced subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
 
 
 @dataclass
@@ -85,25 +99,27 @@ class AdversarialConfig:
     """Adversarial attacks on the val split: which attacks, on which images, in which space."""
 
     # attacks run, in order: fgsm | pgd | spsa | autoattack
-    attacks: List[str] = field(default_factory=lambda: ["fgsm", "pgd", "spsa", "autoattack"])
+    attacks: List[str] = field(default_factory=lambda: ["fgsm", "pgd", "spsa", "autoattack"], metadata={
+        **one_of(*ATTACKS), **listed(distinct=True), **described(f"a list of distinct attacks from {', '.join(ATTACKS)}")})
     # pixel: [0, 1] images, normalisation inside the model (sound); normalized: the tensor after mean/std, eps in
     # normalised units, FGSM/PGD/SPSA unclipped (the Elliptical-attention code's convention, QUEST Tables 3/4)
-    space: str = "pixel"
+    space: str = field(default="pixel", metadata=one_of(*SPACES))
     # data: the configured data set's val split (the checkpoint's data, or data=<name>); imagenet_val: eval.roots.val
     # in ImageNet's layout, labels from the sorted wnids (as the imagenet_val evaluation)
-    source: str = "data"
+    source: str = field(default="data", metadata=one_of(*SOURCES))
     # ground_truth: the data set's labels (sound); predicted: the clean predictions; paper: predicted for FGSM, PGD
     # and SPSA, ground truth for AutoAttack (the authors' scripts). Accuracy is always against the data set's labels.
-    labels: str = "ground_truth"
+    labels: str = field(default="ground_truth", metadata=one_of(*LABELS))
     # estimator of elliptical layers while attacked and scored: None = as trained; mean | median (the authors
     # attacked with --grad-median)
-    elliptical_estimator: Optional[str] = None
+    elliptical_estimator: Optional[str] = field(default=None, metadata=one_of(*ESTIMATORS))
     # the forward that scores clean and attacked images (the attacks always run in fp32): fp32 | fp16 (autocast, as
     # the authors' engine.py; CUDA only: on CPU, where fp16 autocast is slow, it scores in fp32 and says so)
-    score_precision: str = "fp32"
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
-    batch_size: Optional[int] = None  # None: eval.batch_size
-    seed: int = 0  # seed of the attacks' randomness
+    score_precision: str = field(default="fp32", metadata=one_of(*SCORE_PRECISIONS))
+    # None: the whole val split; else an evenly spaced fixed subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    batch_size: Optional[int] = field(default=None, metadata=bounded(1))  # None: eval.batch_size
+    seed: int = field(default=0, metadata=bounded(0))  # seed of the attacks' randomness
     fgsm: FGSMConfig = field(default_factory=FGSMConfig)
     pgd: PGDConfig = field(default_factory=PGDConfig)
     spsa: SPSAConfig = field(default_factory=SPSAConfig)
@@ -119,38 +135,6 @@ def paper_adversarial_config() -> AdversarialConfig:
     cfg = AdversarialConfig(space="normalized", labels="paper", elliptical_estimator="median", score_precision="fp16")
     cfg.spsa.estimate_at = "cleverhans_torch"
     return cfg
-
-
-def _attack(checks: Checks, base: str) -> None:
-    # pixel space: an l_inf budget above 1 means nothing (every image is already within 1 of every other); in
-    # normalised units 1 is about a quarter of the pixel range, far beyond any budget in use
-    checks.check(f"{base}.eps", lambda v: all(0 <= e <= 1 for e in v) and len(set(v)) == len(v),
-                 "a list of distinct budgets in [0, 1] (units of the section's space: pixel 1/255 = one grey level, "
-                 "or normalised)")
-    checks.positive_int(f"{base}.max_samples", optional=True)
-
-
-def check_adversarial(checks: Checks, base: str) -> None:
-    """The value checks of an AdversarialConfig section (eval.adversarial, eval.adversarial_paper)."""
-    sublist(checks, f"{base}.attacks", ATTACKS, "attacks")
-    checks.one_of(f"{base}.space", SPACES)
-    checks.one_of(f"{base}.source", SOURCES)
-    checks.one_of(f"{base}.labels", LABELS)
-    checks.one_of(f"{base}.elliptical_estimator", ESTIMATORS, optional=True)
-    checks.one_of(f"{base}.score_precision", SCORE_PRECISIONS)
-    checks.positive_int(f"{base}.max_samples", f"{base}.batch_size", optional=True)
-    checks.check(f"{base}.seed", lambda v: is_int(v) and v >= 0, "an integer >= 0")
-    for name in ATTACKS:
-        _attack(checks, f"{base}.{name}")
-    checks.positive_int(f"{base}.pgd.steps")
-    checks.positive(f"{base}.pgd.step_size")
-    checks.positive(f"{base}.spsa.lr", f"{base}.spsa.delta")
-    checks.positive_int(f"{base}.spsa.nb_sample", f"{base}.spsa.nb_iter", f"{base}.spsa.max_batch_size")
-    checks.one_of(f"{base}.spsa.estimate_at", SPSA_ESTIMATE_AT)
-    checks.one_of(f"{base}.autoattack.version", AUTOATTACK_VERSIONS)
-    # the suite reports l_inf budgets and the largest l_inf perturbation applied, for every attack
-    checks.check(f"{base}.autoattack.norm", lambda v: v == "Linf",
-                 "Linf (the suite's budgets and its max_linf are l_inf)")
 
 
 _LABEL_TEXT = {"ground_truth": "ground truth (the data set's labels)",

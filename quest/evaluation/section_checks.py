@@ -1,16 +1,18 @@
-"""The vocabulary of an evaluation's own value check (the ``check`` it registers with, quest.evaluation.kinds):
-besides :class:`quest.config.checks.Checks`'s own checks, a list of distinct entries of a set and a list of
-ImageNet-C severities. A module below the evaluations, so that they use it without importing the whole config check
-(quest.evaluation.checks), which reads the schema built from every registered evaluation. No torch.
+"""The vocabulary of an evaluation's own value check (the ``check`` it registers with, quest.evaluation.kinds) beside
+:class:`quest.config.checks.Checks`: a list of distinct entries of a set known only when the check runs (eval.run
+against the registered evaluations). A value's range or fixed choices are declared on its section's dataclass field
+instead (quest.store.records: ``bounded``, ``one_of``, ``listed``), and checked with every other declared value. A
+module below the evaluations, so that they use it without importing the whole config check (quest.evaluation.checks),
+which reads the schema built from every registered evaluation. No torch.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from quest.config.checks import Checks, is_int
+from quest.config.checks import Checks
 
-__all__ = ["sublist", "severities"]
+__all__ = ["sublist"]
 
 
 def sublist(checks: Checks, key: str, allowed: Iterable[Any], what: str) -> None:
@@ -18,8 +20,3 @@ def sublist(checks: Checks, key: str, allowed: Iterable[Any], what: str) -> None
     allowed = list(allowed)
     checks.check(key, lambda v: all(x in allowed for x in v) and len(set(v)) == len(v),
                  f"a list of distinct {what} from {', '.join(map(str, allowed))}")
-
-
-def severities(checks: Checks, key: str) -> None:
-    checks.check(key, lambda v: all(is_int(s) and 1 <= s <= 5 for s in v) and len(set(v)) == len(v),
-                 "a list of distinct severities from 1, 2, 3, 4, 5")

@@ -14,15 +14,21 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from quest.config.checks import DEVICE, PRECISIONS
 from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
+from quest.store.records import bounded, described, one_of
 
-__all__ = ["RootsConfig", "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
+# the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
+# transform must be deterministic
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
+
+__all__ = ["INTERPOLATIONS", "RootsConfig", "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
            "EvalConfigBase", "evaluated_name", "default_eval_dir"]
 
 
 @dataclass
 class RootsConfig:
-    """Folders of the ImageNet test sets (docs/evaluation.md)."""
+    """Folders of the ImageNet test sets (docs/evaluation.md): paths, checked by the evaluations that read them."""
 
     val: Optional[str] = None  # ImageNet val: <val>/<wnid>/<image>.JPEG (1000 wnid folders)
     v2: Optional[str] = None  # folder holding imagenetv2-<variant>-format-val/<0..999>/<image>.jpeg
@@ -36,20 +42,24 @@ class RootsConfig:
 class EvalSettingsBase:
     """The keys every suite shares; eval_settings_schema() adds one section per registered evaluation."""
 
-    name: str = MISSING  # the suite's name (output folder, wandb run name)
-    run: List[str] = MISSING  # evaluations to run, in order (quest.evaluation.registry)
+    name: str = MISSING  # the suite's name (output folder, wandb run name): a free name
+    # evaluations to run, in order (quest.evaluation.registry): checked against that registry, which plugins fill
+    run: List[str] = MISSING
     use_ema: bool = False  # checkpoint mode: evaluate the EMA weights
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the forward passes (attacks always run in fp32)
-    batch_size: int = 128  # per process
-    num_workers: int = 0  # DataLoader worker processes
-    torch_threads: Optional[int] = None  # None: torch's default
+    device: str = field(default="auto", metadata=DEVICE)  # auto | cpu | cuda | cuda:N
+    # autocast of the forward passes (attacks always run in fp32); fp16 needs CUDA (quest.evaluation.checks)
+    precision: str = field(default="fp32", metadata=one_of(*PRECISIONS))
+    batch_size: int = field(default=128, metadata=bounded(1))  # per process
+    num_workers: int = field(default=0, metadata=bounded(0))  # DataLoader worker processes
+    torch_threads: Optional[int] = field(default=None, metadata=bounded(1))  # None: torch's default
     # progress lines (quest.eval logger): first and last batch of each pass, every log_every_n-th batch (cell of a
     # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
-    log_every_n: int = 0
-    log_every_s: float = 30.0  # seconds between progress lines (0: off)
-    crop_pct: Optional[float] = None  # None: the training recipe's (checkpoint) or timm's pretrained config
-    interpolation: Optional[str] = None  # None: likewise
+    log_every_n: int = field(default=0, metadata=bounded(0, **described("an integer >= 0 (0: off)")))
+    # seconds between progress lines (0: off)
+    log_every_s: float = field(default=30.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
+    # None: the training recipe's (checkpoint) or timm's pretrained config
+    crop_pct: Optional[float] = field(default=None, metadata=bounded(0, 1, open_low=True))
+    interpolation: Optional[str] = field(default=None, metadata=one_of(*INTERPOLATIONS))  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)
     # the results directory holds results of other settings (or another checkpoint): move them to
     # .replaced/<time>/ and evaluate (without it, such a rerun is refused: results are never replaced silently)

@@ -13,6 +13,10 @@ The types understood: ``int``, ``float``, ``str``, ``bool``, ``Any``, ``None``, 
 ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, ``Literal[...]``, a nested record class (a dataclass, checked as a
 dict of its fields), and ``torch.Tensor``.
 
+The same declarations (:func:`bounded` with open ends, :func:`one_of`, :func:`listed`, :func:`matching`,
+:func:`described`) state what a config value may be on its schema field (quest.config.schema), and
+:func:`fits_declaration` is the one test of both; quest.config.checks words a config refusal its own way.
+
 A file's key that a Python name cannot hold (``val/top1``) is declared with :func:`stored_as`; a field that names a
 path inside the file's folder (or a mapping keyed by such paths) with :func:`relative_path`; a string of a fixed form
 (a SHA-256) with :func:`matching`; the type of the values under keys a record does not declare (a metrics row's
@@ -35,20 +39,47 @@ from typing import Any
 
 from quest.store.damage import DamagedFile
 
-__all__ = ["bounded", "record", "stored_as", "relative_path", "matching", "key_of", "path_problem", "check_fields",
+__all__ = ["bounded", "one_of", "listed", "described", "fits_declaration", "type_name", "unwrap_optional",
+           "bound_ends", "record", "stored_as", "relative_path", "matching", "key_of", "path_problem", "check_fields",
            "check_record", "field_problem", "Number"]
 
 # the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
 # nested in the file too, which the type checks reach without it)
 _FOLDER: ContextVar[Any] = ContextVar("records_folder", default=None)
 
+#: an end of a :func:`bounded` range: a number, None (no limit), or a function giving the number when checked
+Bound = float | typing.Callable[[], float] | None
+
 #: a number as quest writes it: finite, or JSON's text for a non-finite one (quest.store.files.plain writes nan as "nan")
 Number = float | typing.Literal["nan", "inf", "-inf"]
 
 
-def bounded(low: float | None = None, high: float | None = None) -> dict[str, Any]:
-    """Field metadata: the value lies in [low, high] (either end open when None): ``field(metadata=bounded(0))``."""
-    return {"bounds": (low, high)}
+def bounded(low: Bound = None, high: Bound = None, *, open_low: bool = False, open_high: bool = False,
+            **metadata: Any) -> dict[str, Any]:
+    """Field metadata: the value (each number of a list) lies in [low, high], no limit at an end that is None and the
+    end itself excluded with ``open_low`` / ``open_high``: ``field(metadata=bounded(0))``. An end may be a function
+    called when the value is checked (a limit that depends on the machine)."""
+    ends = {"open": (open_low, open_high)} if open_low or open_high else {}
+    return {"bounds": (low, high), **ends, **metadata}
+
+
+def one_of(*choices: Any, **metadata: Any) -> dict[str, Any]:
+    """Field metadata: the value is one of ``choices`` (for a config field, which OmegaConf cannot type as a
+    ``Literal``)."""
+    return {"choices": choices, **metadata}
+
+
+def listed(length: int | None = None, *, min_length: int = 0, distinct: bool = False, **metadata: Any) -> dict[str, Any]:
+    """Field metadata of a list: exactly ``length`` elements (any number when None), at least ``min_length``,
+    each element once when ``distinct``."""
+    return {"length": (length, min_length, distinct), **metadata}
+
+
+def described(words: str, **metadata: Any) -> dict[str, Any]:
+    """Field metadata: what a refusal says the value must be, where the words derived from the declaration would not
+    say enough (its unit, an example): ``field(metadata=described("an integer in 1..4096 (pixels)", **bounded(1,
+    4096)))``."""
+    return {"allowed": words, **metadata}
 
 
 def stored_as(key: str, **metadata: Any) -> dict[str, Any]:
@@ -89,38 +120,89 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if hint is type(None):
         return "null"
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+        return " or ".join(type_name(a) for a in typing.get_args(hint))
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     if origin in (list, tuple):
         item = typing.get_args(hint)[0]
         plural = {int: "integers", float: "finite numbers", str: "strings", bool: "booleans"}
-        return "a list" if item is Any else f"a list of {plural.get(item) or _type_name(item)}"
+        return "a list" if item is Any else f"a list of {plural.get(item) or type_name(item)}"
     if origin is dict:
         values = typing.get_args(hint)[1]
-        return "a mapping" if values is Any else f"a mapping of str to {_type_name(values)}"
+        return "a mapping" if values is Any else f"a mapping of str to {type_name(values)}"
     if dataclasses.is_dataclass(hint):
         return f"a mapping of {hint.__name__}'s fields"
     return {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
         hint, getattr(hint, "__name__", str(hint)))
 
 
-def field_problem(value: Any, hint: Any, bounds: tuple[float | None, float | None] = (None, None),
-                  where: str = "") -> str | None:
-    """Why ``value`` is not of type ``hint`` within ``bounds`` (naming the part at ``where`` inside it), or None."""
+def field_problem(value: Any, hint: Any, bounds: tuple[Bound, Bound] = (None, None),
+                  where: str = "", open_ends: tuple[bool, bool] = (False, False)) -> str | None:
+    """Why ``value`` is not of type ``hint`` within ``bounds`` (an end excluded where ``open_ends`` says so; naming
+    the part at ``where`` inside it), or None."""
     problem = _type_problem(value, hint, where)
-    if problem is None and isinstance(value, (int, float)) and not isinstance(value, bool):
-        low, high = bounds
-        if (low is not None and value < low) or (high is not None and value > high):
-            span = (f"between {low} and {high}" if low is not None and high is not None
-                    else f">= {low}" if low is not None else f"<= {high}")
-            return f"{where or 'it'} is {value!r}, expected a value {span}"
+    if problem is None and _is_number(value) and _outside(value, bounds, open_ends):
+        (low, high), (open_low, open_high) = bound_ends(bounds), open_ends
+        above, below = f"{'>' if open_low else '>='} {low}", f"{'<' if open_high else '<='} {high}"
+        span = (f"between {low} and {high}" if low is not None and high is not None and open_ends == (False, False)
+                else f"{above} and {below}" if low is not None and high is not None
+                else above if low is not None else below)
+        return f"{where or 'it'} is {value!r}, expected a value {span}"
     return problem
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def bound_ends(bounds: tuple[Bound, Bound]) -> tuple[float | None, float | None]:
+    """The numbers of a :func:`bounded` range, an end given as a function called now."""
+    return tuple(end() if callable(end) else end for end in bounds)  # type: ignore[return-value]
+
+
+def _outside(number: float, bounds: tuple[Bound, Bound], open_ends: tuple[bool, bool] = (False, False)) -> bool:
+    (low, high), (open_low, open_high) = bound_ends(bounds), open_ends
+    return (low is not None and (number <= low if open_low else number < low)) or (
+        high is not None and (number >= high if open_high else number > high))
+
+
+def unwrap_optional(hint: Any) -> Any:
+    """``hint`` without its ``None`` option (``Optional[int]`` -> ``int``)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return options[0] if len(options) == 1 else hint
+    return hint
+
+
+def fits_declaration(value: Any, hint: Any, metadata: Mapping[str, Any]) -> bool:
+    """Whether ``value`` is of type ``hint`` and within what ``metadata`` declares (:func:`bounded`, :func:`one_of`,
+    :func:`listed`, :func:`matching`), each number of a list included: the one test of a declared field, for the
+    records quest reads back and the config values a user sets."""
+    if _type_problem(value, hint, "") is not None:
+        return False
+    if value is None:
+        return True
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    bounds, open_ends = metadata.get("bounds", (None, None)), metadata.get("open", (False, False))
+    if any(_is_number(v) and _outside(v, bounds, open_ends) for v in items):
+        return False
+    if "choices" in metadata and not all(v in metadata["choices"] for v in items):
+        return False
+    pattern = metadata.get("pattern", (None, ""))[0]
+    if pattern is not None and not all(isinstance(v, str) and pattern.fullmatch(v) for v in items):
+        return False
+    length, min_length, distinct = metadata.get("length", (None, 0, False))
+    if isinstance(value, (list, tuple)):
+        if (length is not None and len(value) != length) or len(value) < min_length:
+            return False
+        if distinct and len({repr(v) for v in value}) != len(value):
+            return False
+    return True
 
 
 def _type_problem(value: Any, hint: Any, where: str) -> str | None:
@@ -135,11 +217,11 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
             return None
         # one option of the value's own kind explains best (a list's bad element, not "expected null")
         inner = [p for option, p in zip(options, problems) if _same_kind(value, option)]
-        return inner[0] if inner else f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+        return inner[0] if inner else f"{label} is {_describe(value)}, expected {type_name(hint)}"
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         return None if value in choices and type(value) in {type(c) for c in choices} else (
-            f"{label} is {_describe(value)}, expected {_type_name(hint)}")
+            f"{label} is {_describe(value)}, expected {type_name(hint)}")
     if hint is type(None):
         return None if value is None else f"{label} is {_describe(value)}, expected null"
     if hint is bool:
@@ -154,7 +236,7 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
         return None if isinstance(value, str) else f"{label} is {_describe(value)}, expected a string"
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+            return f"{label} is {_describe(value)}, expected {type_name(hint)}"
         item = typing.get_args(hint)[0] if typing.get_args(hint) else Any
         for i, element in enumerate(value):
             problem = _type_problem(element, item, f"{label}[{i}]")
@@ -163,7 +245,7 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
         return None
     if origin is dict or hint is dict:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+            return f"{label} is {_describe(value)}, expected {type_name(hint)}"
         item = typing.get_args(hint)[1] if typing.get_args(hint) else Any
         for key, element in value.items():
             problem = _type_problem(element, item, _key_label(label, key))
@@ -172,10 +254,10 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
         return None
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
-            return f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+            return f"{label} is {_describe(value)}, expected {type_name(hint)}"
         return _fields_problem(hint, value, label)
     if isinstance(hint, type):
-        return None if isinstance(value, hint) else f"{label} is {_describe(value)}, expected {_type_name(hint)}"
+        return None if isinstance(value, hint) else f"{label} is {_describe(value)}, expected {type_name(hint)}"
     return None  # a hint this checker does not know: not judged
 
 
@@ -209,7 +291,10 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
         if nested is not None:
             hint = nested | None if _allows_none(hint) else nested
         value = data[key]
-        problem = field_problem(value, hint, f.metadata.get("bounds", (None, None)), where)
+        problem = field_problem(value, hint, f.metadata.get("bounds", (None, None)), where,
+                                f.metadata.get("open", (False, False)))
+        if problem is None and not fits_declaration(value, hint, f.metadata):  # its choices or length
+            problem = f"{where} is {_describe(value)}, expected what its declaration allows ({_declared(f.metadata)})"
         if problem is None and f.metadata.get("path") and value is not None:
             named = ([(name, f"a key of {where}") for name in value] if isinstance(value, Mapping)
                      else [(name, f"{where}[{i}]") for i, name in enumerate(value)] if isinstance(value, list)
@@ -235,6 +320,15 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
                 if problem:
                     return problem
     return None
+
+
+def _declared(metadata: Mapping[str, Any]) -> str:
+    """A :func:`one_of` / :func:`listed` declaration in words."""
+    words = [f"one of {', '.join(map(repr, metadata['choices']))}"] if "choices" in metadata else []
+    length, min_length, distinct = metadata.get("length", (None, 0, False))
+    words += [f"{length} entries"] if length is not None else []
+    words += [f"at least {min_length} entries"] if min_length else []
+    return ", ".join(words + (["each entry once"] if distinct else [])) or "its declaration"
 
 
 def _key_label(label: str, key: str) -> str:

@@ -6,7 +6,16 @@ from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from quest.config.checks import DEVICE, process_count
+from quest.store.records import bounded, described, listed, one_of
+
 from .data import ToyDataConfig
+
+#: numpy's and torch's seeds
+_SEEDS = {**bounded(0, 2**32 - 1), **listed(min_length=1), **described("a non-empty list of integers in 0..2**32-1")}
+_FRACTION = bounded(0, 1)
+#: a [low, high] range of accuracies; low <= high is a relation, checked by quest.toy.checks
+_RANGE = {**bounded(0, 1), **listed(2), **described("[low, high] with 0 <= low <= high <= 1")}
 
 __all__ = ["GridConfig", "ToyModelConfig", "ToyTrainConfig", "OutcomeRules", "PaperOutcomeRules", "VariantConfig",
            "StopRule", "StudyConfig", "ToyConfig", "register_toy_config"]
@@ -14,25 +23,28 @@ __all__ = ["GridConfig", "ToyModelConfig", "ToyTrainConfig", "OutcomeRules", "Pa
 
 @dataclass
 class GridConfig:
-    name: str = "full"
-    lrs: List[float] = field(default_factory=list)
-    weight_decays: List[float] = field(default_factory=list)
-    data_seeds: List[int] = field(default_factory=list)
-    init_seeds: List[int] = field(default_factory=list)
+    name: str = "full"  # the grid's name (configs/toy/grid/*.yaml): a free name
+    lrs: List[float] = field(default_factory=list, metadata={**bounded(0, open_low=True), **listed(min_length=1)})
+    weight_decays: List[float] = field(default_factory=list, metadata={**bounded(0), **listed(min_length=1)})
+    data_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)
+    init_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)
 
 
 @dataclass
 class ToyModelConfig:
-    mlp_hidden: int = 20  # A.3: the MLP hidden layer has the embedding width
-    embed_init_std: float = 0.02  # positional embedding ~ truncated N(0, std) as in timm's ViT; [CLS] starts at 0
+    mlp_hidden: int = field(default=20, metadata=bounded(1))  # A.3: the MLP hidden layer has the embedding width
+    # positional embedding ~ truncated N(0, std) as in timm's ViT; [CLS] starts at 0
+    embed_init_std: float = field(default=0.02, metadata=bounded(0))
 
 
 @dataclass
 class ToyTrainConfig:
-    epochs: int = 50
-    batch_size: int = 32
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # torch.optim.AdamW defaults
-    eps: float = 1e-8
+    epochs: int = field(default=50, metadata=bounded(1))
+    batch_size: int = field(default=32, metadata=bounded(1))
+    # torch.optim.AdamW defaults
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999], metadata={**bounded(0, 1, open_high=True),
+                                                                                **listed(2)})
+    eps: float = field(default=1e-8, metadata=bounded(0, open_low=True))
 
 
 @dataclass
@@ -46,11 +58,11 @@ class OutcomeRules:
     derived from the stored accuracies whenever results are aggregated, so changing a rule needs no retraining.
     """
 
-    correct_min: float = 0.9
-    degenerate_train_max: float = 0.3
-    degenerate_test_max: float = 0.2
-    biased_train_min: float = 0.45
-    biased_test_max: float = 0.45
+    correct_min: float = field(default=0.9, metadata=_FRACTION)
+    degenerate_train_max: float = field(default=0.3, metadata=_FRACTION)
+    degenerate_test_max: float = field(default=0.2, metadata=_FRACTION)
+    biased_train_min: float = field(default=0.45, metadata=_FRACTION)
+    biased_test_max: float = field(default=0.45, metadata=_FRACTION)
 
 
 @dataclass
@@ -62,10 +74,10 @@ class PaperOutcomeRules:
     test accuracy above it).
     """
 
-    correct_above: float = 0.9
-    biased_train: List[float] = field(default_factory=lambda: [0.5, 0.8])
-    biased_test: List[float] = field(default_factory=lambda: [0.2, 0.4])
-    chance_max: float = 0.15
+    correct_above: float = field(default=0.9, metadata=_FRACTION)
+    biased_train: List[float] = field(default_factory=lambda: [0.5, 0.8], metadata=_RANGE)
+    biased_test: List[float] = field(default_factory=lambda: [0.2, 0.4], metadata=_RANGE)
+    chance_max: float = field(default=0.15, metadata=_FRACTION)
 
 
 @dataclass
@@ -74,10 +86,11 @@ class VariantConfig:
     ``{attention: qknorm, param_init: {attn.qk_scale: 0.2236}, frozen: [attn.qk_scale]}``. Usable wherever an
     attention name is (``attentions``, ``study.scale_variants``)."""
 
-    attention: str = "???"
+    attention: str = "???"  # a formulation's name: checked against the registry by quest.toy.study
     param_init: Dict[str, float] = field(default_factory=dict)  # parameter name -> constant it starts at
-    frozen: List[str] = field(default_factory=list)  # parameters never updated (no gradient step, no weight decay)
-    label: str = ""  # how figures and tables name it
+    # parameters never updated (no gradient step, no weight decay): names of the formulation's parameters
+    frozen: List[str] = field(default_factory=list)
+    label: str = ""  # how figures and tables name it: free text
 
 
 @dataclass
@@ -87,8 +100,8 @@ class StopRule:
     the next size up differs from that at n by at most ``min_points`` percentage points or by at most ``z`` standard
     errors of the difference of two binomial proportions (pooled), i.e. within the noise of the runs measured."""
 
-    min_points: float = 5.0
-    z: float = 2.0
+    min_points: float = field(default=5.0, metadata=bounded(0))
+    z: float = field(default=2.0, metadata=bounded(0))
 
 
 @dataclass
@@ -98,10 +111,11 @@ class StudyConfig:
     fraction in ``test_biased_fractions``, compare QKNorm's scale choices ``scale_variants`` and both outcome rule
     sets; one CSV, one figure, and the training-set size :class:`StopRule` picks."""
 
-    name: str = "grid"
-    train_sizes: List[int] = field(default_factory=list)
-    test_biased_fractions: List[float] = field(default_factory=list)
-    scale_variants: List[str] = field(default_factory=list)
+    name: str = field(default="grid", metadata=one_of("grid", "sensitivity"))
+    train_sizes: List[int] = field(default_factory=list, metadata=bounded(1))
+    test_biased_fractions: List[float] = field(default_factory=list, metadata=bounded(0, 1, **described(
+        "a list of fractions in [0, 1]")))
+    scale_variants: List[str] = field(default_factory=list)  # names of variants: checked by quest.toy.study
     stop: StopRule = field(default_factory=StopRule)
 
 
@@ -115,19 +129,22 @@ class ToyConfig:
     paper_outcome: PaperOutcomeRules = field(default_factory=PaperOutcomeRules)
     study: StudyConfig = field(default_factory=StudyConfig)
     variants: Dict[str, VariantConfig] = field(default_factory=dict)
-    attentions: List[str] = field(default_factory=list)
+    attentions: List[str] = field(default_factory=list)  # formulations' names: checked by quest.toy.study
     compile: bool = True  # torch.compile the training step (forward, backward, AdamW) of each tile of runs
     # where the runs train: auto (the CPU, with a process per core, also on a GPU machine: these models are too small
     # for a GPU to pay; quest.toy.compiled.resolve_toy_device), cpu, cuda, cuda:1, ...
-    device: str = "auto"
+    device: str = field(default="auto", metadata=DEVICE)
     # Worker processes training chunks side by side, each with `threads` threads; None: one per CPU core on a CPU
     # (processes scale better than threads for these small kernels, and do not stall when the cores are shared),
     # 1 on a GPU.
-    workers: Optional[int] = None
-    threads: Optional[int] = None  # torch intra-op threads per worker; None: 1 with several workers, else torch's
-    runs_per_call: Optional[int] = None  # runs per compiled call; None: 50 on a CPU (cache-sized), all on a GPU
-    probe_size: int = 256  # training samples whose key norms are recorded after every epoch (Figure 4); 0: none
-    out_dir: Optional[str] = None  # None: Hydra's run directory
+    workers: Optional[int] = field(default=None, metadata=process_count())
+    # torch intra-op threads per worker (they multiply with workers); None: 1 with several workers, else torch's
+    threads: Optional[int] = field(default=None, metadata=process_count())
+    # runs per compiled call; None: 50 on a CPU (cache-sized), all on a GPU
+    runs_per_call: Optional[int] = field(default=None, metadata=bounded(1))
+    # training samples whose key norms are recorded after every epoch (Figure 4); 0: none
+    probe_size: int = field(default=256, metadata=bounded(0, **described("an integer >= 0 (0: no key norms recorded)")))
+    out_dir: Optional[str] = None  # a path; None: Hydra's run directory
 
 
 def register_toy_config() -> None:

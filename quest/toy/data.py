@@ -13,35 +13,41 @@ L is rounded to the nearest position (A.3's "most frequent position about 20% of
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from quest.config.checks import allowed_words
+from quest.store.records import bounded, fits_declaration
 
 __all__ = ["ToyDataConfig", "ToySplit", "ToyData", "make_toy_data"]
 
 
 @dataclass
 class ToyDataConfig:
-    seq_len: int = 20  # data tokens; the model adds a [CLS] token
-    real_dim: int = 10
-    num_classes: int = 10
-    train_size: int = 768
-    test_size: int = 1024
-    pos_mean: float = 10.0  # mu_l (A.3)
-    pos_std: float = 2.0  # sigma_l (A.3)
-    biased_fraction: float = 0.5  # p of the Bernoulli u (section 2.2)
-    biased_var: float = 0.1  # x_L ~ N(b, biased_var * I) for a biased sample
-    test_biased_fraction: float = 0.0  # biased share of the test set (0: the test set carries no shortcut)
+    seq_len: int = field(default=20, metadata=bounded(1))  # data tokens; the model adds a [CLS] token
+    real_dim: int = field(default=10, metadata=bounded(1))
+    num_classes: int = field(default=10, metadata=bounded(1))
+    train_size: int = field(default=768, metadata=bounded(1))
+    test_size: int = field(default=1024, metadata=bounded(1))
+    pos_mean: float = 10.0  # mu_l (A.3): any position, the draws are clamped to the sequence
+    pos_std: float = field(default=2.0, metadata=bounded(0, open_low=True))  # sigma_l (A.3)
+    biased_fraction: float = field(default=0.5, metadata=bounded(0, 1))  # p of the Bernoulli u (section 2.2)
+    biased_var: float = field(default=0.1, metadata=bounded(0))  # x_L ~ N(b, biased_var * I) for a biased sample
+    # biased share of the test set (0: the test set carries no shortcut)
+    test_biased_fraction: float = field(default=0.0, metadata=bounded(0, 1))
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "real_dim", "num_classes", "train_size", "test_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"toy data: {name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("biased_fraction", "test_biased_fraction"):
-            if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise ValueError(f"toy data: {name} must lie in [0, 1], got {getattr(self, name)!r}")
+        """Refuse a value outside its declared range when built in code (the toy study's config is checked before)."""
+        hints = typing.get_type_hints(ToyDataConfig)
+        for f in dataclasses.fields(self):
+            if not fits_declaration(getattr(self, f.name), hints[f.name], f.metadata):
+                raise ValueError(f"toy data: {f.name} must be {allowed_words(hints[f.name], f.metadata)}, got "
+                                 f"{getattr(self, f.name)!r}")
 
     @property
     def dim(self) -> int:

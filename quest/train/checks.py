@@ -1,9 +1,11 @@
 """Checks of a training config that ``fit`` runs before it builds or reads anything.
 
-Every key must be known to the schema (``+key=`` included), every count, rate and fraction in range, every enum one
-of its values, and the data set must agree with the config (class count, the validation classes equal to the
-training classes). All problems of one config are reported together, each naming the key, the value and what is
-allowed. The input size against the model's patch size is checked once the model exists (``check_patch_size``).
+Every key must be known to the schema (``+key=`` included), every value within what its schema field declares
+(quest.config.schema; quest.config.checks.declared_problems), every name in its registry (data sets, training
+inputs, optimisers, timm models, formulations), the values that must agree with each other agreeing, and the data set
+must agree with the config (class count, the validation classes equal to the training classes). All problems of one
+config are reported together, each naming the key, the value and what is allowed. The input size against the
+model's patch size is checked once the model exists (``check_patch_size``).
 """
 from __future__ import annotations
 
@@ -14,20 +16,10 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 from quest.attention import get_attention
-from quest.attention.fused_check import MODES
-from quest.config.checks import (
-    DEVICE_PATTERN,
-    MATMUL_PRECISIONS,
-    PRECISIONS,
-    Checks,
-    ConfigError,
-    check_known_keys,
-    float_keys,
-    is_int,
-)
-from quest.config.schema import TrainConfig
+from quest.config.checks import Checks, ConfigError, check_known_keys
+from quest.config.schema import COMPILE_BACKENDS, COMPILE_MODES, TrainConfig
 from quest.config.wandb_check import check_logger_values, check_wandb_credentials
-from quest.data import DataConfig, check_split_classes, get_dataset, known_num_classes, list_datasets
+from quest.data import check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.runtime.extras import require_all
 
 __all__ = ["check_train_config", "check_patch_size", "check_compile_mode", "ConfigError", "COMPILE_MODES",
@@ -35,14 +27,8 @@ __all__ = ["check_train_config", "check_patch_size", "check_compile_mode", "Conf
 
 #: attention.name of configs/attention/path.yaml until the command line names the class
 PATH_PLACEHOLDER = "<package.module:Class>"
-_SCHEDULERS = ("cosine", "tanh", "step", "constant", "multistep", "plateau", "poly", "rsqrt")
-_TRAIN_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "random")
-_EVAL_INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-#: trainer.compile_mode: torch.compile's modes (docs/training.md, "Compile"); those that capture CUDA graphs
-COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
+#: the trainer.compile_mode values (quest.config.schema.COMPILE_MODES) that capture CUDA graphs
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-#: trainer.compile_backend: inductor generates code; aot_eager and eager trace only (debugging, cheap tests)
-COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def _no_cuda_graphs(mode: str, device: str, world_size: int, sharded: bool, accum_steps: int = 1) -> str | None:
@@ -79,12 +65,6 @@ def check_compile_mode(trainer: Any, ctx: Any) -> None:
         raise ConfigError(f"trainer.compile_mode={mode} {why}")
 
 
-#: the largest input side accepted: at 4096 px a ViT with 16 px patches has 65,536 tokens, whose attention matrix
-#: alone takes 16 GiB per head in fp32; a larger value is a typo, which would fail deep inside the model's
-#: construction (an overflow) or the data (PIL's decompression-bomb guard) instead of with a message
-MAX_IMG_SIZE = 4096
-
-
 def _timm_augment_policy(value: Any) -> bool:
     """timm parses recipe.auto_augment only when it builds the transform, and answers a bad one with an assert."""
     from timm.data import create_transform
@@ -96,42 +76,13 @@ def _timm_augment_policy(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _image_size(c: Checks, key: str) -> None:
-    c.check(key, lambda v: is_int(v) and 0 < v <= MAX_IMG_SIZE, f"an integer in 1..{MAX_IMG_SIZE} (pixels)",
-            optional=True)
-
-
 def _recipe(c: Checks) -> None:
+    """The recipe's names (timm's optimisers and augmentation policies) and the values that must agree."""
     from timm.optim import list_optimizers
 
-    c.positive_int("recipe.epochs", "recipe.lr_base_size", "recipe.recount")
-    c.positive("recipe.lr", "recipe.base_lr", optional=True)
     if c.value("recipe.lr") is None and c.value("recipe.base_lr") is None:
         c.fail("recipe.lr", "must be set, or recipe.base_lr (scaled by the global batch)")
-    c.non_negative("recipe.weight_decay", "recipe.warmup_epochs", "recipe.warmup_lr", "recipe.min_lr",
-                   "recipe.mixup", "recipe.cutmix", "recipe.repeated_aug")
-    c.non_negative("recipe.color_jitter", optional=True)
-    c.positive("recipe.opt_eps", "recipe.clip_grad", "recipe.cls_token_std", optional=True)
-    c.fraction("recipe.momentum", "recipe.drop_path", "recipe.drop_rate", "recipe.smoothing", "recipe.ema_decay",
-               high_open=True)
-    c.fraction("recipe.mixup_prob", "recipe.mixup_switch_prob", "recipe.hflip", "recipe.reprob")
-    c.fraction("recipe.bce_target_thresh", optional=True)
-    c.fraction("recipe.crop_pct", low_open=True)
-    c.check("recipe.opt_betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two values in [0, 1)",
-            optional=True)
-    c.check("recipe.scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "[min, max] with 0 < min <= max <= 1")
-    c.check("recipe.ratio", lambda v: len(v) == 2 and 0 < v[0] <= v[1], "[min, max] with 0 < min <= max")
-    _image_size(c, "recipe.img_size")
     c.one_of("recipe.opt", list_optimizers())
-    c.one_of("recipe.sched", _SCHEDULERS)
-    c.one_of("recipe.sched_on", ("updates", "epochs", "deit"))
-    c.one_of("recipe.drop_path_schedule", ("linear", "uniform"))
-    c.one_of("recipe.precision", PRECISIONS, optional=True)
-    c.one_of("recipe.init_weights", ("ema", "model"))
-    c.one_of("recipe.mixup_mode", ("batch", "pair", "elem"))
-    c.one_of("recipe.remode", ("const", "rand", "pixel"))
-    c.one_of("recipe.train_interpolation", _TRAIN_INTERPOLATIONS)
-    c.one_of("recipe.eval_interpolation", _EVAL_INTERPOLATIONS)
     c.check("recipe.auto_augment", _timm_augment_policy, "a timm augmentation policy such as rand-m9-mstd0.5-inc1, "
             "3a or augmix-m5-w4-d2 (timm.data.auto_augment)", optional=True)
 
@@ -170,26 +121,12 @@ def _draft_decode(c: Checks, kind: Any, dataset: Any) -> None:
 
 
 def _data(c: Checks) -> None:
-    """The keys every data set has, then the data set's own checks (its module in quest/data/sets/ or a plugin)."""
+    """The data set's name, then its own checks (its module in quest/data/sets/ or a plugin), then the training
+    input; its settings' values are declared on its settings dataclass, checked with the schema's."""
     c.one_of("data.name", list_datasets())
-    c.positive_int("data.batch_size", "data.num_classes")
-    c.positive_int("data.eval_batch_size", optional=True)
-    _image_size(c, "data.img_size")
-    c.process_count("data.num_workers", minimum=0)  # each a process with its own copy of the data set's index
-    c.fraction("data.subset_fraction", low_open=True)
-    # the images are normalised after ToTensor, in [0, 1]: a mean or deviation outside that range (pixel values
-    # 0-255 given by mistake) trains on inputs of another scale and ends as a divergence that names nothing
-    c.check("data.mean", lambda v: len(v) == 3 and all(0 <= m <= 1 for m in v),
-            "three values in [0, 1] (R, G, B; pixels are in [0, 1] when normalised: 0.485, not 123.7)")
-    c.check("data.std", lambda v: len(v) == 3 and all(0 < s <= 1 for s in v),
-            "three values > 0 and at most 1 (R, G, B; pixels are in [0, 1] when normalised: 0.229, not 58.4)")
-    c.one_of("data.bad_images", ("error", "skip"))
-    c.fraction("data.max_skipped_fraction")
     if c.value("data.name") not in list_datasets():
         return
     dataset = get_dataset(c.value("data.name"))
-    shared = set(float_keys(DataConfig, "data."))  # checked with the whole schema's
-    c.finite(*(k for k in float_keys(dataset.settings, "data.") if k not in shared))  # its own, from its settings
     if dataset.check is not None:
         dataset.check(c)
     _pipeline(c, dataset)
@@ -202,16 +139,6 @@ def _data(c: Checks) -> None:
 
 
 def _trainer(c: Checks) -> None:
-    c.positive_int("trainer.epochs", "trainer.accum_steps", "trainer.log_every_n_steps", "trainer.eval_every_n_epochs")
-    c.positive_int("trainer.max_steps", "trainer.checkpoint_every_n_steps", optional=True)
-    c.process_count("trainer.torch_threads", optional=True)
-    c.check("trainer.seed", lambda v: is_int(v) and 0 <= v < 2**32, "an integer in 0..2**32-1 (numpy's seeds)")
-    c.check("trainer.device", lambda v: DEVICE_PATTERN.match(v), "auto, cpu, cuda or cuda:N")
-    c.one_of("trainer.precision", ("auto", *PRECISIONS))
-    c.one_of("trainer.matmul_precision", MATMUL_PRECISIONS)
-    c.one_of("trainer.strategy", ("ddp", "fsdp"))
-    c.one_of("trainer.compile_mode", COMPILE_MODES)
-    c.one_of("trainer.compile_backend", COMPILE_BACKENDS)
     if c.value("trainer.compile_mode") not in ("default", None) and c.value("trainer.compile_backend") != "inductor":
         c.fail("trainer.compile_mode", "must be default unless trainer.compile_backend=inductor (the modes are "
                "inductor's)")
@@ -223,8 +150,6 @@ def _trainer(c: Checks) -> None:
     if c.value("trainer.strategy") == "fsdp" and c.value("recipe.ema"):
         c.fail("recipe.ema", "must be false with trainer.strategy=fsdp (the EMA copy of a sharded model is not "
                "supported)")
-    c.positive("trainer.max_loss", "trainer.max_loss_factor", optional=True)
-    c.fraction("trainer.data_wait_warning", "trainer.low_mfu_warning")
     resume = c.value("trainer.resume")
     if resume not in ("auto", "never") and not Path(str(resume)).expanduser().is_file():
         c.fail("trainer.resume", "must be auto, never or the path of an existing checkpoint file")
@@ -250,16 +175,9 @@ def _rest(c: Checks) -> None:
     c.check("model.name", lambda v: isinstance(v, str) and timm.models.is_model(v),
             "a timm model name (timm.list_models(); the configs/model group lists quest's presets)")
     check_logger_values(c)
-    c.check("diagnostics.every_n_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
-    c.positive_int("diagnostics.num_samples")
-    c.non_negative("diagnostics.entropy_threshold")
-    c.positive("diagnostics.max_logit_warning", optional=True)
-    _image_size(c, "model.img_size")
-    c.positive("model.layer_scale_init", optional=True)
 
 
 def _attention(c: Checks) -> None:
-    c.one_of("attention.fused", MODES)
     name = c.value("attention.name")
     if name == PATH_PLACEHOLDER:  # configs/attention/path.yaml: the schema's default (quest) must not stand in
         c.fail("attention.name", "must be set with attention=path: attention.name=<package.module:Class> (the import "
@@ -280,6 +198,11 @@ def _relations(c: Checks) -> None:
 
     # a warm-up as long as training (a short smoke run of a recipe) is allowed: quest.train.builders warns with the
     # peak the schedule reaches, and summary.json records it as lr_peak
+    for key, words in (("recipe.scale", "[min, max] with 0 < min <= max <= 1"),
+                       ("recipe.ratio", "[min, max] with 0 < min <= max")):  # each end is declared on its field
+        low, high = c.value(key)
+        if low > high:
+            c.fail(key, f"must be {words}")
     lr = number("recipe.lr")  # with recipe.base_lr the peak depends on the global batch: checked when it is known
     for key, what in (("recipe.warmup_lr", "the warm-up would lower the learning rate"),
                       ("recipe.min_lr", "the schedule would raise the learning rate instead of decaying it")):
@@ -297,7 +220,7 @@ def check_train_config(cfg: Any) -> None:
     then check the data set against it (class count, matching split classes), which lists directories only."""
     check_known_keys(cfg, TrainConfig)  # the data node against its data set's settings (the node's own type)
     checks = Checks(cfg)
-    checks.finite(*float_keys(TrainConfig))  # every float of the schema, found from its types
+    checks.declared(TrainConfig)  # every value against its schema field's declaration
     for part in (_recipe, _data, _trainer, _rest, _attention):
         part(checks)
     checks.raise_if_any("config")

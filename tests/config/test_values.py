@@ -1,69 +1,18 @@
-"""Values that would train into a wrong result without an error: non-finite floats anywhere in the schema,
-attention=path without a class, a model outside the ViT family, and a loss far above chance (the default guard)."""
+"""Values that would train into a wrong result without an error: attention=path without a class, a model outside the
+ViT family, and a loss far above chance (the default guard). Every value against its schema field's declaration
+(non-finite floats included) is tests/config/test_declared_bounds.py's."""
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
-from quest.config.checks import ConfigError, float_keys
-from quest.config.schema import TrainConfig
+from quest.config.checks import ConfigError
 from quest.models import create_model
 from quest.train import fit
 from quest.train.checks import check_train_config
 from quest.train.trainer import chance_loss, divergence_threshold
 from tests.helpers import FAST, compose_cfg
-
-
-def _schema_float_fields(schema: type, prefix: str = "") -> dict[str, bool]:
-    """key -> is a list, for every field whose annotation mentions float, walking nested dataclasses (written out
-    here from the annotations' text, independently of quest.config.checks.float_keys)."""
-    found: dict[str, bool] = {}
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        hint = hints[f.name]
-        nested = [a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)]
-        if nested:
-            found.update(_schema_float_fields(nested[0], f"{prefix}{f.name}."))
-        elif "float" in str(hint) and "Any" not in str(hint):
-            found[prefix + f.name] = "List" in str(hint) or "list" in str(hint)
-    return found
-
-
-FLOAT_FIELDS = _schema_float_fields(TrainConfig)
-BASE = compose_cfg()  # the default run: digits, vit_pico, light
-
-
-def test_every_float_field_of_the_schema_is_checked_for_finiteness():
-    assert set(float_keys(TrainConfig)) == set(FLOAT_FIELDS)
-    # the ones the issue names are among them
-    assert {"recipe.lr", "recipe.weight_decay", "data.mean", "data.std", "recipe.opt_eps"} <= set(FLOAT_FIELDS)
-
-
-@pytest.mark.parametrize("key", sorted(FLOAT_FIELDS))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(bad=st.sampled_from([math.nan, math.inf, -math.inf]) | st.floats().filter(lambda v: not math.isfinite(v)),
-       position=st.integers(0, 2))
-def test_a_non_finite_value_of_any_float_field_is_refused_naming_the_key(key, bad, position):
-    cfg = BASE.copy()
-    if FLOAT_FIELDS[key]:  # a list: one element non-finite, the others the default's or a harmless 0.5
-        current = OmegaConf.select(cfg, key)
-        values = list(current) if current is not None else [0.5, 0.5]
-        values[position % len(values)] = bad
-        OmegaConf.update(cfg, key, values, merge=False)
-    else:
-        OmegaConf.update(cfg, key, bad)
-    with pytest.raises(ConfigError, match=rf"{key.replace('.', r'[.]')} must be finite"):
-        check_train_config(cfg)
-
-
-def test_finite_values_pass():
-    check_train_config(BASE.copy())
 
 
 def test_attention_path_without_a_class_is_refused():

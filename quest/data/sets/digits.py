@@ -2,31 +2,29 @@
 fixed stratified split."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
 
+from quest.store.records import bounded
+
 from ..config import DataConfig
 from ..kinds import register_dataset
 
-__all__ = ["DigitsData", "DigitsDataset", "check_split", "digits_split"]
+__all__ = ["DigitsData", "DigitsDataset", "digits_split"]
 
 
 @dataclass
 class DigitsData(DataConfig):
     """data=digits: the held-out share and the seed of the fixed train/val split."""
 
-    val_fraction: float = 0.2  # held-out stratified share
-    split_seed: int = 0  # the fixed train/val split
+    val_fraction: float = field(default=0.2, metadata=bounded(0, 1, open_low=True, open_high=True))  # held-out share
+    split_seed: int = field(default=0, metadata=bounded(0))  # the fixed train/val split
 
 
-def check_split(c: Any) -> None:
-    c.fraction("data.val_fraction", low_open=True, high_open=True)
-
-
-@register_dataset("digits", DigitsData, check=check_split, num_classes=10, reads_root=False)
+@register_dataset("digits", DigitsData, num_classes=10, reads_root=False)
 def build(data: Any, split: str, transform: Callable | None) -> Any:
     return DigitsDataset(split, data.val_fraction, data.split_seed, transform)
 

@@ -10,8 +10,10 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
+from quest.store.records import bounded
+
 from ..kinds import register_dataset
-from .digits import DigitsData, check_split, digits_split
+from .digits import DigitsData, digits_split
 
 __all__ = ["CanvasConfig", "DigitsCanvasData", "DigitsCanvasDataset"]
 
@@ -20,13 +22,16 @@ __all__ = ["CanvasConfig", "DigitsCanvasData", "DigitsCanvasDataset"]
 class CanvasConfig:
     """data=digits_canvas: each digit pasted on a canvas with clutter, with its true box (:class:`DigitsCanvasDataset`)."""
 
-    size: int = 32  # canvas side in pixels
-    scale_min: int = 12  # the digit's side is uniform in [scale_min, scale_max] pixels
-    scale_max: int = 22  # largest digit side in pixels
-    clutter: int = 3  # fragments of other digits, away from the digit's box
-    noise: float = 0.05  # Gaussian noise std as a fraction of 255
-    copies: int = 2  # draws of every training digit (the validation split draws each once)
-    seed: int = 0  # every sample's draws come from (seed, split, index)
+    # 8 <= scale_min <= scale_max <= size: a relation between the three, checked by _check
+    size: int = field(default=32, metadata=bounded(1))  # canvas side in pixels
+    # the digit's side is uniform in [scale_min, scale_max] pixels
+    scale_min: int = field(default=12, metadata=bounded(1))
+    scale_max: int = field(default=22, metadata=bounded(1))  # largest digit side in pixels
+    clutter: int = field(default=3, metadata=bounded(0))  # fragments of other digits, away from the digit's box
+    noise: float = field(default=0.05, metadata=bounded(0))  # Gaussian noise std as a fraction of 255
+    # draws of every training digit (the validation split draws each once)
+    copies: int = field(default=2, metadata=bounded(1))
+    seed: int = field(default=0, metadata=bounded(0))  # every sample's draws come from (seed, split, index)
 
 
 @dataclass
@@ -37,10 +42,6 @@ class DigitsCanvasData(DigitsData):
 
 
 def _check(c: Any) -> None:
-    check_split(c)
-    c.positive_int("data.canvas.size", "data.canvas.scale_min", "data.canvas.scale_max", "data.canvas.copies")
-    c.check("data.canvas.clutter", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-    c.non_negative("data.canvas.noise")
     size, lo, hi = (c.value(f"data.canvas.{k}") for k in ("size", "scale_min", "scale_max"))
     if isinstance(lo, int) and isinstance(hi, int) and isinstance(size, int) and not 8 <= lo <= hi <= size:
         c.fail("data.canvas.scale_max", f"must satisfy 8 <= scale_min ({lo}) <= scale_max <= size ({size})")

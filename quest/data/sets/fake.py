@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from quest.store.records import bounded
+
 from ..config import TRAINING_ONLY, DataConfig
 from ..kinds import register_dataset
 
@@ -14,13 +16,13 @@ __all__ = ["FakeData"]
 class FakeData(DataConfig):
     """data=fake: how many random images each split has."""
 
-    fake_train_size: int = field(default=256, metadata=TRAINING_ONLY)  # training images
-    fake_val_size: int = 64  # validation images
+    fake_train_size: int = field(default=256, metadata={**TRAINING_ONLY, **bounded(1)})  # training images
+    fake_val_size: int = field(default=64, metadata=bounded(1))  # validation images
 
 
 def _check(c: Any) -> None:
-    c.positive_int("data.fake_train_size", "data.fake_val_size")
-    c.positive_int("data.img_size")  # the size of the generated images: this data set has no files to take it from
+    if c.value("data.img_size") is None:  # the size of the generated images: this data set has no files to take it from
+        c.fail("data.img_size", "must be set with data=fake (a positive integer: the generated images' side)")
 
 
 @register_dataset("fake", FakeData, check=_check, reads_root=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from quest.store.records import bounded
+
 from ..config import TRAINING_ONLY, DataConfig, need_root
 from ..kinds import register_dataset
 
@@ -17,14 +19,9 @@ class ShardData(DataConfig):
     as imagenet1k-train-{0000..1023}.tar."""
 
     # no _info.json: the training samples, checked; the shards are counted at start
-    num_samples: Optional[int] = field(default=None, metadata=TRAINING_ONLY)
+    num_samples: Optional[int] = field(default=None, metadata={**TRAINING_ONLY, **bounded(1)})
     # training samples are permuted within windows of this many (held in memory)
-    shuffle_window: int = field(default=8192, metadata=TRAINING_ONLY)
-
-
-def _check(c: Any) -> None:
-    c.positive_int("data.num_samples", optional=True)
-    c.positive_int("data.shuffle_window")
+    shuffle_window: int = field(default=8192, metadata={**TRAINING_ONLY, **bounded(1)})
 
 
 def _num_classes(data: Any) -> int | None:
@@ -48,5 +45,5 @@ def _build(data: Any, split: str, transform: Callable | None) -> Any:
 
 
 for _name in ("imagenet_wds", "wds"):
-    register_dataset(_name, ShardData, check=_check, num_classes=_num_classes, streamed=True,
+    register_dataset(_name, ShardData, num_classes=_num_classes, streamed=True,
                      where_classes=_where)(_build)

@@ -26,7 +26,6 @@ from ..adversarial_protocol import (
     AdversarialConfig,
     attack_labels,
     budget_key,
-    check_adversarial,
     check_section,
     clipping,
     paper_adversarial_config,
@@ -156,7 +155,7 @@ def adversarial_needs(section: Any) -> list[tuple[str, str, str]]:
     return [("pyautoattack", "eval", "the autoattack attack")] if "autoattack" in section.attacks else []
 
 
-@register_evaluation("adversarial", AdversarialConfig, check=check_adversarial, needs=adversarial_needs,
+@register_evaluation("adversarial", AdversarialConfig, needs=adversarial_needs,
                      inputs=_inputs)
 def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[str, Any]:
     """The attacks of ``section`` (an AdversarialConfig node, ``eval.<name>``) on the configured data set."""
@@ -225,7 +224,7 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
 
 
 @register_evaluation("adversarial_paper", AdversarialConfig, default=paper_adversarial_config,
-                     check=check_adversarial, needs=adversarial_needs,
+                     needs=adversarial_needs,
                      inputs=lambda run, section: _inputs(run, section, "adversarial_paper"))
 def adversarial_paper(run: EvalRun, section: Any) -> dict[str, Any]:
     """``adversarial`` under ``eval.adversarial_paper``, whose defaults are the authors' protocol."""

@@ -13,14 +13,13 @@ from typing import Any, List, Optional
 
 from torch.utils.data import Dataset
 
-from quest.config.checks import Checks
 from quest.data import build_dataset
+from quest.store import records
 
 from ..context import EvalRun, SubsetLogits, classify, fixed_subset
 from ..imagenet_data import LAYOUTS, V2_DIR, ImageList, imagenet_wnids, require_dir, subset_classes, v2_samples, wnid_samples
 from ..inputs import Input, data_input, listed
 from ..kinds import register_evaluation
-from ..section_checks import sublist
 from ..transforms import describe, eval_transform
 
 __all__ = ["ClassificationSet", "imagenet_val", "imagenet_v2", "imagenet_a", "imagenet_r", "clean", "val_samples",
@@ -38,7 +37,10 @@ class ImageNetValConfig:
 class ImageNetV2Config:
     """ImageNetV2 top-1 / top-5, each variant on its own (eval.roots.v2)."""
 
-    variants: List[str] = field(default_factory=lambda: list(V2_VARIANTS))  # ImageNetV2 variants scored, each on its own
+    # ImageNetV2 variants scored, each on its own
+    variants: List[str] = field(default_factory=lambda: list(V2_VARIANTS), metadata={
+        **records.one_of(*V2_VARIANTS), **records.listed(distinct=True),
+        **records.described(f"a list of distinct variants from {', '.join(V2_VARIANTS)}")})
 
 
 @dataclass
@@ -53,7 +55,8 @@ class ImageNetSubsetConfig:
 class CleanConfig:
     """Top-1 / top-5 on the configured data set's val split."""
 
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
+    # None: the whole val split; else an evenly spaced fixed subset
+    max_samples: Optional[int] = field(default=None, metadata=records.bounded(1))
 
 
 def require_imagenet_classifier(run: EvalRun, what: str) -> None:
@@ -193,14 +196,6 @@ def _get(section: Any, key: str) -> Any:
     return None if section is None else section.get(key)
 
 
-def _check_v2(checks: Checks, key: str) -> None:
-    sublist(checks, f"{key}.variants", V2_VARIANTS, "variants")
-
-
-def _check_clean(checks: Checks, key: str) -> None:
-    checks.positive_int(f"{key}.max_samples", optional=True)
-
-
 imagenet_val = ClassificationSet("imagenet_val", root="val", count_classes=True)
 imagenet_v2 = ClassificationSet("imagenet_v2", root="v2", layout="index", variants=V2_DIR)
 imagenet_a = ClassificationSet("imagenet_a", root="a", classes="a")
@@ -208,7 +203,7 @@ imagenet_r = ClassificationSet("imagenet_r", root="r", classes="r")
 clean = ClassificationSet("clean")
 
 register_evaluation("imagenet_val", ImageNetValConfig, inputs=imagenet_val.inputs)(imagenet_val)
-register_evaluation("imagenet_v2", ImageNetV2Config, check=_check_v2, inputs=imagenet_v2.inputs)(imagenet_v2)
+register_evaluation("imagenet_v2", ImageNetV2Config, inputs=imagenet_v2.inputs)(imagenet_v2)
 register_evaluation("imagenet_a", ImageNetSubsetConfig, inputs=imagenet_a.inputs)(imagenet_a)
 register_evaluation("imagenet_r", ImageNetSubsetConfig, inputs=imagenet_r.inputs)(imagenet_r)
-register_evaluation("clean", CleanConfig, check=_check_clean, inputs=clean.inputs)(clean)
+register_evaluation("clean", CleanConfig, inputs=clean.inputs)(clean)

@@ -13,48 +13,45 @@ from typing import Any, Callable, List, Optional
 from PIL import Image
 from torch.utils.data import Dataset
 
-from quest.config.checks import Checks, is_int
+from quest.store.records import bounded, described, listed, one_of
 
 from ..context import EvalRun, classify, error_fraction, error_grid, fixed_subset
 from ..corruption_fns import corrupt, sample_seed
 from ..inputs import data_input
 from ..kinds import register_evaluation
 from ..mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, corruption_summary
-from ..section_checks import severities, sublist
 from ..transforms import describe, split_eval_transform
 from .classification import val_split
 
-__all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "check_grid", "corruptions", "CORRUPTION_NEEDS"]
+__all__ = ["CorruptionGridConfig", "CorruptionsConfig", "CorruptedDataset", "corruptions", "CORRUPTION_NEEDS"]
+
+
+def _sublist(allowed: list[str], what: str) -> dict[str, Any]:
+    return {**one_of(*allowed), **listed(distinct=True), **described(f"a list of distinct {what} from "
+                                                                      f"{', '.join(allowed)}")}
 
 
 @dataclass
 class CorruptionGridConfig:
-    # the standard corruptions run (they enter the means)
-    corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS))
-    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA))  # the extra corruptions, reported apart
-    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # severities run, 1..5
+    # the standard corruptions run (the 15 enter the means, and ImageNet-C's mCE)
+    corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_CORRUPTIONS), metadata=_sublist(
+        IMAGENET_C_CORRUPTIONS, "standard corruptions"))
+    # the extra corruptions, reported apart
+    extra_corruptions: List[str] = field(default_factory=lambda: list(IMAGENET_C_EXTRA), metadata=_sublist(
+        IMAGENET_C_EXTRA, "extra corruptions"))
+    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5], metadata={  # severities run, 1..5
+        **bounded(1, 5), **listed(distinct=True), **described("a list of distinct severities from 1, 2, 3, 4, 5")})
 
 
 @dataclass
 class CorruptionsConfig(CorruptionGridConfig):
     """Corruptions computed on the fly (imagecorruptions) on the configured data set's val split."""
 
-    max_samples: Optional[int] = None  # None: the whole val split; else an evenly spaced fixed subset
-    seed: int = 0  # each sample's corruption randomness is seeded from (seed, corruption, severity, index)
-
-
-def check_grid(checks: Checks, key: str) -> None:
-    # the standard 15 enter the means (and ImageNet-C's mCE); the 4 extra ones are reported apart
-    sublist(checks, f"{key}.corruptions", IMAGENET_C_CORRUPTIONS, "standard corruptions")
-    sublist(checks, f"{key}.extra_corruptions", IMAGENET_C_EXTRA, "extra corruptions")
-    severities(checks, f"{key}.severities")
-
-
-def _check(checks: Checks, key: str) -> None:
-    check_grid(checks, key)
-    checks.positive_int(f"{key}.max_samples", optional=True)
-    # sample seeds go through numpy's SeedSequence, which takes non-negative integers only
-    checks.check(f"{key}.seed", lambda v: is_int(v) and v >= 0, "an integer >= 0")
+    # None: the whole val split; else an evenly spaced fixed subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    # each sample's corruption randomness is seeded from (seed, corruption, severity, index), through numpy's
+    # SeedSequence, which takes non-negative integers only
+    seed: int = field(default=0, metadata=bounded(0))
 
 
 class CorruptedDataset(Dataset):
@@ -80,7 +77,7 @@ CORRUPTION_NEEDS = [(module, "eval", "the ImageNet-C corruptions") for module in
                                                                                    "skimage")]
 
 
-@register_evaluation("corruptions", CorruptionsConfig, check=_check, needs=CORRUPTION_NEEDS,
+@register_evaluation("corruptions", CorruptionsConfig, needs=CORRUPTION_NEEDS,
                      inputs=lambda run, section: data_input(run, "corruptions"))
 def corruptions(run: EvalRun, section: Any) -> dict[str, Any]:
     geometric, finish = split_eval_transform(run.target)

@@ -24,6 +24,7 @@ from quest.explain.boxes import BoxSource, resize_boxes, resize_crop_boxes
 from quest.explain.localization import LocalizationScores
 from quest.explain.scoring import normalised_maps, score_explanations
 from quest.store.files import atomic_write
+from quest.store.records import bounded, described, listed, one_of
 from quest.store.tree import make_dirs
 
 from ..context import EvalRun, evenly_spaced, shard_batches
@@ -44,31 +45,33 @@ class ExplainConfig:
     """Explanation maps (attention, rollout, AG-CAM) scored against true boxes (localization)."""
 
     # explanation methods: attention | rollout | agcam
-    methods: List[str] = field(default_factory=lambda: ["attention", "rollout", "agcam"])
-    threshold: float = 0.5  # on the min-max normalised map (the authors' --threshold 0.5)
-    classes: str = "predicted"  # predicted | label (the data set's): the class each map explains
+    methods: List[str] = field(default_factory=lambda: ["attention", "rollout", "agcam"], metadata={
+        **one_of(*METHODS), **listed(min_length=1), **described(f"a list of {list(METHODS)}")})
+    # on the min-max normalised map (the authors' --threshold 0.5)
+    threshold: float = field(default=0.5, metadata=bounded(0, 1, open_low=True, open_high=True))
+    # predicted | label (the data set's): the class each map explains
+    classes: str = field(default="predicted", metadata=one_of(*CLASSES))
     skip_wrong: bool = True  # leave misclassified images out of the metrics, as the authors do
-    transform: str = "eval"  # eval (the model's resize + crop) | squash (the authors' Resize((S, S)))
-    squash_interpolation: str = "bilinear"  # squash's resampling: bilinear (the authors' Resize default) | bicubic
-    agcam_gradient: str = "detached"  # detached (the authors' ViT: attention inputs detached) | full (whole graph)
-    source: str = "data"  # data (the data set's own boxes: digits_canvas) | imagenet_val (roots.val + boxes)
-    boxes: Optional[str] = None  # imagenet_val: a folder of ILSVRC2012_val_*.xml or a LOC_val_solution.csv
-    max_samples: Optional[int] = None  # None: every image; else an evenly spaced fixed subset
-    batch_size: Optional[int] = None  # None: eval.batch_size (AG-CAM keeps every layer's attention for backward)
-    figure_images: int = 8  # the first N images of the subset in the figure and in explain_maps.pt
-    figure_indices: Optional[List[int]] = None  # or these data-set indices
+    # eval (the model's resize + crop) | squash (the authors' Resize((S, S)))
+    transform: str = field(default="eval", metadata=one_of(*TRANSFORMS))
+    # squash's resampling: bilinear (the authors' Resize default) | bicubic
+    squash_interpolation: str = field(default="bilinear", metadata=one_of(*SQUASH_INTERPOLATIONS))
+    # detached (the authors' ViT: attention inputs detached) | full (whole graph)
+    agcam_gradient: str = field(default="detached", metadata=one_of(*AGCAM_GRADIENTS))
+    # data (the data set's own boxes: digits_canvas) | imagenet_val (roots.val + boxes)
+    source: str = field(default="data", metadata=one_of(*SOURCES))
+    # imagenet_val: a folder of ILSVRC2012_val_*.xml or a LOC_val_solution.csv (a path; required there, _check)
+    boxes: Optional[str] = None
+    # None: every image; else an evenly spaced fixed subset
+    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    # None: eval.batch_size (AG-CAM keeps every layer's attention for backward)
+    batch_size: Optional[int] = field(default=None, metadata=bounded(1))
+    # the first N images of the subset in the figure and in explain_maps.pt
+    figure_images: int = field(default=8, metadata=bounded(0))
+    figure_indices: Optional[List[int]] = field(default=None, metadata=bounded(0))  # or these data-set indices
 
 
 def _check(c: Checks, key: str) -> None:
-    c.check(f"{key}.methods", lambda v: len(v) > 0 and all(m in METHODS for m in v), f"a list of {list(METHODS)}")
-    c.fraction(f"{key}.threshold", low_open=True, high_open=True)
-    c.one_of(f"{key}.classes", CLASSES)
-    c.one_of(f"{key}.transform", TRANSFORMS)
-    c.one_of(f"{key}.squash_interpolation", tuple(SQUASH_INTERPOLATIONS))
-    c.one_of(f"{key}.agcam_gradient", AGCAM_GRADIENTS)
-    c.one_of(f"{key}.source", SOURCES)
-    c.positive_int(f"{key}.max_samples", f"{key}.batch_size", optional=True)
-    c.check(f"{key}.figure_images", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
     if c.value(f"{key}.source") == "imagenet_val" and not c.value(f"{key}.boxes"):
         c.fail(f"{key}.boxes", "must name the boxes of ImageNet val (an XML folder or LOC_val_solution.csv)")
 

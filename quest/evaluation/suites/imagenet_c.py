@@ -14,7 +14,7 @@ from ..kinds import register_evaluation
 from ..mce import IMAGENET_C_EXTRA, corruption_summary, mce
 from ..transforms import describe, imagenet_c_transform
 from .classification import imagenet_val, require_imagenet_classifier, val_input
-from .corruptions import CorruptionGridConfig, check_grid
+from .corruptions import CorruptionGridConfig
 
 __all__ = ["ImageNetCConfig", "imagenet_c"]
 
@@ -69,7 +69,7 @@ def _inputs(run: EvalRun, section: Any) -> list[Input]:
     return found
 
 
-@register_evaluation("imagenet_c", ImageNetCConfig, check=check_grid, inputs=_inputs)
+@register_evaluation("imagenet_c", ImageNetCConfig, inputs=_inputs)
 def imagenet_c(run: EvalRun, section: Any) -> dict[str, Any]:
     require_imagenet_classifier(run, "imagenet_c")
     root = require_dir(run.settings.roots.c, "c", "imagenet_c")
