@@ -107,8 +107,35 @@ def train() -> None:
     sys.argv = rewrite_attention_override(sys.argv)
     exit_on_bad_overrides(program_name("quest-train"), sys.argv[1:], TrainConfig, config_root(), "train")
     _register_plugins()
-    run_app(_train_app, _train_job)
+    _composed("quest-train", _train_app, _train_job)
     _exit_if_sweep_failed("quest-train")
+
+
+def _composed(app: str, hydra_app: Callable[[], Any], job: Callable[[DictConfig], Any]) -> None:
+    """Run ``hydra_app`` (quest.run.hydra_job.run_app); a config Hydra cannot compose (a YAML error in a config file,
+    an interpolation that fails) is one line naming the file, not Hydra's traceback. Hydra raises it instead of
+    printing it only with HYDRA_FULL_ERROR=1, so that is set for Hydra, and the user's own choice of tracebacks is
+    kept for quest's error path (quest.runtime.errors.FULL_ERROR_ASKED)."""
+    import os
+
+    from quest.runtime.errors import FULL_ERROR_ASKED, full_error_asked
+
+    held = {name: os.environ.get(name) for name in (FULL_ERROR_ASKED, "HYDRA_FULL_ERROR")}
+    asked = full_error_asked()
+    os.environ.update({FULL_ERROR_ASKED: "1" if asked else "0", "HYDRA_FULL_ERROR": "1"})
+    try:
+        run_app(hydra_app, job)
+    except Exception as exc:  # noqa: BLE001  (a job's own errors were reported by its error path: only Hydra's here)
+        if asked:
+            raise
+        print_error(program_name(app), "the config could not be composed: " + " ".join(describe(exc).split()))
+        sys.exit(EXIT_ERROR)
+    finally:  # as it was for whatever runs next in this process
+        for name, value in held.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _register_plugins() -> None:
@@ -201,7 +228,7 @@ def evaluate() -> None:
     exit_on_bad_overrides(program_name("quest-eval"), sys.argv[1:], eval_config_schema(), config_root(), "eval")
     _exit_if_nothing_to_evaluate(sys.argv[1:])
     _register_plugins()
-    run_app(_eval_app, _eval_job)
+    _composed("quest-eval", _eval_app, _eval_job)
     _exit_if_sweep_failed("quest-eval")
 
 
@@ -267,7 +294,7 @@ def toy() -> None:
     register_toy_config()
     exit_on_bad_overrides(program_name("quest-toy"), sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _register_plugins()
-    run_app(_toy_app, _toy_job)
+    _composed("quest-toy", _toy_app, _toy_job)
     _exit_if_sweep_failed("quest-toy")
 
 

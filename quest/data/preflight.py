@@ -99,15 +99,15 @@ def _fingerprint(files: list[Path]) -> str:
     for f in files:
         try:
             st = f.stat()
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))  # any name
         except OSError:
-            h.update(f"{f}\0?\n".encode())
+            h.update(f"{f}\0?\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
 def _cache_paths(root: Path) -> list[Path]:
     user = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quest" / "preflight"
-    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    key = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:24]
     return [root / CACHE_NAME, user / f"{key}.json"]
 
 

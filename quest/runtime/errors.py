@@ -148,6 +148,16 @@ def program_name(default: str) -> str:
     return "python -m " + ".".join(parts)
 
 
+#: the environment variable holding whether the user asked for tracebacks (HYDRA_FULL_ERROR=1) when quest's app set
+#: HYDRA_FULL_ERROR for Hydra itself (quest.cli), carried to the job's processes with the rest of the environment
+FULL_ERROR_ASKED = "QUEST_FULL_ERROR_ASKED"
+
+
+def full_error_asked() -> bool:
+    """Whether the user asked for full tracebacks of their mistakes too (HYDRA_FULL_ERROR=1)."""
+    return os.environ.get(FULL_ERROR_ASKED, os.environ.get("HYDRA_FULL_ERROR", "0")) == "1"
+
+
 @contextlib.contextmanager
 def reporting_errors(program: str) -> Iterator[None]:
     """Run a command's work, its checks first (:func:`quest.runtime.phase.command_phases`): a user error exits
@@ -161,7 +171,7 @@ def reporting_errors(program: str) -> Iterator[None]:
     except BaseException as exc:  # noqa: BLE001  (the last place an exception can be reported well)
         sys.stdout.flush()
         if is_user_error(exc):
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if full_error_asked():
                 traceback.print_exc()
             print_error(program, describe(exc), alike=not _joined or getattr(exc, "quest_every_rank", False))
             raise SystemExit(EXIT_ERROR) from None

@@ -156,7 +156,8 @@ def open_records(path: str | Path, warn: Callable[[str], None] | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = new_file_mode(path)
     # appending, never through a link (O_NOFOLLOW), and readable too: the cut below reads the file's last line
-    records = open(path, "a", buffering=1,
+    # a name in a line that is not UTF-8 (a file of an old zip archive) is written escaped, never an encoder's error
+    records = open(path, "a", buffering=1, encoding="utf-8", errors="backslashreplace",
                    opener=lambda name, flags: os.open(name, (flags & ~os.O_WRONLY) | os.O_RDWR | os.O_NOFOLLOW, mode))
     fd = records.fileno()
     size = os.fstat(fd).st_size

@@ -22,9 +22,9 @@ def missing_dirs(path: str | Path) -> list[Path]:
 
 def output_dir_problem(path: str) -> str | None:
     """What keeps ``path`` (an output directory, relative to the working directory) from being made, in words, or
-    None: a name longer than the file system allows, or a part that exists and is not a directory (Hydra would fail
-    on either making it, with its own traceback), or a leading ``~`` (it would be made as a directory named ``~``,
-    not the home directory the user meant)."""
+    None: a name longer than the file system allows, a part that exists and is not a directory, or a link that
+    leads nowhere (making it would fail with the operating system's error naming no reason), or a leading ``~`` (it
+    would be made as a directory named ``~``, not the home directory the user meant)."""
     limit = 255
     try:
         limit = os.pathconf(".", "PC_NAME_MAX")
@@ -41,6 +41,9 @@ def output_dir_problem(path: str) -> str | None:
     here = Path(".")
     for part in Path(path).parts:
         here = here / part
+        if here.is_symlink() and not here.exists():  # scratch not mounted, a link copied from another machine
+            return (f"{here} is a link to {os.readlink(here)}, which does not exist (a file system not mounted?); "
+                    "mount it, or give another directory")
         if here.exists() and not here.is_dir():
             return f"{here} exists and is not a directory (expected a directory to write the run into)"
     return None

@@ -150,9 +150,9 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
         lengths[split] = []
         for k in range(count):
             part = items[k * shard_size: (k + 1) * shard_size]
-            digest = hashlib.sha256(f"{FORMAT}\0{split}\0{folder}\n".encode())
+            digest = hashlib.sha256(f"{FORMAT}\0{split}\0{folder}\n".encode("utf-8", "surrogateescape"))
             for path, target in part:
-                digest.update(f"{path.relative_to(root)}\0{file_stamp(path)}\0{target}\n".encode())
+                digest.update(f"{path.relative_to(root)}\0{file_stamp(path)}\0{target}\n".encode("utf-8", "surrogateescape"))
             shard = f"{name}-{split}-{k:0{width}d}.tar"
             planned[shard] = (partial(_write_shard, part, root), digest.hexdigest())
             lengths[split].append((shard, len(part)))

@@ -156,6 +156,17 @@ def without(module: str) -> Callable[[Scene], None]:
 without_wandb = without("wandb")
 
 
+def _dangling(scene: Scene) -> None:
+    """scratch not mounted: ``{tmp}/scratch`` is a link to a folder that does not exist."""
+    (scene.tmp / "scratch").symlink_to(scene.tmp / "not-mounted")
+
+
+def _broken_yaml(scene: Scene) -> None:
+    """A config folder of the user's whose data option is not YAML (a hand edit cut short)."""
+    (scene.tmp / "configs" / "data").mkdir(parents=True)
+    (scene.tmp / "configs" / "data" / "broken.yaml").write_text("name: fake\n  num_classes: [\n")
+
+
 def _blocker(name: str) -> Callable[[Scene], None]:
     def setup(scene: Scene) -> None:
         (scene.cwd / name).write_text("a file\n")
@@ -357,6 +368,18 @@ TOOL_ROWS = [
     tool("in_use", INDEX, (HOLDER,), setup=steps(_tars, hold(".lock"))),
 ]
 
-ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS]
+# faults from below quest (the operating system, YAML), for every app: one line naming the path, never a traceback
+DANGLING = ("{tmp}/scratch is a link to {tmp}/not-mounted, which does not exist",)
+BELOW_ROWS = [
+    Refusal("dangling_link", T, (*TRAIN, "hydra.run.dir={tmp}/scratch/run"), DANGLING, "new", setup=_dangling),
+    Refusal("dangling_link", E, (CHECKPOINT, "hydra.run.dir={tmp}/scratch/results"), DANGLING, setup=_dangling),
+    Refusal("dangling_link", Y, (*TOY_SMALL, "hydra.run.dir={tmp}/scratch/toy"), DANGLING, "new", setup=_dangling),
+    Refusal("dangling_link_sweep", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.sweep.dir={tmp}/scratch/sweep"),
+            DANGLING, "new", setup=_dangling),
+    Refusal("config_not_yaml", T, ("--config-dir", "{tmp}/configs", *TRAIN, "data=broken", "hydra.run.dir={target}"),
+            ("the config could not be composed", "{tmp}/configs/data/broken.yaml"), "new", setup=_broken_yaml),
+]
+
+ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS, *BELOW_ROWS]
 #: rows run again as two ranks of a torchrun group: rank 0 says the line, rank 1 exits with the same code silently
 UNDER_TORCHRUN = ["train.py:unknown_key:new", "train.py:bad_values:earlier", "eval.py:bad_value:earlier"]
