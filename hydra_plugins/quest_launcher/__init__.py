@@ -23,9 +23,23 @@ if _PluginSlurmLauncher is not None:
     from quest.runtime.errors import EXIT_ERROR, program_name
 
     class SlurmLauncher(_PluginSlurmLauncher):
+        _checked = False
+
+        def check_before_sweep(self) -> None:
+            """A sweep where no SLURM cluster can take its jobs is one line (quest.run.sweep_jobs.slurm_problem),
+            before the sweep's folder is made or anything submitted."""
+            if self._checked:
+                return
+            problem = sweep_jobs.slurm_problem()
+            if problem:
+                print(f"{program_name('quest-train')}: error: {problem}", file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_ERROR)
+            self._checked = True
+
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
             from submitit.core.utils import UncompletedJobError
 
+            self.check_before_sweep()  # once (quest's sweeper asks before it writes the sweep's folder)
             try:
                 returns = super().launch(job_overrides, initial_job_idx)
             except UncompletedJobError as exc:

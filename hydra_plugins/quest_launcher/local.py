@@ -40,6 +40,9 @@ class QuestSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         if not isinstance(self.launcher, QuestLauncher):
+            check = getattr(self.launcher, "check_before_sweep", None)  # quest's SLURM launcher: a cluster to submit to
+            if check is not None:
+                check()
             _write_sweep_record(self.config)
         params = [f"{key}={value}" for key, value in self.params.items()]
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)

@@ -17,7 +17,7 @@ from typing import Any
 
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR
 
-__all__ = ["JobFailed", "failed", "job_failed", "sweep_failure", "record_returns", "without_result"]
+__all__ = ["JobFailed", "failed", "job_failed", "sweep_failure", "record_returns", "without_result", "slurm_problem"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,27 @@ def _submitit_log() -> str | None:
     import submitit
 
     return str(submitit.JobEnvironment().paths.stderr)
+
+
+def slurm_problem(timeout_s: float = 30.0) -> str | None:
+    """Why SLURM cannot take a sweep's jobs from this machine, in words, or None: no ``sbatch`` on PATH, or its
+    controller not reachable (``scontrol ping``: no configuration, a name that does not resolve, the controller
+    down). Asked before the launcher makes the sweep's folder or submits anything, so that a sweep started where no
+    cluster is gets one line and leaves nothing behind."""
+    import shutil
+    import subprocess
+
+    here = "run the sweep on the cluster's login node, or leave out hydra/launcher=slurm to run its jobs here"
+    if shutil.which("sbatch") is None:
+        return f"no `sbatch` on PATH: hydra/launcher=slurm submits each job with SLURM's sbatch; {here}"
+    if shutil.which("scontrol") is None:  # nothing to ask: sbatch says what is wrong
+        return None
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"SLURM's controller did not answer `scontrol ping` within {timeout_s:.0f} s; {here}"
+    if done.returncode == 0:
+        return None
+    said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return (f"SLURM's controller cannot be reached from this machine (`scontrol ping`: "
+            f"{said[-1] if said else f'exit {done.returncode}'}); {here}")

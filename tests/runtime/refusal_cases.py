@@ -167,6 +167,20 @@ def _broken_yaml(scene: Scene) -> None:
     (scene.tmp / "configs" / "data" / "broken.yaml").write_text("name: fake\n  num_classes: [\n")
 
 
+def _cluster(scontrol: str | None) -> Callable[[Scene], None]:
+    """A PATH where SLURM is not installed (``scontrol`` None), or where ``scontrol ping`` fails with this line (a
+    login node that cannot reach its controller): fake binaries, so that no real cluster is ever asked."""
+    def setup(scene: Scene) -> None:
+        bin_dir = scene.tmp / "bin"
+        bin_dir.mkdir()
+        if scontrol is not None:
+            for name, script in (("sbatch", "exit 1"), ("scontrol", f"echo '{scontrol}' >&2; exit 1")):
+                (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
+                (bin_dir / name).chmod(0o755)
+        scene.monkeypatch.setenv("PATH", str(bin_dir))
+    return setup
+
+
 def _blocker(name: str) -> Callable[[Scene], None]:
     def setup(scene: Scene) -> None:
         (scene.cwd / name).write_text("a file\n")
@@ -376,6 +390,12 @@ BELOW_ROWS = [
     Refusal("dangling_link", Y, (*TOY_SMALL, "hydra.run.dir={tmp}/scratch/toy"), DANGLING, "new", setup=_dangling),
     Refusal("dangling_link_sweep", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.sweep.dir={tmp}/scratch/sweep"),
             DANGLING, "new", setup=_dangling),
+    # a SLURM sweep where no cluster takes its jobs: one line, no multirun/ folder, nothing submitted
+    Refusal("slurm_not_installed", T, ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
+            ("no `sbatch` on PATH",), "new", setup=_cluster(None)),
+    Refusal("slurm_unreachable", T, ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
+            ("SLURM's controller cannot be reached", "Could not establish a configuration source"), "new",
+            setup=_cluster("scontrol: fatal: Could not establish a configuration source")),
     Refusal("config_not_yaml", T, ("--config-dir", "{tmp}/configs", *TRAIN, "data=broken", "hydra.run.dir={target}"),
             ("the config could not be composed", "{tmp}/configs/data/broken.yaml"), "new", setup=_broken_yaml),
 ]
