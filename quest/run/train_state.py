@@ -74,6 +74,8 @@ class TrainState:
     #: unreadable training images skipped (data.bad_images=skip), all ranks, whole run
     train_skipped: int = field(default=0, metadata=bounded(0))
     train_drawn: int = field(default=0, metadata=bounded(0))  # training images drawn, readable or not, all ranks
+    #: a CPU run's intra-op threads from its first start (quest.train.threads.run_threads); None on a GPU
+    torch_threads: int | None = field(default=None, metadata=bounded(1))
     #: the run's attempts, this process's last (begun by its first count); each earlier one as of the last checkpoint
     #: it wrote. A state saved before attempts were recorded has none: the attempts are recorded from its resume on.
     attempts: list[Attempt] = field(default_factory=list)

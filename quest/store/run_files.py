@@ -75,6 +75,7 @@ class RanWith:
     float32_matmul_precision: Literal["highest", "high", "medium"] | None = None
     cuda_matmul_allow_tf32: bool | None = None
     cudnn_allow_tf32: bool | None = None
+    torch_threads: int | None = field(default=None, metadata=bounded(1))  # a CPU run's intra-op threads
 
 
 @dataclass

@@ -37,7 +37,7 @@ from .checks import check_train_config
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .precision import set_matmul_precision
 from .telemetry import Telemetry, flops_per_image, peak_tflops
-from .threads import busy_hint, default_cpu_threads
+from .threads import busy_hint, run_threads
 from .trainer import Run, hms
 
 log = logging.getLogger("quest.train")
@@ -110,16 +110,20 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
 def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext,
          provenance: dict[str, str]) -> dict[str, Any]:
     run_dir, tr = directory.path, cfg.trainer
-    threads = tr.torch_threads or (default_cpu_threads(cfg.model.name) if ctx.device.type == "cpu" else None)
-    if threads:  # the CPU presets: one thread (quest.train.threads, measured in docs/benchmarks.md)
-        torch.set_num_threads(threads)
-    elif ctx.device.type == "cpu" and (hint := busy_hint(torch.get_num_threads())):
-        log.warning(hint)
     ran = set_matmul_precision(tr.matmul_precision)  # every start sets it: a process's earlier run left its own
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
     config = OmegaConf.to_container(cfg, resolve=True)
     plan = survey(cfg, directory, config, model_meta(cfg))
+    cpu = ctx.device.type == "cpu"
+    saved = plan.ckpt.state.get("torch_threads") if plan.ckpt is not None and cpu else None
+    threads = run_threads(tr.torch_threads, cfg.model.name, saved) if cpu else None
+    if threads:  # set, the run's own from its start, or the CPU presets' one (quest.train.threads)
+        torch.set_num_threads(threads)
+    elif cpu and (hint := busy_hint(torch.get_num_threads())):
+        log.warning(hint)
+    if cpu:  # what it computes with, as torch says: the same count gives the same numbers (docs/training.md)
+        ran["torch_threads"] = torch.get_num_threads()
     finished = finished_summary(cfg, plan)
     if finished is not None:
         if plan.aside or plan.metrics_text is not None:
@@ -134,6 +138,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     checkpointer = Checkpointer(run_dir / "checkpoints", ctx, tr.strategy == "fsdp",
                                 every_n_steps=tr.checkpoint_every_n_steps, on_save=directory.note_checkpoint)
     run = Run(cfg, run_dir, choices, ctx, checkpointer)
+    run.state.torch_threads = ran.get("torch_threads")  # saved with the checkpoints: a resume computes the same way
     random_seed(tr.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
     if plan.ckpt is not None:  # checks the data and the derived values before it loads anything
         run.restore(plan.ckpt, plan.checkpoint, extended=any(d.key == "trainer.epochs" for d in plan.changes))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["default_cpu_threads", "free_cores", "busy_hint"]
+__all__ = ["default_cpu_threads", "run_threads", "free_cores", "busy_hint"]
 
 
 def default_cpu_threads(model_name: str) -> int | None:
@@ -24,6 +24,13 @@ def default_cpu_threads(model_name: str) -> int | None:
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     return 1 if model_name in CPU_PRESETS else None
+
+
+def run_threads(asked: int | None, model_name: str, saved: int | None) -> int | None:
+    """The intra-op threads a CPU run computes with: ``trainer.torch_threads`` when set (``asked``), else those the
+    run started with (``saved`` in its checkpoint: a resume rounds its sums as the start did, whatever the machine
+    or its load now), else :func:`default_cpu_threads`; None: torch's default, one per core of the machine."""
+    return asked or saved or default_cpu_threads(model_name)
 
 
 def free_cores(cores: int | None = None, load: float | None = None) -> int:

@@ -37,3 +37,37 @@ def test_a_cpu_run_of_a_preset_trains_with_one_thread(monkeypatch, tmp_path):
         assert torch.get_num_threads() == 2  # the user's setting stands
     finally:
         torch.set_num_threads(saved)
+
+
+def _ran(run) -> list[int | None]:
+    import json
+
+    return [h.get("ran", {}).get("torch_threads") for h in json.loads((run / "run.json").read_text())["history"]]
+
+
+def test_the_same_command_gives_the_same_numbers_whatever_threads_the_process_had(monkeypatch, tmp_path):
+    """The default run's threads come from its config, not from the process or the machine's load at its start: two
+    processes left at 1 and 2 threads train the preset alike, bit for bit, and run.json says what ran."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    held = torch.get_num_threads()
+    try:
+        summaries = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)  # what another job beside it, or another machine, would leave
+            summaries.append(fit(compose_cfg(*FAST, "trainer.max_steps=3", "trainer.device=cpu"), tmp_path / f"t{threads}"))
+            assert _ran(tmp_path / f"t{threads}") == [1]
+        assert summaries[0]["val/top1"] == summaries[1]["val/top1"] and summaries[0]["val/loss"] == summaries[1]["val/loss"]
+    finally:
+        torch.set_num_threads(held)
+
+
+def test_a_resume_computes_with_the_threads_its_run_started_with(monkeypatch, tmp_path):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    held = torch.get_num_threads()
+    try:
+        fit(compose_cfg(*FAST, "trainer.max_steps=2", "trainer.device=cpu", "trainer.torch_threads=2"), tmp_path)
+        torch.set_num_threads(1)
+        fit(compose_cfg(*FAST, "trainer.max_steps=3", "trainer.device=cpu", "trainer.torch_threads=null"), tmp_path)
+        assert _ran(tmp_path) == [2, 2] and torch.get_num_threads() == 2  # the start's 2, not the preset's 1
+    finally:
+        torch.set_num_threads(held)
