@@ -26,7 +26,7 @@ _SHORT = {"recipe.lr": "lr", "recipe.base_lr": "base_lr", "data.batch_size": "bs
           "recipe.weight_decay": "wd", "recipe.warmup_epochs": "warmup", "model.img_size": "img",
           "data.img_size": "data_img", "recipe.drop_path": "dp", "trainer.accum_steps": "accum",
           "trainer.precision": "prec", "data.subset_seed": "subset_seed",
-          "data.pipeline": "pipeline"}
+          "data.pipeline": "pipeline", "data.root": "root", "trainer.init_from": "init"}
 #: the characters a run directory's name keeps; any other becomes '_' (and the name then gets a hash)
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
 _MAX_WORD = 32  # longer values (lists, paths) are shown by a hash
@@ -37,6 +37,16 @@ def safe_name(text: Any) -> str:
     ``pkg.mod:Cls`` -> ``pkg.mod_Cls``): a path component that needs no quoting in a shell or a Hydra override.
     Also the OmegaConf resolver ``${quest_safe_name:...}`` of ``hydra.run.dir``."""
     return "".join(c if c in _SAFE else "_" for c in str(text)) or "_"
+
+
+def _named(value: Any) -> Any:
+    """A path as the name of what it holds (its last part: ``/datasets/imagenet`` -> ``imagenet``), never the path: a
+    data set moved to another folder is the same run, named the same (its data is compared by content when the run
+    resumes, quest.run.directory.check_data), and no file-system path ends up in a directory name. The whole path
+    is in run.json."""
+    if isinstance(value, str) and "/" in value.rstrip("/"):
+        return value.rstrip("/").rsplit("/", 1)[-1] or value
+    return value
 
 
 def _word(key: str, value: Any) -> tuple[str, bool]:
@@ -75,7 +85,8 @@ def run_name_suffix(*, _root_: DictConfig) -> str:
             identity[key] = str(choices[key])
         else:
             value = OmegaConf.select(_root_, key, default=None)
-            identity[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            identity[key] = _named(value)
     if not identity:
         return ""
     words, inexact = [], {}

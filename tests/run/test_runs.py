@@ -63,6 +63,10 @@ def test_run_directory_name_follows_the_config():
     # two data sets of the same name at two roots are two runs
     folder = ["data=imagefolder", "data.num_classes=3"]
     assert _run_dir_name(*folder, "data.root=/a") != _run_dir_name(*folder, "data.root=/b")
+    # a root is named by what it holds, never by its path: the same data set moved to another disk is the same run
+    moved = {_run_dir_name(*folder, f"data.root={root}") for root in ("/scratch/u1/imagenet", "/data/imagenet/")}
+    assert moved == {"runs/imagefolder/vit_pico-quest-light-seed0-data.num_classes3-root_imagenet"}, moved
+    assert _run_dir_name("trainer.init_from=/runs/a/checkpoints/last.pt") == plain + "-init_last.pt"
     # where and how a run executes is not part of its name
     for operational in ("trainer.device=cpu", "data.num_workers=2", "trainer.log_every_n_steps=5",
                         "trainer.max_steps=10", "logger=wandb", "trainer.compile=true"):
