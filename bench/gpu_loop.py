@@ -211,8 +211,8 @@ def sync_row(device: torch.device, which: str, steps: int = LOOP_STEPS, every: i
                 "traceback": traceback.format_exc()[-1500:]}
     # on the CPU the loader's host work between steps reads values (no sync there): only the steps count
     between = row["syncs"]["in_steps_between_logs"] + (row["syncs"]["between_steps"] if device.type == "cuda" else 0)
-    if fault == "nan_images":  # stopped as diverged, naming the NaN step (counted from 0 in the summary)
-        ended = row["status"] == "diverged" and row["diverged_at_step"] == NAN_STEP - 1
+    if fault == "nan_images":  # stopped as diverged, naming the NaN step (counted from 1, as everywhere)
+        ended = row["status"] == "diverged" and row["diverged_at_step"] == NAN_STEP
     else:
         ended = row["steps"] == steps and row["status"] in ("stopped", "completed")
     ok = between == row["expected_between_logs"] and ended

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import typing
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
+
+from quest.runtime.workers import process_count
 
 # the declarations a config field takes are records' own (one mechanism), importable from here too
 from quest.store.records import (
@@ -58,27 +59,6 @@ def is_int(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """A finite int or float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def most_processes() -> int:
-    """The most worker processes or threads a config may ask for: 4 per CPU this process may use, at least 64. Past a
-    few per CPU they only add memory, and a typo (10**6) would fork or spawn until the machine runs out of it."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(64, 4 * cpus)
-
-
-def process_count_problem(value: Any, minimum: int) -> str | None:
-    """What a count of processes or threads must be, when ``value`` is not that (see :func:`most_processes`)."""
-    most = most_processes()
-    if is_int(value) and minimum <= value <= most:
-        return None
-    return f"an integer in {minimum}..{most} (at most 4 per CPU this process may use, or 64)"
-
-
-def process_count(minimum: int = 1) -> dict[str, Any]:
-    """Field metadata of a count of worker processes or threads: ``minimum``..:func:`most_processes`, the upper end
-    found when the value is checked (it depends on the machine)."""
-    return {"bounds": (minimum, most_processes), "allowed": lambda: process_count_problem(None, minimum)}
 
 
 class ConfigError(ValueError):

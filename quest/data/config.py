@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-from quest.config.checks import process_count
+from quest.runtime.workers import process_count
 from quest.store.records import bounded, described, listed, one_of
 
 __all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size"]

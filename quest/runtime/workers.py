@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["die_with_parent", "loader_worker_init"]
+__all__ = ["die_with_parent", "loader_worker_init", "most_processes", "process_count", "process_count_problem"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -41,3 +41,25 @@ def loader_worker_init(worker_id: int) -> None:
     multiprocessing at exit) ends its workers."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# --- how many: a count of processes or threads a config may ask for (declared on config fields) -----------
+def most_processes() -> int:
+    """The most worker processes or threads a config may ask for: 4 per CPU this process may use, at least 64. Past a
+    few per CPU they only add memory, and a typo (10**6) would fork or spawn until the machine runs out of it."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(64, 4 * cpus)
+
+
+def process_count_problem(value: Any, minimum: int) -> str | None:
+    """What a count of processes or threads must be, when ``value`` is not that (see :func:`most_processes`)."""
+    most = most_processes()
+    if isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= most:
+        return None
+    return f"an integer in {minimum}..{most} (at most 4 per CPU this process may use, or 64)"
+
+
+def process_count(minimum: int = 1) -> dict[str, Any]:
+    """Field metadata of a count of worker processes or threads: ``minimum``..:func:`most_processes`, the upper end
+    found when the value is checked (it depends on the machine)."""
+    return {"bounds": (minimum, most_processes), "allowed": lambda: process_count_problem(None, minimum)}

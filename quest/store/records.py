@@ -323,11 +323,12 @@ def _fields_problem(cls: type, data: Mapping, prefix: str = "") -> str | None:
 
 
 def _declared(metadata: Mapping[str, Any]) -> str:
-    """A :func:`one_of` / :func:`listed` declaration in words."""
+    """A :func:`one_of` / :func:`listed` / :func:`matching` declaration in words."""
     words = [f"one of {', '.join(map(repr, metadata['choices']))}"] if "choices" in metadata else []
     length, min_length, distinct = metadata.get("length", (None, 0, False))
     words += [f"{length} entries"] if length is not None else []
     words += [f"at least {min_length} entries"] if min_length else []
+    words += [metadata["pattern"][1]] if "pattern" in metadata else []  # a matching(): its form in words
     return ", ".join(words + (["each entry once"] if distinct else [])) or "its declaration"
 
 

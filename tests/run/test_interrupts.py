@@ -137,7 +137,7 @@ def test_cli_ctrl_c_to_the_process_group_saves_and_exits_with_its_code(tmp_path,
     assert summary["status"] == "interrupted" and summary["saved"] and summary["signal"] == signal.Signals(signum).name
     step = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["state"]["step"]
     assert step == summary["step"] >= 3
-    assert f"run interrupted by {signal.Signals(signum).name} at step {step}" in output
+    assert f"run interrupted by {signal.Signals(signum).name} after step {step}" in output
     assert "run the same command to resume" in output
 
 

@@ -20,7 +20,8 @@ def test_train_state_round_trips_and_refuses_keys_it_does_not_know():
     wall = saved["attempts"][0]["wall_s"]  # this attempt's wall time so far: a clock
     assert wall >= 0
     assert saved == {"step": 1, "epoch": 1, "micro_in_epoch": 0, "best_top1": 60.0, "best_epoch": 0,
-                     "images_seen": 8, "train_seconds": 1.5, "wandb_id": "abc", "train_skipped": 1, "train_drawn": 9, "torch_threads": None,
+                     "images_seen": 8, "train_seconds": 1.5, "wandb_id": "abc", "train_skipped": 1, "train_drawn": 9,
+                     "torch_threads": None,
                      "attempts": [{"first_step": 1, "steps": 1, "images": 8, "train_s": 1.5, "wall_s": wall,
                                    "compile_s": 0.0, "compile_steps": 0, "loader_start_s": 0.0, "figures": {}}]}
     again = TrainState(step=99, epoch=7)
