@@ -13,13 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
-from quest.config.checks import process_count_problem
 from quest.data.entries import LayoutError
 from quest.data.preflight import Problem, Report, check_image_folder_files, folder_files
 from quest.data.shard_index import info_lengths, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.phase import begin_changes
+from quest.runtime.workers import process_count_problem
 from quest.store.output_folder import output_path
 from quest.store.tool_records import read_capped
 
