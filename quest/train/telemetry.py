@@ -63,8 +63,11 @@ class Levers:
 
     ``compile``: trainer.compile is off. ``bf16``: the run computes in fp32. ``pipelines``: the data.pipeline values
     that would move more of the augmentation onto the GPU than the run's does. ``workers``: data.num_workers when
-    fewer than this process's share of the CPUs (more cannot help beyond that; None: no more). ``shards``: the data
-    set reads image files one by one (a shard copy reads them in sequence). ``batch_size``: data.batch_size."""
+    fewer than this process's share of the CPUs, less, on the CPU, the compute's threads and the main process (more
+    cannot help beyond that; None: no more). ``shards``: the data
+    set reads image files one by one (a shard copy reads them in sequence). ``batch_size``: data.batch_size.
+    ``cpu``: the run computes on the CPU, where a wait for data with no lever left is the data's share of the same
+    cores, not a fault to report."""
 
     compile: bool = True
     bf16: bool = True
@@ -72,6 +75,7 @@ class Levers:
     workers: int | None = 0
     shards: bool = True
     batch_size: int | None = None
+    cpu: bool = False  # the run computes on the CPU: its data's preparation shares the compute's cores
 
     @classmethod
     def of(cls, cfg: Any, device: torch.device, precision: str) -> Levers:
@@ -93,10 +97,12 @@ class Levers:
         except AttributeError:  # not Linux
             cpus = os.cpu_count() or 1
         cpus //= max(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), 1)  # torchrun: the node's ranks share them
+        if device.type == "cpu":  # the compute's threads and the main process take their cores before any worker
+            cpus -= torch.get_num_threads() + 1
         workers = int(cfg.data.num_workers)
         return cls(compile=not cfg.trainer.compile, bf16=precision == "fp32", pipelines=pipelines,
                    workers=workers if workers < cpus else None, shards=reads_files and not streamed,
-                   batch_size=int(cfg.data.batch_size))
+                   batch_size=int(cfg.data.batch_size), cpu=device.type == "cpu")
 
     def for_data(self) -> list[str]:
         """What to try when the loader is the bottleneck (docs/data.md), in words."""
@@ -322,9 +328,11 @@ class Telemetry:
             return []
         said, self._active = self._active, set()
         advice = []
-        if wait / wall > self.data_wait_warning:
+        levers = self.levers.for_data()
+        # on the CPU the data's preparation shares the cores with the compute: a share of the time, not a fault,
+        # unless a setting could move it onto cores the run leaves idle (Levers.of)
+        if wait / wall > self.data_wait_warning and (levers or not self.levers.cpu):
             self._active.add("data")
-            levers = self.levers.for_data()
             advice += [] if "data" in said else [
                 f"epoch {epoch}: training waited for data {100 * wait / wall:.0f}% of the time (above "
                 f"trainer.data_wait_warning, {self.data_wait_warning}); the loader is the bottleneck: "

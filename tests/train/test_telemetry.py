@@ -238,6 +238,19 @@ def test_advice_never_names_a_setting_that_is_on():
 def test_advice_names_more_workers_only_while_there_are_cpus_for_them(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert "(data.num_workers, now 2)" in _advice({**ALL_OFF, "data.num_workers": "2"})[0]
+    # on the CPU the compute's thread and the main process come first: 4 CPUs leave room for 2 workers, 2 for none,
+    # and a CPU run with no lever left is not warned about its data's share of the same cores
+    cpu_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        digits = {**ALL_OFF, "data": "digits"}  # in memory: no shard copy to suggest
+        assert "(data.num_workers, now 1)" in _advice({**digits, "data.num_workers": "1"}, device="cpu")[0]
+        assert not any("waited for data" in a for a in _advice({**digits, "data.num_workers": "2"}, device="cpu"))
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})  # the default run's 2-core machine
+        assert not any("waited for data" in a for a in _advice({**digits, "data.num_workers": "0"}, device="cpu"))
+    finally:
+        torch.set_num_threads(cpu_threads)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert "data.num_workers" not in _advice({**ALL_OFF, "data.num_workers": "4"})[0]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun, two ranks on this node: 2 CPUs each
     assert "data.num_workers" not in _advice({**ALL_OFF, "data.num_workers": "2"})[0]
@@ -259,6 +272,7 @@ def test_a_slow_data_set_shows_in_the_log_and_the_advice(tmp_path, monkeypatch, 
         return getitem(self, index)
 
     monkeypatch.setattr(tvd.FakeData, "__getitem__", slow)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})  # cores left over for a worker
     from quest.train import trainer
 
     step = trainer.Run.train_step
