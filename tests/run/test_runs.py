@@ -4,6 +4,7 @@ and provenance")."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -150,7 +151,8 @@ def test_validation_classes_must_equal_the_training_classes(tmp_path):
 
 
 # --- 2. resume=never and overwrite --------------------------------------------------------------------------
-def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path):
+def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="quest")  # train.log's lines as train.py logs them
     fit(compose_cfg(*FAST, "trainer.epochs=1"), tmp_path)
     before = (tmp_path / "summary.json").read_bytes()
     with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.overwrite=true"):

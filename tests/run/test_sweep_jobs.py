@@ -35,6 +35,7 @@ def _launcher(monkeypatch, outcome) -> SlurmLauncher:
     # the class it derives from (Hydra's plugin scan re-executes the plugin's module, so the module's attribute may
     # be a newer class object than the one quest's launcher was defined on)
     monkeypatch.setattr(SlurmLauncher.__mro__[1], "launch", launch)
+    monkeypatch.setattr(sweep_jobs, "slurm_problem", lambda: None)  # a cluster answers (its refusal: a contract row)
     launcher = SlurmLauncher.__new__(SlurmLauncher)  # the plugin's own set-up needs a Hydra context: not the point
     launcher.params = {"submitit_folder": "/sweep/.submitit/%j"}
     return launcher

@@ -276,6 +276,9 @@ def test_a_slurm_job_refused_on_its_node_makes_no_directory_of_its_own(tmp_path,
 
     monkeypatch.setattr(submitit, "AutoExecutor", lambda cluster, **params: OnThisNode(**params))
     monkeypatch.setattr(submitit, "JobEnvironment", lambda: SimpleNamespace(job_id="42_0"))
+    from quest.run import sweep_jobs
+
+    monkeypatch.setattr(sweep_jobs, "slurm_problem", lambda: None)  # a cluster that answers: the jobs run here
     watched, sweep = tmp_path / "watched", tmp_path / "watched" / "sweep"
     (watched / "cwd").mkdir(parents=True)
     monkeypatch.chdir(watched / "cwd")

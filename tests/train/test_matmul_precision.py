@@ -49,7 +49,7 @@ def test_each_start_sets_and_records_the_level_it_ran_with(tmp_path):
     record = json.loads((tmp_path / "tf32" / "run.json").read_text())
     assert record["config"]["trainer"]["matmul_precision"] == "high"
     assert record["history"][-1]["ran"] == {"float32_matmul_precision": "high", "cuda_matmul_allow_tf32": True,
-                                            "cudnn_allow_tf32": True}
+                                            "cudnn_allow_tf32": True, "torch_threads": 1}  # a CPU preset's one
     # the level changes the numbers on a GPU: resuming the run at another level is refused, naming the key
     with pytest.raises(ValueError, match=r"trainer\.matmul_precision: 'high' -> 'highest'"):
         fit(compose_cfg(*FAST, "trainer.max_steps=2"), tmp_path / "tf32")
