@@ -1,4 +1,5 @@
-"""Progress lines of long evaluations on the ``quest.eval`` logger, with elapsed time and an ETA, as training has.
+"""Progress lines of long evaluations on the ``quest.eval`` logger (and of the toy study's chunks on its own), with
+elapsed time and an ETA, as training has.
 
 One :class:`Progress` follows one loop (the batches of a pass over a data set, the budgets' batches of an attack,
 the cells of a corruption grid). A top-level loop logs its first step (the first ETA), its last step, every
@@ -38,15 +39,15 @@ class Progress:
     """Counts the steps (and samples) of one loop and logs ``<what>: <unit> i/N, s/S samples, elapsed, ETA, ...``.
 
     ``every_n`` (0: off) and ``every_s`` (0: off) set the cadence; ``nested`` keeps only the time rule;
-    ``enabled=False`` (processes other than the first) logs nothing. ``clock`` (seconds; ``time.monotonic`` when
-    None) is for tests."""
+    ``enabled=False`` (processes other than the first) logs nothing; ``logger``: where the lines go (``quest.eval``
+    when None). ``clock`` (seconds; ``time.monotonic`` when None) is for tests."""
 
     def __init__(self, what: str, total: int, samples: int | None = None, unit: str = "batch", every_n: int = 0,
                  every_s: float = 10.0, nested: bool = False, enabled: bool = True,
-                 clock: Callable[[], float] | None = None):
+                 clock: Callable[[], float] | None = None, logger: logging.Logger | None = None):
         self.what, self.total, self.total_samples, self.unit = what, int(total), samples, unit
         self.every_n, self.every_s, self.nested, self.enabled = int(every_n), float(every_s), nested, enabled
-        self.clock = clock or monotonic
+        self.clock, self.log = clock or monotonic, logger or log
         self.start = self.last_line = self.step_start = self.clock()
         self.done = self.samples = 0
         self.lines = 0  # how many lines this loop logged
@@ -78,7 +79,7 @@ class Progress:
         self._log(parts, now)
 
     def _log(self, parts: list[str], now: float) -> None:
-        log.info("%s: %s", self.what, ", ".join(parts))
+        self.log.info("%s: %s", self.what, ", ".join(parts))
         self.last_line = now
         self.lines += 1
 
