@@ -167,7 +167,7 @@ class StepLog:
         self.attempt_started = True
         st, tr = self.run.state, self.run.cfg.trainer
         following = min((st.step // self.every + 1) * self.every, self.total)
-        log.info("epoch %d/%d step %d/%d: first step %.1f s (loader start and compilation included); next line at "
+        log.info("epoch %d/%d step %d/%d: first step %.2f s (loader start and compilation included); next line at "
                  "step %d", st.epoch + 1, tr.epochs, st.step, self.total, now - self.tic, following)
 
 

@@ -14,7 +14,7 @@ from quest.train import fit
 
 from ..helpers import FAST, compose_cfg
 
-FIRST = re.compile(r"epoch (\d+)/2 step (\d+)/(\d+): first step \d+\.\d s \(loader start and compilation "
+FIRST = re.compile(r"epoch (\d+)/2 step (\d+)/(\d+): first step \d+\.\d\d s \(loader start and compilation "
                    r"included\); next line at step (\d+)")
 STEP_LINE = re.compile(r"epoch \d+/\d+ step (\d+)/\d+ loss")
 
