@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from time import monotonic
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["Progress", "tracked", "hms", "Inner"]
+__all__ = ["Progress", "tracked", "hms", "Inner", "Heartbeat"]
 
 log = logging.getLogger("quest.eval")
 T = TypeVar("T")
@@ -144,3 +145,35 @@ class tracked:
         for batch in self.iterable:
             yield batch
             self.progress.update(len(batch[1]))
+
+
+class Heartbeat:
+    """A line every ``every_s`` seconds while one long call runs that has no loop to count (an ONNX export), from a
+    daemon thread: ``<what>: still running, elapsed 20.0 s``, given to ``emit``. A context manager; nothing is
+    emitted once it is left. ``wait`` (``threading.Event.wait`` of its stop event when None) and ``clock`` are for
+    tests."""
+
+    def __init__(self, what: str, emit: Callable[[str], None], every_s: float = 10.0,
+                 clock: Callable[[], float] | None = None, wait: Callable[[float], bool] | None = None):
+        self.what, self.emit, self.every_s, self.clock = what, emit, float(every_s), clock or monotonic
+        self.stopped = threading.Event()
+        self.wait = wait or self.stopped.wait
+        self.thread: threading.Thread | None = None
+        self.start = self.clock()
+
+    def beat(self) -> None:
+        """The thread's work: a line at each ``every_s`` that passes before the stop."""
+        while not self.wait(self.every_s) and not self.stopped.is_set():
+            self.emit(f"{self.what}: still running, elapsed {hms(self.clock() - self.start)}")
+
+    def __enter__(self) -> "Heartbeat":
+        self.start = self.clock()
+        if self.every_s > 0:
+            self.thread = threading.Thread(target=self.beat, name="heartbeat", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()

@@ -82,6 +82,10 @@ class _Task:
 
 def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
     """Train one chunk and write it to ``task.path``; the chunk's rows carry accuracies, not outcomes."""
+    # a chunk trains for minutes: a line every log_every_s seconds (by time only: the chunk's end has its own line),
+    # its elapsed time counted from here, the data's and the models' building included
+    progress = Progress(f"{task.name}, n={task.data['train_size']}, data {task.data_seed}", cfg["train"]["epochs"],
+                        unit="epoch", every_s=cfg.get("log_every_s", 10.0), nested=True, logger=log)
     g = cfg["grid"]
     specs = [RunSpec(float(lr), float(wd), int(s))
              for lr, wd, s in itertools.product(g["lrs"], g["weight_decays"], g["init_seeds"])]
@@ -93,9 +97,6 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
         assert torch.equal(other.train.x, data.train.x)
         tests[test_key(fraction)] = other.test
     start = time.perf_counter()
-    # a chunk trains for minutes: a line every log_every_s seconds (by time only: the chunk's end has its own line)
-    progress = Progress(f"{task.name}, n={data_cfg.train_size}, data {task.data_seed}", cfg["train"]["epochs"],
-                        unit="epoch", every_s=cfg.get("log_every_s", 10.0), nested=True, logger=log)
     res = train_chunk(
         task.spec["attention"], specs, data.train, tests, task.data_seed,
         epochs=cfg["train"]["epochs"], batch_size=cfg["train"]["batch_size"],

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from quest.evaluation.context import ordered_topk
-from quest.evaluation.progress import Inner, Progress, hms
+from quest.evaluation.progress import Heartbeat, Inner, Progress, hms
 from quest.evaluation.runner import run_evaluations
 from quest.evaluation.suites.adversarial import adversarial
 from quest.evaluation.suites.classification import clean
@@ -274,3 +274,21 @@ def test_an_autoattack_batch_reports_its_forwards_by_time(lines, model, monkeypa
     assert inside and inside[0] == "adversarial autoattack@0.3: batch 1/1, forward 50, apgd-ce, attack 1/4, " \
                                    "elapsed 50.0 s, ETA ?"
     assert [int(m.split("forward ")[1].split(",")[0]) for m in inside] == [50 * (k + 1) for k in range(len(inside))]
+
+
+def test_a_heartbeat_says_a_call_still_runs_until_it_is_left():
+    lines: list[str] = []
+    # the thread's wait times out twice (10 s each on the fake clock), then the call ends (the stop event is set)
+    waits = iter([False, False, True])
+    beat = Heartbeat("exporting model.onnx", lines.append, every_s=10, clock=FakeClock([0.0, 10.0, 20.5]),
+                     wait=lambda seconds: next(waits))
+    beat.beat()
+    assert lines == ["exporting model.onnx: still running, elapsed 10.0 s",
+                     "exporting model.onnx: still running, elapsed 20.5 s"]
+
+
+def test_a_heartbeat_left_before_its_first_interval_says_nothing():
+    lines: list[str] = []
+    with Heartbeat("quick", lines.append, every_s=3600) as beat:
+        pass
+    assert lines == [] and beat.thread is not None and not beat.thread.is_alive()
