@@ -10,7 +10,7 @@ without repeating what the outer loop says.
 A step can itself be long (one batch of SPSA or AutoAttack takes minutes): the work inside it reports its own
 iterations through :meth:`Progress.within`, counted on the host (no device sync), which logs by time only
 (``<what>: batch b/B, iteration i/I, elapsed, ETA``), so a line comes at least every ``every_s`` seconds whatever
-one step costs.
+one step costs. A long call with no loop to count (an ONNX export) has a :class:`Heartbeat` instead.
 """
 from __future__ import annotations
 
@@ -86,8 +86,9 @@ class Progress:
 
     def within(self, done: int, total: int | None, unit: str = "iteration", detail: str = "") -> None:
         """``done`` of ``total`` (None: unknown) ``unit``-s of the step under way, counted by the caller on the
-        host; logs ``<what>: <unit> b/B, <unit> done/total[, detail], elapsed, ETA`` when ``every_s`` seconds have
-        passed since the last line (by time only: the step's own line still comes from :meth:`update`). The ETA
+        host; logs ``<what>: batch b/B, <unit> done/total[, detail], elapsed, ETA`` (the loop's own unit for the
+        batch) when ``every_s`` seconds have passed since the last line (by time only: the step's own line still
+        comes from :meth:`update`). The ETA
         counts the step under way as the fraction ``done/total`` of a step, or, with no total, its elapsed time
         against the mean of the steps done (``?`` before the first)."""
         if not self.enabled or self.every_s <= 0:
