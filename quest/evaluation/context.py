@@ -26,7 +26,7 @@ from quest.runtime.distributed import DistContext
 from quest.runtime.workers import die_with_parent
 from quest.train.counts import Counts, error_fraction, percent
 
-from .progress import Progress, tracked
+from .progress import Inner, Progress, tracked
 from .target import EvalTarget
 
 __all__ = ["EvalRun", "Counts", "percent", "error_fraction", "make_loader", "batches", "shard_batches", "classify",
@@ -60,7 +60,7 @@ class EvalRun:
         if self.dist.world_size > 1:
             what = f"{what} [rank 0 of {self.dist.world_size}]"
         return Progress(what, total, samples, unit, every_n=self.settings.get("log_every_n", 0),
-                        every_s=self.settings.get("log_every_s", 30.0), nested=nested, enabled=self.dist.is_main)
+                        every_s=self.settings.get("log_every_s", 10.0), nested=nested, enabled=self.dist.is_main)
 
 
 def make_loader(run: EvalRun, dataset: Dataset, batch_size: int | None = None) -> DataLoader:
@@ -86,14 +86,17 @@ def batches(run: EvalRun, dataset: Dataset, what: str, nested: bool = False,
 
 
 def shard_batches(run: EvalRun, dataset: Dataset, indices: Sequence[int], batch_size: int, what: str,
-                  extra: Callable[[], str] | None = None
+                  extra: Callable[[], str] | None = None, inner: Inner | None = None
                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[int]]]:
     """(images, targets, data-set indices) on the device for this process's share of ``indices`` (every W-th, as
-    :func:`make_loader`), in order; progress lines name the pass ``what`` and end with ``extra()``. For passes whose
-    randomness follows the sample index: an unreadable image is an error, not skipped."""
+    :func:`make_loader`), in order; progress lines name the pass ``what`` and end with ``extra()``; ``inner``, when
+    given, reports the iterations inside a batch to the pass's progress. For passes whose randomness follows the
+    sample index: an unreadable image is an error, not skipped."""
     shard = list(indices)[run.dist.rank::run.dist.world_size]
     loader = make_loader(run, Subset(dataset, list(indices)), batch_size)
     progress = run.progress(what, len(loader), len(shard))
+    if inner is not None:
+        inner.progress = progress
     done = 0
     for images, targets, skipped in loader:
         if skipped:

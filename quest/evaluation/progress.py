@@ -1,19 +1,26 @@
-"""Progress lines of long evaluations on the ``quest.eval`` logger, with elapsed time and an ETA, as training has.
+"""Progress lines of long evaluations on the ``quest.eval`` logger (and of the toy study's chunks on its own), with
+elapsed time and an ETA, as training has.
 
 One :class:`Progress` follows one loop (the batches of a pass over a data set, the budgets' batches of an attack,
 the cells of a corruption grid). A top-level loop logs its first step (the first ETA), its last step, every
 ``every_n``-th step and, in between, whenever ``every_s`` seconds have passed since its last line; a loop nested in
 another that reports (each pass of a corruption grid) logs by time only, so that a long pass still shows it runs
 without repeating what the outer loop says.
+
+A step can itself be long (one batch of SPSA or AutoAttack takes minutes): the work inside it reports its own
+iterations through :meth:`Progress.within`, counted on the host (no device sync), which logs by time only
+(``<what>: batch b/B, iteration i/I, elapsed, ETA``), so a line comes at least every ``every_s`` seconds whatever
+one step costs. A long call with no loop to count (an ONNX export) has a :class:`Heartbeat` instead.
 """
 from __future__ import annotations
 
 import logging
 import math
-import time
+import threading
+from time import monotonic
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["Progress", "tracked", "hms"]
+__all__ = ["Progress", "tracked", "hms", "Inner", "Heartbeat"]
 
 log = logging.getLogger("quest.eval")
 T = TypeVar("T")
@@ -33,15 +40,16 @@ class Progress:
     """Counts the steps (and samples) of one loop and logs ``<what>: <unit> i/N, s/S samples, elapsed, ETA, ...``.
 
     ``every_n`` (0: off) and ``every_s`` (0: off) set the cadence; ``nested`` keeps only the time rule;
-    ``enabled=False`` (processes other than the first) logs nothing. ``clock`` is for tests."""
+    ``enabled=False`` (processes other than the first) logs nothing; ``logger``: where the lines go (``quest.eval``
+    when None). ``clock`` (seconds; ``time.monotonic`` when None) is for tests."""
 
     def __init__(self, what: str, total: int, samples: int | None = None, unit: str = "batch", every_n: int = 0,
-                 every_s: float = 30.0, nested: bool = False, enabled: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 every_s: float = 10.0, nested: bool = False, enabled: bool = True,
+                 clock: Callable[[], float] | None = None, logger: logging.Logger | None = None):
         self.what, self.total, self.total_samples, self.unit = what, int(total), samples, unit
         self.every_n, self.every_s, self.nested, self.enabled = int(every_n), float(every_s), nested, enabled
-        self.clock = clock
-        self.start = self.last_line = clock()
+        self.clock, self.log = clock or monotonic, logger or log
+        self.start = self.last_line = self.step_start = self.clock()
         self.done = self.samples = 0
         self.lines = 0  # how many lines this loop logged
 
@@ -57,7 +65,7 @@ class Progress:
         due) ends the line, e.g. the running accuracy."""
         self.done += 1
         self.samples += samples
-        now = self.clock()
+        now = self.step_start = self.clock()
         if not self.enabled or not self._due(now):
             return
         elapsed = now - self.start
@@ -69,9 +77,55 @@ class Progress:
         text = extra() if callable(extra) else extra
         if text:
             parts.append(text)
-        log.info("%s: %s", self.what, ", ".join(parts))
+        self._log(parts, now)
+
+    def _log(self, parts: list[str], now: float) -> None:
+        self.log.info("%s: %s", self.what, ", ".join(parts))
         self.last_line = now
         self.lines += 1
+
+    def within(self, done: int, total: int | None, unit: str = "iteration", detail: str = "") -> None:
+        """``done`` of ``total`` (None: unknown) ``unit``-s of the step under way, counted by the caller on the
+        host; logs ``<what>: batch b/B, <unit> done/total[, detail], elapsed, ETA`` (the loop's own unit for the
+        batch) when ``every_s`` seconds have passed since the last line (by time only: the step's own line still
+        comes from :meth:`update`). The ETA
+        counts the step under way as the fraction ``done/total`` of a step, or, with no total, its elapsed time
+        against the mean of the steps done (``?`` before the first)."""
+        if not self.enabled or self.every_s <= 0:
+            return
+        now = self.clock()
+        if now - self.last_line < self.every_s:
+            return
+        elapsed = now - self.start
+        if total:
+            steps = self.done + min(done, total) / total
+            eta = elapsed / steps * (self.total - steps) if steps > 0 else math.nan
+        elif self.done:
+            eta = max(0.0, (self.step_start - self.start) / self.done * (self.total - self.done)
+                      - (now - self.step_start))
+        else:
+            eta = math.nan
+        parts = [f"{self.unit} {self.done + 1}/{self.total}", f"{unit} {done}/{total}" if total else f"{unit} {done}"]
+        if detail:
+            parts.append(detail)
+        self._log(parts + [f"elapsed {hms(elapsed)}", f"ETA {hms(eta)}"], now)
+
+
+class Inner:
+    """The iterations inside one step of ``progress``, for a loop that cannot see it: ``inner(done, total)``
+    (after each iteration) or ``inner.count(detail)`` (one more of an open-ended count) report to
+    :meth:`Progress.within`; ``None`` progress reports nothing. Costs a clock read per call, no device work."""
+
+    def __init__(self, progress: Progress | None, unit: str = "iteration"):
+        self.progress, self.unit, self.counted = progress, unit, 0
+
+    def __call__(self, done: int, total: int | None, detail: str = "") -> None:
+        if self.progress is not None:
+            self.progress.within(done, total, self.unit, detail)
+
+    def count(self, detail: str = "") -> None:
+        self.counted += 1
+        self(self.counted, None, detail)
 
 
 class tracked:
@@ -92,3 +146,35 @@ class tracked:
         for batch in self.iterable:
             yield batch
             self.progress.update(len(batch[1]))
+
+
+class Heartbeat:
+    """A line every ``every_s`` seconds while one long call runs that has no loop to count (an ONNX export), from a
+    daemon thread: ``<what>: still running, elapsed 20.0 s``, given to ``emit``. A context manager; nothing is
+    emitted once it is left. ``wait`` (``threading.Event.wait`` of its stop event when None) and ``clock`` are for
+    tests."""
+
+    def __init__(self, what: str, emit: Callable[[str], None], every_s: float = 10.0,
+                 clock: Callable[[], float] | None = None, wait: Callable[[float], bool] | None = None):
+        self.what, self.emit, self.every_s, self.clock = what, emit, float(every_s), clock or monotonic
+        self.stopped = threading.Event()
+        self.wait = wait or self.stopped.wait
+        self.thread: threading.Thread | None = None
+        self.start = self.clock()
+
+    def beat(self) -> None:
+        """The thread's work: a line at each ``every_s`` that passes before the stop."""
+        while not self.wait(self.every_s) and not self.stopped.is_set():
+            self.emit(f"{self.what}: still running, elapsed {hms(self.clock() - self.start)}")
+
+    def __enter__(self) -> "Heartbeat":
+        self.start = self.clock()
+        if self.every_s > 0:
+            self.thread = threading.Thread(target=self.beat, name="heartbeat", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()

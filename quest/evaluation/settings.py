@@ -56,7 +56,7 @@ class EvalSettingsBase:
     # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
     log_every_n: int = field(default=0, metadata=bounded(0, **described("an integer >= 0 (0: off)")))
     # seconds between progress lines (0: off)
-    log_every_s: float = field(default=30.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
+    log_every_s: float = field(default=10.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
     # None: the training recipe's (checkpoint) or timm's pretrained config
     crop_pct: Optional[float] = field(default=None, metadata=bounded(0, 1, open_low=True))
     interpolation: Optional[str] = field(default=None, metadata=one_of(*INTERPOLATIONS))  # None: likewise

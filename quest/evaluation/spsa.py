@@ -23,7 +23,7 @@ start, then each iteration's directions), so a sample's result does not depend o
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ __all__ = ["ESTIMATE_AT", "sample_generator", "spsa", "spsa_directions", "spsa_g
 
 ESTIMATE_AT = ("iterate", "cleverhans_torch")
 Bounds = tuple[float, float] | None
+# told (iterations done, iterations in all) after each iteration, for progress lines; counted on the host
+OnIteration = Callable[[int, int], None] | None
 
 
 def sample_generator(seed: int, index: int) -> torch.Generator:
@@ -83,7 +85,7 @@ def _project_(perturbation: torch.Tensor, x: torch.Tensor, eps: float, clip: Bou
 
 def _spsa_one(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, lr: float, delta: float,
               nb_sample: int, nb_iter: int, max_batch_size: int, generator: torch.Generator, clip: Bounds,
-              random_start: bool, estimate_at: str) -> torch.Tensor:
+              random_start: bool, estimate_at: str, on_iteration: Callable[[int], None]) -> torch.Tensor:
     shape = x.shape[1:]
     if random_start:
         start = (torch.rand(tuple(shape), generator=generator) * 2 - 1) * eps
@@ -92,27 +94,34 @@ def _spsa_one(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, lr
         perturbation = torch.zeros_like(x)
     _project_(perturbation, x, eps, clip)
     optimizer = torch.optim.Adam([perturbation], lr=lr)
-    for _ in range(nb_iter):
+    for iteration in range(nb_iter):
         point = x + perturbation if estimate_at == "iterate" else x + x
         directions = spsa_directions(generator, nb_sample, shape).to(x.device, x.dtype)
         perturbation.grad = spsa_gradient(model, point.detach(), y, delta, directions, max_batch_size)
         optimizer.step()
         with torch.no_grad():
             _project_(perturbation, x, eps, clip)
+        on_iteration(iteration + 1)
     adv = x + perturbation.detach()
     return adv if clip is None else adv.clamp(*clip)
 
 
 def spsa(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, lr: float, delta: float, nb_sample: int,
          nb_iter: int, max_batch_size: int, seed: int, indices: Sequence[int], clip: Bounds = (0.0, 1.0),
-         random_start: bool = True, estimate_at: str = "iterate") -> torch.Tensor:
+         random_start: bool = True, estimate_at: str = "iterate", on_iteration: OnIteration = None) -> torch.Tensor:
     """SPSA on each sample of the batch ``x`` (labels ``y``) with its own generator from (seed, indices[i]); returns
-    inputs within eps of x (l_inf) and within ``clip`` when given. eps 0 returns x unchanged (as cleverhans)."""
+    inputs within eps of x (l_inf) and within ``clip`` when given. eps 0 returns x unchanged (as cleverhans).
+    ``on_iteration(done, total)`` follows the batch's ``len(indices) * nb_iter`` iterations."""
     if estimate_at not in ESTIMATE_AT:
         raise ValueError(f"spsa estimate_at must be one of {ESTIMATE_AT}, got {estimate_at!r}")
     if eps == 0:
         return x.clone()
+    total = len(indices) * nb_iter
+
+    def tell(i: int) -> Callable[[int], None]:
+        return (lambda done: on_iteration(i * nb_iter + done, total)) if on_iteration else (lambda done: None)
+
     out = [_spsa_one(model, x[i:i + 1], y[i:i + 1], eps, lr, delta, nb_sample, nb_iter, max_batch_size,
-                     sample_generator(seed, index), clip, random_start, estimate_at)
+                     sample_generator(seed, index), clip, random_start, estimate_at, tell(i))
            for i, index in enumerate(indices)]
     return torch.cat(out).detach()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from quest.evaluation.progress import Heartbeat
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
@@ -263,7 +264,11 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
         serialized = None
         if onnx:  # checked before anything in the folder changes: a failed check leaves the earlier export in place
-            serialized, config["quest"]["onnx"] = checked_onnx(model, config["pretrained_cfg"]["input_size"][-1])
+            # torch.export, the conversion and onnxruntime's check print nothing: a ViT-S takes 10 s on a core
+            say = _stderr_line
+            say(f"exporting {ONNX_FILE} (torch.export, then checked with onnxruntime)")
+            with Heartbeat(f"exporting {ONNX_FILE}", say):
+                serialized, config["quest"]["onnx"] = checked_onnx(model, config["pretrained_cfg"]["input_size"][-1])
         folder.make_room(files)  # the earlier export (only with overwrite: refused above) to .replaced/
         if serialized is not None:
             atomic_write(out / ONNX_FILE, lambda f: f.write(serialized))
@@ -271,6 +276,10 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         write_text_atomic(out / "config.json", json_text(config))
         write_text_atomic(out / "README.md", model_card(config, ckpt, labelled_metrics(summary), top1))
     return out, unfinished, top1
+
+
+def _stderr_line(text: str) -> None:
+    print(f"quest-export: {text}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

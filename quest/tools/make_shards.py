@@ -24,6 +24,7 @@ import numpy as np
 from quest.data.entries import class_listing
 from quest.data.folder import check_image_folder
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
+from quest.evaluation.progress import Progress
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
 from quest.store.output_folder import holding, output_path
@@ -110,10 +111,14 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         move_aside(out, [path for path in out.iterdir() if path.is_file() and (
             ours.fullmatch(path.name) and path.name not in mine
             or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))], UNRECORDED)
+        # an ImageNet conversion writes about 1,300 shards for many minutes: a line at the first, the last and every
+        # 10 s between (a rerun's kept shards count as done at once, so its first ETA is low)
+        progress = Progress(f"{TOOL} {out}", len(planned), unit="shard", every_s=10.0, logger=log)
         for shard, (write, stamp) in planned.items():
             if manifest.current(shard, stamp) is None:
                 atomic_write(out / shard, write)
                 manifest.record(shard, shard, stamp)
+            progress.update(extra=lambda: f"{manifest.written} written")
         written = {split: {"name": split, "num_samples": sum(n for _, n in shards),
                            "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards]}
                    for split, shards in lengths.items()}
@@ -135,6 +140,7 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
     lengths: dict[str, list[tuple[str, int]]] = {}
     for folder, split in splits:
         root = check_image_folder(src / folder, f"convert {src / folder}")
+        log.info("%s: listing %s", split, root)  # a million files take a while on a network disk
         listing = class_listing(root)  # the training data set's classes and files (quest.data.entries)
         found = [class_dir.name for class_dir, _ in listing]
         if classes is not None and found != classes:
@@ -146,6 +152,8 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
             raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_EXTS)})")
         items = [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
         count = -(-len(items) // shard_size)
+        log.info("%s: %d images from %s, %d shard(s) of at most %d; reading their sizes and times", split, len(items),
+                 root, count, shard_size)
         width = max(4, len(str(count - 1)))
         lengths[split] = []
         for k in range(count):

@@ -145,6 +145,8 @@ class ToyConfig:
     # training samples whose key norms are recorded after every epoch (Figure 4); 0: none
     probe_size: int = field(default=256, metadata=bounded(0, **described("an integer >= 0 (0: no key norms recorded)")))
     out_dir: Optional[str] = None  # a path; None: Hydra's run directory
+    # seconds between a chunk's progress lines (epoch e/E, elapsed, ETA, chunk k/K); 0: only the line at its end
+    log_every_s: float = field(default=10.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
 
 
 def register_toy_config() -> None:

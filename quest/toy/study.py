@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from quest.attention import list_attentions
+from quest.evaluation.progress import Progress
 from quest.runtime.workers import die_with_parent
 from quest.store.files import atomic_write, write_csv_atomic, write_json_atomic
 from quest.store.output_folder import OutputFolder, holding
@@ -45,7 +46,7 @@ from .outcomes import (
     test_key,
     variant_spec,
 )
-from .workers import share_tasks
+from .workers import relay_logs, send_logs_to, share_tasks
 
 __all__ = ["run_study", "check_study"]
 
@@ -76,10 +77,15 @@ class _Task:
     data_seed: int
     path: str
     fingerprint: str
+    position: str = ""  # "chunk k/K" of the chunks this command trains, for progress lines
 
 
 def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
     """Train one chunk and write it to ``task.path``; the chunk's rows carry accuracies, not outcomes."""
+    # a chunk trains for minutes: a line every log_every_s seconds (by time only: the chunk's end has its own line),
+    # its elapsed time counted from here, the data's and the models' building included
+    progress = Progress(f"{task.name}, n={task.data['train_size']}, data {task.data_seed}", cfg["train"]["epochs"],
+                        unit="epoch", every_s=cfg.get("log_every_s", 10.0), nested=True, logger=log)
     g = cfg["grid"]
     specs = [RunSpec(float(lr), float(wd), int(s))
              for lr, wd, s in itertools.product(g["lrs"], g["weight_decays"], g["init_seeds"])]
@@ -99,6 +105,7 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
         probe_size=cfg["probe_size"], compile=cfg["compile"], betas=tuple(cfg["train"]["betas"]),
         eps=cfg["train"]["eps"], device=cfg.get("device") or "cpu", runs_per_call=cfg.get("runs_per_call"),
         param_init=task.spec["param_init"], frozen=task.spec["frozen"],
+        on_epoch=lambda epoch: progress.update(extra=task.position),
     )
     rows = []
     for i, spec in enumerate(specs):
@@ -118,9 +125,10 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
 _WORKER_CFG: dict = {}
 
 
-def _worker_init(cfg: Mapping[str, Any], threads: int | None) -> None:
+def _worker_init(cfg: Mapping[str, Any], threads: int | None, records: Any) -> None:
     die_with_parent()  # quest/runtime/workers.py: a study killed by a signal takes its workers with it
     _WORKER_CFG.update(cfg)
+    send_logs_to(records)
     if threads:
         torch.set_num_threads(int(threads))
     try:  # torch.compile makes a (disabled) tqdm bar, whose default lock is a multiprocessing semaphore: a worker
@@ -158,6 +166,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -
             todo.append(t)
     if not todo:
         return
+    todo = [dataclasses.replace(t, position=f"chunk {i}/{len(todo)}") for i, t in enumerate(todo, 1)]
     workers = min(int(cfg.get("workers") or _default_workers(cfg)), len(todo))
     threads = cfg.get("threads") or (1 if workers > 1 else None)
     start = time.perf_counter()
@@ -180,14 +189,21 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -
     finished = itertools.count(1)
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch / OpenMP state
     saved_threads = torch.get_num_threads()
-    with ctx.Pool(workers - 1, initializer=_worker_init, initargs=(dict(cfg), threads)) as pool:
-        torch.set_num_threads(int(threads))  # this process trains as a worker does, then gets its threads back
-        try:
-            share_tasks(todo, lambda t: _train_task(cfg, t)["seconds"], pool, _worker_seconds, workers - 1,
-                        lambda t, seconds: done(next(finished), t, seconds))
-        finally:
-            torch.set_num_threads(saved_threads)
-        # leaving the with block terminates the idle workers: a graceful close() and join() costs 2-3 s more
+    records = ctx.Queue()  # the workers' log records (their chunks' progress lines), logged here
+    relay = relay_logs(records)
+    try:
+        with ctx.Pool(workers - 1, initializer=_worker_init, initargs=(dict(cfg), threads, records)) as pool:
+            torch.set_num_threads(int(threads))  # this process trains as a worker does, then gets its threads back
+            try:
+                share_tasks(todo, lambda t: _train_task(cfg, t)["seconds"], pool, _worker_seconds, workers - 1,
+                            lambda t, seconds: done(next(finished), t, seconds))
+            finally:
+                torch.set_num_threads(saved_threads)
+            # leaving the with block terminates the idle workers: a graceful close() and join() costs 2-3 s more
+    finally:
+        records.put(None)
+        relay.join(timeout=10)  # the records already sent are logged before the study's next line
+        records.close()
 
 
 def _check(cfg: Mapping[str, Any]) -> None:

@@ -4,14 +4,19 @@ The parent trains chunks too instead of waiting on the pool: a pool of ``workers
 busy with one interpreter fewer to start (importing torch, timm and quest costs a spawned worker about 4 s of a core
 before it trains anything, which sat on the critical path of ``grid=quick``'s two chunks). Whoever is free first, the
 parent or a pool worker, takes the next task from one queue, so a slow chunk does not hold the others back.
+
+A spawned worker's logging is not configured (INFO is dropped), so the workers' ``quest.toy`` records (their chunks'
+progress lines) travel through a queue to the parent, which logs them through its own handlers (console, toy.log).
 """
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import queue
 import threading
 from typing import Any, Callable, Sequence, TypeVar
 
-__all__ = ["share_tasks"]
+__all__ = ["share_tasks", "send_logs_to", "relay_logs"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,3 +80,30 @@ def share_tasks(tasks: Sequence[T], run_here: Callable[[T], R], pool: Any, run_i
     feeder.join()
     if failures:
         raise failures[0]
+
+
+def send_logs_to(records: Any) -> None:
+    """A worker's ``quest.toy`` records go to the queue ``records`` (the parent logs them through its own handlers:
+    console and toy.log) instead of a spawned interpreter's unconfigured logging, which drops INFO."""
+    toy_log = logging.getLogger("quest.toy")
+    toy_log.addHandler(logging.handlers.QueueHandler(records))
+    toy_log.setLevel(logging.INFO)
+    toy_log.propagate = False
+
+
+def relay_logs(records: Any) -> threading.Thread:
+    """A thread of the parent logging each record from ``records`` on its own logger until it reads None. It ends
+    on a record it cannot read (a worker terminated while writing one) rather than hang the study."""
+    def relay() -> None:
+        while True:
+            try:
+                record = records.get()
+            except Exception:  # noqa: BLE001 - a torn record of a terminated worker: the lines stop, the study goes on
+                return
+            if record is None:
+                return
+            logging.getLogger(record.name).handle(record)
+
+    thread = threading.Thread(target=relay, name="toy-log-relay", daemon=True)
+    thread.start()
+    return thread

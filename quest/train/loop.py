@@ -94,7 +94,9 @@ def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Che
 
 class StepLog:
     """The training log's cadence: a metrics row and a log line every trainer.log_every_n_steps optimizer steps and
-    at the last one; images seen, throughput and training time in the run's state. Each step's host time goes to
+    at the last one; images seen, throughput and training time in the run's state. The attempt's first step also
+    gets a line when it is not due (a first step can take minutes and the first due one an epoch): its time and the
+    step of the next line, with no row and nothing read from the device. Each step's host time goes to
     the telemetry split three ways (quest.train.telemetry.IntervalTimes): steps that compiled and the wait for an
     epoch's first batches apart, the steady steps in the figures and the advice."""
 
@@ -103,6 +105,7 @@ class StepLog:
         self.logger, self.run, self.every, self.telemetry = logger, run, tr.log_every_n_steps, telemetry
         self.total = min(tr.epochs * run.parts.steps_per_epoch, tr.max_steps or math.inf)
         telemetry.levers = Levers.of(run.cfg, run.ctx.device, run.precision)  # advice names no setting that is on
+        self.attempt_started = False  # whether this attempt has made a step
         self.start_epoch()
 
     def due(self, step: int) -> bool:
@@ -134,7 +137,10 @@ class StepLog:
         self.times.add_step(now - self.last, run.take_data_wait(), n_images, compiles != self.compiles, self.first)
         self.last, self.compiles, self.first = now, compiles, False
         if not self.due(st.step):
+            if not self.attempt_started:
+                self._first_step(now)
             return
+        self.attempt_started = True
         elapsed = now - self.tic
         st.trained_for(elapsed)
         t = self.times
@@ -153,6 +159,16 @@ class StepLog:
                  row["train/grad_norm"], rate, hms(eta), perf_text(perf))
         self.tic = self.last = time.perf_counter()  # the logging's own time is in no interval
         self.images, self.times = 0, IntervalTimes()
+
+
+    def _first_step(self, now: float) -> None:
+        """The line after the attempt's first step when that step is not logged: its time from the epoch's start
+        (the loader's start and any compilation in it) and where the next line comes."""
+        self.attempt_started = True
+        st, tr = self.run.state, self.run.cfg.trainer
+        following = min((st.step // self.every + 1) * self.every, self.total)
+        log.info("epoch %d/%d step %d/%d: first step %.2f s (loader start and compilation included); next line at "
+                 "step %d", st.epoch + 1, tr.epochs, st.step, self.total, now - self.tic, following)
 
 
 class Evaluator:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from quest.evaluation.context import ordered_topk
-from quest.evaluation.progress import Progress, hms
+from quest.evaluation.progress import Heartbeat, Inner, Progress, hms
 from quest.evaluation.runner import run_evaluations
 from quest.evaluation.suites.adversarial import adversarial
 from quest.evaluation.suites.classification import clean
@@ -177,3 +177,118 @@ def test_the_done_line_names_an_attack_eps_in_normalised_units():
     assert headline_numbers(result) == {"clean (24 samples) top1": 90.0,
                                         "spsa eps 0.1 normalised (16 samples) top1": 50.0,
                                         "autoattack eps 1/255 (24 samples) top1": 40.0}
+
+
+class TickingClock:
+    """A clock that advances one second at each reading: the progress lines then follow the number of events, not
+    the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_within_a_step_lines_come_by_time_with_the_fraction_of_the_step_in_the_eta(lines):
+    # start 0; iterations 1-3 of batch 1 read 4, 12, 13; the batch ends at 20; batch 2 counts forwards (no total)
+    progress = Progress("spsa", 2, every_s=10, clock=FakeClock([0, 4, 12, 13, 20, 22, 24, 26, 28, 31]))
+    for done in (1, 2, 3):
+        progress.within(done, 4)
+    progress.update()
+    forwards = Inner(progress, "forward")
+    for _ in range(5):
+        forwards.count("apgd-ce, attack 1/4")
+    assert lines() == [
+        "spsa: batch 1/2, iteration 2/4, elapsed 12.0 s, ETA 36.0 s",  # half a batch in 12 s: 1.5 batches left
+        "spsa: batch 1/2, elapsed 20.0 s, ETA 20.0 s",  # the step's own line (the first step) still comes
+        # no total: 20 s a batch, 11 s of the second already spent
+        "spsa: batch 2/2, forward 5, apgd-ce, attack 1/4, elapsed 31.0 s, ETA 9.0 s"]
+
+
+def test_within_logs_nothing_without_the_time_rule_or_off_the_first_process(lines):
+    for progress in (Progress("off", 2, every_s=0, clock=TickingClock()),
+                     Progress("rank1", 2, every_s=1, enabled=False, clock=TickingClock())):
+        for done in range(1, 50):
+            progress.within(done, 50)
+    Inner(None).count("nothing to report to")
+    assert lines() == []
+
+
+def _within_lines(messages: list[str], what: str) -> list[tuple[int, int, int]]:
+    """(batch, iteration, iterations) of the lines of ``what`` logged inside a batch ('... batch b/B, iteration
+    i/I, ...')."""
+    pattern = re.compile(rf"^{re.escape(what)}: batch (\d+)/\d+, iteration (\d+)/(\d+), elapsed ")
+    return [tuple(map(int, m.groups())) for m in map(pattern.match, messages) if m]
+
+
+@pytest.mark.parametrize("attack", ["spsa", "pgd"])
+def test_attack_iterations_report_inside_a_batch_and_change_no_number(lines, model, monkeypatch, attack):
+    def run(every_s: float) -> dict:
+        cfg = settings(batch_size=2, log_every_s=every_s, adversarial__attacks=[attack], adversarial__max_samples=4,
+                       **{f"adversarial__{attack}__eps": [0.1]},
+                       # 6 iterations a batch: SPSA's 3 for each of 2 samples, PGD's 6 steps
+                       **({"adversarial__spsa__nb_iter": 3, "adversarial__spsa__nb_sample": 2} if attack == "spsa"
+                          else {"adversarial__pgd__steps": 6}))
+        return adversarial(make_run(digits_target(model), cfg), cfg.adversarial)
+
+    quiet = run(0)
+    monkeypatch.setattr("quest.evaluation.progress.monotonic", TickingClock())
+    followed = run(5)
+    assert followed[f"{attack}@0.1"]["top1"] == quiet[f"{attack}@0.1"]["top1"]
+    # a reading when the pass starts, one per iteration and one at the batch's end (its own line): 5 s after each
+    # line is the 5th iteration of the batch under way
+    assert _within_lines(lines(), f"adversarial {attack}@0.1") == [(1, 5, 6), (2, 5, 6)]
+    # the ETA counts 5/6 of a batch done in 5 s: 7/6 batches left
+    assert f"adversarial {attack}@0.1: batch 1/2, iteration 5/6, elapsed 5.0 s, ETA 7.0 s" in lines()
+
+
+def test_autoattack_tells_each_forward_naming_the_attack_under_way_and_leaves_no_hook(model):
+    from quest.evaluation import attacks
+
+    torch.manual_seed(0)
+    x, y = torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    details: list[str] = []
+    quiet, _ = attacks.autoattack(model, x, y, 0.3, "standard", "Linf", 0, 4)
+    followed, settings_used = attacks.autoattack(model, x, y, 0.3, "standard", "Linf", 0, 4, details.append)
+    assert torch.equal(followed, quiet) and not model._forward_pre_hooks
+    planned = settings_used["attacks"]
+    names = [d.split(",")[0] for d in details]
+    # the library's own checks run the model first; then the attacks in their order, each named with its place (at
+    # eps 0.3 the linear model's 4 samples all fall to the first two: AutoAttack stops when none is left)
+    assert planned == ["apgd-ce", "apgd-t", "fab-t", "square"]
+    assert list(dict.fromkeys(names)) == ["checks", "apgd-ce", "apgd-t"]
+    assert all(d == f"{n}, attack {planned.index(n) + 1}/{len(planned)}" for d, n in zip(details, names)
+               if n != "checks")
+
+
+def test_an_autoattack_batch_reports_its_forwards_by_time(lines, model, monkeypatch):
+    monkeypatch.setattr("quest.evaluation.progress.monotonic", TickingClock())
+    cfg = settings(batch_size=4, log_every_s=50, adversarial__attacks=["autoattack"], adversarial__max_samples=4,
+                   adversarial__autoattack__eps=[0.3])
+    adversarial(make_run(digits_target(model), cfg), cfg.adversarial)
+    inside = [m for m in lines() if m.startswith("adversarial autoattack@0.3: batch 1/1, forward ")]
+    # a reading per forward: every 50th forward logs; the library's 8 checking forwards come first, and before
+    # the first batch ends there is no ETA to give
+    assert inside and inside[0] == "adversarial autoattack@0.3: batch 1/1, forward 50, apgd-ce, attack 1/4, " \
+                                   "elapsed 50.0 s, ETA ?"
+    assert [int(m.split("forward ")[1].split(",")[0]) for m in inside] == [50 * (k + 1) for k in range(len(inside))]
+
+
+def test_a_heartbeat_says_a_call_still_runs_until_it_is_left():
+    lines: list[str] = []
+    # the thread's wait times out twice (10 s each on the fake clock), then the call ends (the stop event is set)
+    waits = iter([False, False, True])
+    beat = Heartbeat("exporting model.onnx", lines.append, every_s=10, clock=FakeClock([0.0, 10.0, 20.5]),
+                     wait=lambda seconds: next(waits))
+    beat.beat()
+    assert lines == ["exporting model.onnx: still running, elapsed 10.0 s",
+                     "exporting model.onnx: still running, elapsed 20.5 s"]
+
+
+def test_a_heartbeat_left_before_its_first_interval_says_nothing():
+    lines: list[str] = []
+    with Heartbeat("quick", lines.append, every_s=3600) as beat:
+        pass
+    assert lines == [] and beat.thread is not None and not beat.thread.is_alive()

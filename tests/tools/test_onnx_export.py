@@ -48,6 +48,8 @@ def test_quest_export_writes_the_onnx_file_beside_the_weights(finished_run, tmp_
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["quest"]["onnx"]["file"] == "model.onnx" and (tmp_path / "out" / "model.onnx").is_file()
     assert "- ONNX: `model.onnx`" in (tmp_path / "out" / "README.md").read_text()
+    # the export is a long silent call: the command says what it does first (and, past 10 s, that it still runs)
+    assert capsys.readouterr().err.startswith("quest-export: exporting model.onnx (torch.export, then checked ")
 
 
 def test_a_missing_onnx_package_is_named_before_any_work(finished_run, tmp_path, capsys, monkeypatch):  # noqa: F811

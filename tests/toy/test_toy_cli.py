@@ -70,12 +70,20 @@ SENS = ["study=sensitivity", "study.train_sizes=[32,64]", "grid.lrs=[0.01]", "gr
 @pytest.mark.process  # the two workers: interpreters the study spawns (multiprocessing "spawn"), its pool the point
 def test_sensitivity_command_outputs(tmp_path):
     """study=sensitivity on a tiny grid, in three processes (the command's and two spawned workers): the CSV holds
-    every axis, formulation and size with counts and Wilson intervals recomputed from runs.csv; the figure and the
+    every axis, formulation and size with counts and Wilson intervals recomputed from runs.csv; every chunk's progress
+    lines, also those of chunks the workers trained, are in the command's output; the figure and the
     stopping rule's verdict are written; the same command with one worker (in process, one thread as each worker
     has) reproduces the runs exactly."""
     out = tmp_path / "sens"
-    proc = _toy(*SENS, "workers=3", f"out_dir={out}")
+    # a progress line at every epoch (each takes far more than the microsecond asked for), wherever it trained
+    proc = _toy(*SENS, "workers=3", "log_every_s=0.000001", f"out_dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the spawned workers' lines reach the command's log through the parent: every chunk's, both epochs
+    for name in ("standard", "quest", "qknorm", "qknorm_fixed_rsqrt_d"):
+        for size in (32, 64):
+            for seed in (0, 1):
+                for epoch in (1, 2):
+                    assert f"{name}, n={size}, data {seed}: epoch {epoch}/2, " in proc.stdout, (name, size, seed)
     runs = list(csv.DictReader((out / "runs.csv").open()))
     names = ["standard", "quest", "qknorm", "qknorm_fixed_rsqrt_d"]
     assert sorted({(r["attention"], r["train_size"]) for r in runs}) == sorted(

@@ -38,6 +38,7 @@ from ..estimator import attack_time_estimator
 from ..imagenet_data import ImageList
 from ..inputs import Input, data_input
 from ..kinds import register_evaluation
+from ..progress import Inner
 from ..transforms import describe, pixel_transform
 from .classification import require_imagenet_classifier, val_input, val_samples, val_split
 
@@ -71,16 +72,18 @@ class _Meter:
                 "max_linf_pixel_x255": 255 * linf[1].item()}
 
 
-def _run_attack(name: str, section: Any, model, x, y, eps: float, indices, batch_size: int, clip):
+def _run_attack(name: str, section: Any, model, x, y, eps: float, indices, batch_size: int, clip, inner: Inner):
     cfg, seed = section[name], section.seed
     if name == "fgsm":
         return A.fgsm(model, x, y, eps, clip), None
     if name == "pgd":
-        return A.pgd(model, x, y, eps, cfg.steps, cfg.step_size * eps, cfg.random_start, seed, indices, clip), None
+        return A.pgd(model, x, y, eps, cfg.steps, cfg.step_size * eps, cfg.random_start, seed, indices, clip,
+                     inner), None
     if name == "spsa":
         return A.spsa(model, x, y, eps, cfg.lr, cfg.delta, cfg.nb_sample, cfg.nb_iter, cfg.max_batch_size, seed,
-                      indices, clip, cfg.random_start, cfg.estimate_at), None
-    return A.autoattack(model, x, y, eps, cfg.version, cfg.norm, seed, batch_size)
+                      indices, clip, cfg.random_start, cfg.estimate_at, inner), None
+    inner.counted = 0  # forwards of this batch's call
+    return A.autoattack(model, x, y, eps, cfg.version, cfg.norm, seed, batch_size, inner.count)
 
 
 class _Running:
@@ -188,14 +191,17 @@ def adversarial(run: EvalRun, section: Any, name: str = "adversarial") -> dict[s
             running = _Running("adv. top-1")
             chosen = evenly_spaced(len(dataset), section[attack].max_samples)
             labels_of = attack_labels(section.labels, attack)
-            for x, y, indices in shard_batches(run, dataset, chosen, batch_size, f"{name} {key}", running):
+            # one batch of SPSA or AutoAttack can take minutes: their iterations (forwards) report in between
+            inner = Inner(None, "forward" if attack == "autoattack" else "iteration")
+            for x, y, indices in shard_batches(run, dataset, chosen, batch_size, f"{name} {key}", running, inner):
                 z = space.encode(x)
                 with torch.no_grad():
                     clean_logits = model(z)  # fp32, as the attacks (cleverhans) take the predictions as labels
                 labels = y if labels_of == "ground_truth" else clean_logits.argmax(1)
                 clean_scored = clean_logits if precision == "fp32" else score(z)
                 tic = time.perf_counter()
-                z_adv, extra = _run_attack(attack, section, model, z, labels, eps, indices, batch_size, space.clip)
+                z_adv, extra = _run_attack(attack, section, model, z, labels, eps, indices, batch_size, space.clip,
+                                           inner)
                 seconds[key] += time.perf_counter() - tic
                 aa_settings.update(extra or {})
                 logits = score(z_adv)
