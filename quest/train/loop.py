@@ -160,7 +160,6 @@ class StepLog:
         self.tic = self.last = time.perf_counter()  # the logging's own time is in no interval
         self.images, self.times = 0, IntervalTimes()
 
-
     def _first_step(self, now: float) -> None:
         """The line after the attempt's first step when that step is not logged: its time from the epoch's start
         (the loader's start and any compilation in it) and where the next line comes."""
