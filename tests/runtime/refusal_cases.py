@@ -156,31 +156,6 @@ def without(module: str) -> Callable[[Scene], None]:
 without_wandb = without("wandb")
 
 
-def _dangling(scene: Scene) -> None:
-    """scratch not mounted: ``{tmp}/scratch`` is a link to a folder that does not exist."""
-    (scene.tmp / "scratch").symlink_to(scene.tmp / "not-mounted")
-
-
-def _broken_yaml(scene: Scene) -> None:
-    """A config folder of the user's whose data option is not YAML (a hand edit cut short)."""
-    (scene.tmp / "configs" / "data").mkdir(parents=True)
-    (scene.tmp / "configs" / "data" / "broken.yaml").write_text("name: fake\n  num_classes: [\n")
-
-
-def _cluster(scontrol: str | None) -> Callable[[Scene], None]:
-    """A PATH where SLURM is not installed (``scontrol`` None), or where ``scontrol ping`` fails with this line (a
-    login node that cannot reach its controller): fake binaries, so that no real cluster is ever asked."""
-    def setup(scene: Scene) -> None:
-        bin_dir = scene.tmp / "bin"
-        bin_dir.mkdir()
-        if scontrol is not None:
-            for name, script in (("sbatch", "exit 1"), ("scontrol", f"echo '{scontrol}' >&2; exit 1")):
-                (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
-                (bin_dir / name).chmod(0o755)
-        scene.monkeypatch.setenv("PATH", str(bin_dir))
-    return setup
-
-
 def _blocker(name: str) -> Callable[[Scene], None]:
     def setup(scene: Scene) -> None:
         (scene.cwd / name).write_text("a file\n")
@@ -382,24 +357,6 @@ TOOL_ROWS = [
     tool("in_use", INDEX, (HOLDER,), setup=steps(_tars, hold(".lock"))),
 ]
 
-# faults from below quest (the operating system, YAML), for every app: one line naming the path, never a traceback
-DANGLING = ("{tmp}/scratch is a link to {tmp}/not-mounted, which does not exist",)
-BELOW_ROWS = [
-    Refusal("dangling_link", T, (*TRAIN, "hydra.run.dir={tmp}/scratch/run"), DANGLING, "new", setup=_dangling),
-    Refusal("dangling_link", E, (CHECKPOINT, "hydra.run.dir={tmp}/scratch/results"), DANGLING, setup=_dangling),
-    Refusal("dangling_link", Y, (*TOY_SMALL, "hydra.run.dir={tmp}/scratch/toy"), DANGLING, "new", setup=_dangling),
-    Refusal("dangling_link_sweep", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.sweep.dir={tmp}/scratch/sweep"),
-            DANGLING, "new", setup=_dangling),
-    # a SLURM sweep where no cluster takes its jobs: one line, no multirun/ folder, nothing submitted
-    Refusal("slurm_not_installed", T, ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
-            ("no `sbatch` on PATH",), "new", setup=_cluster(None)),
-    Refusal("slurm_unreachable", T, ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
-            ("SLURM's controller cannot be reached", "Could not establish a configuration source"), "new",
-            setup=_cluster("scontrol: fatal: Could not establish a configuration source")),
-    Refusal("config_not_yaml", T, ("--config-dir", "{tmp}/configs", *TRAIN, "data=broken", "hydra.run.dir={target}"),
-            ("the config could not be composed", "{tmp}/configs/data/broken.yaml"), "new", setup=_broken_yaml),
-]
-
-ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS, *BELOW_ROWS]
+ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS]
 #: rows run again as two ranks of a torchrun group: rank 0 says the line, rank 1 exits with the same code silently
 UNDER_TORCHRUN = ["train.py:unknown_key:new", "train.py:bad_values:earlier", "eval.py:bad_value:earlier"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .refusal_cases import CHECKPOINT, SHARDS, SMALL_EVAL, TRAIN, Refusal, Scene
+from .refusal_cases import CHECKPOINT, SHARDS, SMALL_EVAL, TOY_SMALL, TRAIN, Refusal, Scene
 
 #: what reaches wandb.init, per case: it must not be called before the command's checks passed
 WANDB_INIT_CALLS: list[dict] = []
@@ -102,6 +102,51 @@ WANDB_ROWS = [
               setup=_wandb_unreachable, check=_init_called_once_online, bug=bug, claimed=True)
       for state, more, bug in (("new", (), None), ("under_empty_parent", (), None),
                                ("earlier", ("trainer.max_steps=2",), None))],
+]
+
+
+# --- faults from below quest ------------------------------------------------------------------------------------
+def _dangling(scene: Scene) -> None:
+    """scratch not mounted: ``{tmp}/scratch`` is a link to a folder that does not exist."""
+    (scene.tmp / "scratch").symlink_to(scene.tmp / "not-mounted")
+
+
+def _broken_yaml(scene: Scene) -> None:
+    """A config folder of the user's whose data option is not YAML (a hand edit cut short)."""
+    (scene.tmp / "configs" / "data").mkdir(parents=True)
+    (scene.tmp / "configs" / "data" / "broken.yaml").write_text("name: fake\n  num_classes: [\n")
+
+
+def _cluster(scontrol: str | None) -> Callable[[Scene], None]:
+    """A PATH where SLURM is not installed (``scontrol`` None), or where ``scontrol ping`` fails with this line (a
+    login node that cannot reach its controller): fake binaries, so that no real cluster is ever asked."""
+    def setup(scene: Scene) -> None:
+        bin_dir = scene.tmp / "bin"
+        bin_dir.mkdir()
+        if scontrol is not None:
+            for name, script in (("sbatch", "exit 1"), ("scontrol", f"echo '{scontrol}' >&2; exit 1")):
+                (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
+                (bin_dir / name).chmod(0o755)
+        scene.monkeypatch.setenv("PATH", str(bin_dir))
+    return setup
+
+
+# faults from below quest (the operating system, YAML), for every app: one line naming the path, never a traceback
+DANGLING = ("{tmp}/scratch is a link to {tmp}/not-mounted, which does not exist",)
+BELOW_ROWS = [
+    Refusal("dangling_link", "train.py", (*TRAIN, "hydra.run.dir={tmp}/scratch/run"), DANGLING, "new", setup=_dangling),
+    Refusal("dangling_link", "eval.py", (CHECKPOINT, "hydra.run.dir={tmp}/scratch/results"), DANGLING, setup=_dangling),
+    Refusal("dangling_link", "quest-toy", (*TOY_SMALL, "hydra.run.dir={tmp}/scratch/toy"), DANGLING, "new", setup=_dangling),
+    Refusal("dangling_link_sweep", "train.py", ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.sweep.dir={tmp}/scratch/sweep"),
+            DANGLING, "new", setup=_dangling),
+    # a SLURM sweep where no cluster takes its jobs: one line, no multirun/ folder, nothing submitted
+    Refusal("slurm_not_installed", "train.py", ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
+            ("no `sbatch` on PATH",), "new", setup=_cluster(None)),
+    Refusal("slurm_unreachable", "train.py", ("-m", "hydra/launcher=slurm", *TRAIN, "recipe.lr=1e-3,2e-3"),
+            ("SLURM's controller cannot be reached", "Could not establish a configuration source"), "new",
+            setup=_cluster("scontrol: fatal: Could not establish a configuration source")),
+    Refusal("config_not_yaml", "train.py", ("--config-dir", "{tmp}/configs", *TRAIN, "data=broken", "hydra.run.dir={target}"),
+            ("the config could not be composed", "{tmp}/configs/data/broken.yaml"), "new", setup=_broken_yaml),
 ]
 
 

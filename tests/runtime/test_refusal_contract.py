@@ -46,7 +46,7 @@ from .refusal_cases import (
     Scene,
     TimesDiffer,
 )
-from .refusal_inputs import WANDB_ROWS, damage, damaged_cases
+from .refusal_inputs import BELOW_ROWS, WANDB_ROWS, damage, damaged_cases
 
 
 def _make_shards() -> None:
@@ -233,7 +233,7 @@ def _row(row: Refusal):
     return pytest.param(row, id=row.id, marks=marks)
 
 
-@pytest.mark.parametrize("row", [_row(row) for row in [*ROWS, *WANDB_ROWS]])
+@pytest.mark.parametrize("row", [_row(row) for row in [*ROWS, *WANDB_ROWS, *BELOW_ROWS]])
 def test_a_refused_command_says_one_line_and_changes_nothing(row, tmp_path, inputs, monkeypatch, capsys):
     run_refused(row, _scene(row, tmp_path, inputs, monkeypatch, capsys), capsys)
 
