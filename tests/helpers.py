@@ -64,3 +64,14 @@ def flat_data_config(**changes: Any) -> dict[str, Any]:
     }
     stored.update(changes)
     return stored
+
+
+class TickingClock:
+    """A clock for progress lines that moves one second at each reading: time never decides a test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now

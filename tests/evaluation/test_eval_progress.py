@@ -19,6 +19,7 @@ from quest.evaluation.suites.corruptions import corruptions
 from quest.runtime.distributed import DistContext
 
 from ..eval_helpers import MEAN, STD, class_colour, digits_target, linear_digits_model, make_run, oracle_target, settings
+from ..helpers import TickingClock
 
 
 @pytest.fixture
@@ -177,18 +178,6 @@ def test_the_done_line_names_an_attack_eps_in_normalised_units():
     assert headline_numbers(result) == {"clean (24 samples) top1": 90.0,
                                         "spsa eps 0.1 normalised (16 samples) top1": 50.0,
                                         "autoattack eps 1/255 (24 samples) top1": 40.0}
-
-
-class TickingClock:
-    """A clock that advances one second at each reading: the progress lines then follow the number of events, not
-    the machine's speed."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 def test_within_a_step_lines_come_by_time_with_the_fraction_of_the_step_in_the_eta(lines):

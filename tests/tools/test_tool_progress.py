@@ -8,14 +8,7 @@ from PIL import Image
 
 from quest.tools.make_shards import convert_image_folder
 
-
-class TickingClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+from ..helpers import TickingClock
 
 
 def test_a_conversion_logs_its_shards_with_an_eta_and_what_a_rerun_kept(tmp_path, monkeypatch, caplog):

@@ -16,18 +16,7 @@ from quest.toy.config import register_toy_config
 from quest.toy.study import run_study
 from quest.toy.workers import relay_logs, send_logs_to
 
-from ..helpers import CONFIGS
-
-
-class TickingClock:
-    """One second more at each reading."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+from ..helpers import CONFIGS, TickingClock
 
 
 def _tiny(*overrides: str) -> dict:
