@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TextIO
 
 from quest.store.damage import DamagedFile
-from quest.store.files import file_sha256, open_records, parse_json, readable, write_text_atomic
+from quest.store.files import OutsideFolder, file_sha256, inside_folder, open_records, parse_json, readable, write_text_atomic
 from quest.store.old_manifests import OLD_LEDGER, OLD_RECORD, REMEDY, read_old_ledger, read_old_record
 from quest.store.records import bounded, check_record, matching, relative_path
-from quest.store.tree import REPLACED, make_dirs, move_aside, remove
+from quest.store.tree import REPLACED, make_dirs, move_aside
 
 __all__ = ["MANIFEST_NAME", "UNRECORDED", "ManifestHeader", "ManifestEntry", "Manifest", "file_stamp",
            "is_partial_write", "remove_unrecorded"]
@@ -218,7 +218,7 @@ class Manifest:
         header = json.dumps({"manifest": 1, "settings": self.settings}, sort_keys=True) + "\n"
         write_text_atomic(self.path, header + "".join(e.line() for _, e in sorted(self.entries.items())))
         for old in self.carried:  # its content is in the manifest now
-            remove(old)
+            self._remove_own(old)
         self.carried = []
 
     def begin(self) -> None:
@@ -282,11 +282,24 @@ class Manifest:
         self._add(self._entry(out, source=source, stamp=stamp))
         self.written += 1
 
+    def _remove_own(self, path: Path) -> None:
+        """Delete ``path``, a file this folder's record names as written by quest, only while it is that: a plain
+        file (not a link, not a folder) that lies inside the folder; anything else in its place is moved to
+        ``.replaced/``, never deleted."""
+        try:
+            inside = bool(inside_folder(path, self.folder)) and path.is_file() and not path.is_symlink()
+        except OutsideFolder:
+            inside = False
+        if inside:
+            path.unlink()
+        elif os.path.lexists(path):
+            move_aside(self.folder, [path], "unrecorded")
+
     def _drop(self, name: str, unchanged: bool) -> None:
         """Remove the output ``name`` (its source changed or is gone) and say so; a file in its place that is not
         what the tool wrote (not ``unchanged``) is moved to ``.replaced/`` instead."""
         if unchanged:
-            remove(self.folder / name)
+            self._remove_own(self.folder / name)
         else:
             move_aside(self.folder, [self.folder / name], UNRECORDED)
         self._add(ManifestEntry(name, removed=True))

@@ -128,6 +128,16 @@ def _cluster(scontrol: str | None) -> Callable[[Scene], None]:
                 (bin_dir / name).write_text(f"#!/bin/sh\n{script}\n")
                 (bin_dir / name).chmod(0o755)
         scene.monkeypatch.setenv("PATH", str(bin_dir))
+        if scontrol is not None:  # its answer, without starting it: the process boundary is not what this row proves
+            import subprocess
+
+            real = subprocess.run
+
+            def run(args, *a, **k):
+                if list(args)[:2] == ["scontrol", "ping"]:
+                    return subprocess.CompletedProcess(args, 1, "", f"{scontrol}\n")
+                return real(args, *a, **k)
+            scene.monkeypatch.setattr(subprocess, "run", run)
     return setup
 
 

@@ -169,3 +169,27 @@ def test_an_older_record_is_carried_only_for_files_that_still_hold_what_it_says(
     entries = Manifest(folder, "quest-toy").entries
     assert sorted(entries) == ["edited.csv", "events", "same.csv"]
     assert (entries["same.csv"].size, entries["same.csv"].sha256) == (4, sha) and entries["events"].size is None
+
+
+def test_a_recorded_file_is_deleted_only_while_it_is_a_plain_file_inside_the_folder(tmp_path):
+    """Every kind of thing that can stand where the record names a file: only the plain file inside the folder is
+    deleted; a folder, a link (to a file inside or outside, or to nothing) is moved to .replaced/ with what it holds."""
+    from quest.store.manifest import Manifest
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the folder's\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("x\n")
+    places = {"plain": lambda p: p.write_text("mine\n"), "folder": lambda p: (p.mkdir(), (p / "f").write_text("y")),
+              "link_out": lambda p: p.symlink_to(outside), "link_in": lambda p: p.symlink_to(folder / "kept.txt"),
+              "dangling": lambda p: p.symlink_to(tmp_path / "nothing")}
+    for name, make in places.items():
+        make(folder / name)
+    manifest = Manifest(folder, "test")
+    for name in places:
+        manifest._remove_own(folder / name)
+    assert sorted(p.name for p in folder.iterdir()) == [".replaced", "kept.txt"]
+    moved = {p.name for p in (folder / ".replaced").rglob("*") if p.parent.parent == folder / ".replaced"}
+    assert moved == {"folder", "link_out", "link_in", "dangling"}
+    assert outside.read_text() == "not the folder's\n" and (folder / "kept.txt").read_text() == "x\n"
