@@ -116,6 +116,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the kernel compile's tests last: their compile runs meanwhile (pytest_xdist_node_collection_finished)
+    items.sort(key=lambda item: item.nodeid.startswith(_KERNEL_TESTS))
     sources: dict[object, bool] = {}
     for item in items:
         if item.get_closest_marker("cuda") and not GPU_TIER:
@@ -190,3 +192,35 @@ def _interpreters_started_only_by_process_tests(request, monkeypatch):
         pytest.fail(f"this test started {len(started)} interpreter(s) without @pytest.mark.process "
                     f"(first: {started[0]}); run the app through tests.warm.run_app, or mark the test if the "
                     "process boundary is what it proves", pytrace=False)
+
+
+# The offline kernel compile (tests.kernel_compile, about a minute of one core) started by xdist's controller as soon
+# as a worker has collected its tests, in a thread of its own: the workers run other tests meanwhile, where the
+# first to need it compiled it and the other waited on its lock, idle (tests/attention/test_kernel_compile.py).
+_KERNEL_TESTS = "tests/attention/test_kernel_compile.py::"
+_compiling: list = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if _compiling or GPU_TIER or not any(i.startswith(_KERNEL_TESTS) for i in ids):
+        return
+    import threading
+
+    from tests import kernel_compile
+
+    out = node.config._tmp_path_factory.getbasetemp() / kernel_compile.RESULTS_NAME
+
+    def compile_quietly() -> None:
+        try:
+            kernel_compile.compiled_once(out)
+        except Exception:  # noqa: BLE001 (the fixture compiles again under the lock and fails with the error)
+            pass
+
+    _compiling.append(threading.Thread(target=compile_quietly, name="kernel-compile", daemon=True))
+    _compiling[0].start()
+
+
+def pytest_sessionfinish(session):
+    for thread in _compiling:
+        thread.join()

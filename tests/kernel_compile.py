@@ -62,6 +62,28 @@ class Case:
     d_align: bool = True
 
 
+RESULTS_NAME = "kernel_compile.json"  # in the test run's base folder
+
+
+def compiled_once(out: Path) -> dict:
+    """The compiled cases, compiled at most once per test run into ``out`` (a JSON file every pytest process of the
+    run can see): whoever holds ``out``'s lock first compiles in an interpreter of its own (the tests' own interprets
+    Triton: tests/conftest.py), the others wait on the lock and read what it wrote. An error is raised, not written:
+    the next to take the lock tries again and fails with it."""
+    import subprocess
+
+    from filelock import FileLock  # torch's own dependency
+
+    with FileLock(f"{out}.lock"):
+        if not out.is_file():
+            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+            run = subprocess.run([sys.executable, "-m", "tests.kernel_compile", "--json", str(out)],
+                                 cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+            if run.returncode != 0:
+                raise RuntimeError(f"tests.kernel_compile failed:\n{run.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
 def head_widths() -> dict[int, tuple[int, int]]:
     return {**MODEL_WIDTHS, **OTHER_WIDTHS}
 
@@ -284,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.kernels.is_file():
         parser.error(f"--kernels: no file {args.kernels}")
-    args.json.write_text(json.dumps(run(args.kernels, tuple(args.arch)), indent=1))
+    partial = args.json.with_name(args.json.name + ".partial")  # whole or absent: readers wait on the lock only
+    partial.write_text(json.dumps(run(args.kernels, tuple(args.arch)), indent=1))
+    os.replace(partial, args.json)
     return 0
 
 

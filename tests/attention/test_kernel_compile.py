@@ -6,10 +6,6 @@ checked here on known IR and PTX, so that each can fail; the kernels' ``D_ALIGN`
 references in Triton's interpreter."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -168,24 +164,15 @@ def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypat
 # --- the compiled programs -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory, worker_id) -> dict:
-    """Every case compiled in an interpreter of its own: this one's Triton interprets (tests/conftest.py). Once per
-    test run: xdist's workers share the run's base folder (the parent of each worker's own), and the first to come
-    compiles while the others wait on the lock and read its results. The group mark alone does not keep the group's
-    tests on one worker: pytest-xdist 3.8 tags grouped tests through a node attribute pytest 9 no longer reads, so
-    under pytest 9 every xdist_group is ignored (two workers each compiled everything in CI: 50 s of CPU twice)."""
-    from filelock import FileLock  # torch's own dependency
-
+    """Every case compiled once per test run (tests.kernel_compile.compiled_once), into the run's base folder, which
+    xdist's workers share (the parent of each worker's own). Under xdist the controller starts the compile as soon as
+    a worker has collected these tests (tests/conftest.py), so no worker sits waiting on it. The group mark alone
+    does not keep the group's tests on one worker: pytest-xdist 3.8 tags grouped tests through a node attribute
+    pytest 9 no longer reads."""
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":
         shared = shared.parent  # this run's folder, above the workers'
-    out = shared / "kernel_compile.json"
-    with FileLock(f"{out}.lock"):
-        if not out.is_file():
-            env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-            run = subprocess.run([sys.executable, "-m", "tests.kernel_compile", "--json", str(out)], cwd=ROOT,
-                                 env=env, capture_output=True, text=True)
-            assert run.returncode == 0, run.stderr
-    results = json.loads(out.read_text())
+    results = kc.compiled_once(shared / kc.RESULTS_NAME)
     if "skipped" in results:
         pytest.skip(results["skipped"])
     return results

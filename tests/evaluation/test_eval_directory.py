@@ -327,30 +327,6 @@ def test_the_results_record_the_data_roots_settings_and_command(ckpt, tmp_path):
     assert stored["target"]["data_config"]["val_fraction"] == 0.2 and stored["key"] == report["key"]
 
 
-def test_eval_py_refuses_the_crop_pct_rerun_of_the_issue(ckpt, tmp_path):
-    """The command lines of docs/evaluation.md: the second is refused with a message (no traceback), the first
-    result stays; eval.overwrite=true archives it and evaluates."""
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    env.pop("HYDRA_FULL_ERROR", None)  # (tests/conftest.py sets it: a user's shell does not)
-    base = [f"checkpoint={ckpt}", "eval=clean"]
-    out = tmp_path / "eval" / "clean" / "last-model"  # the default directory, beside the checkpoint's run
-    # eval.py's argv forked from the warm zygote (tests/warm.py): exit codes, stderr and the files are the point
-    first = run_app("eval.py", *base, cwd=tmp_path, env=env, timeout=600)
-    assert first.returncode == 0, first.stderr[-2000:]
-    before = (out / "eval_results.json").read_bytes()
-    files = _snapshot(out)
-    assert "eval.log" in files and not (out / ".hydra").exists()  # quest's log; eval_results.json is the record
-    refused = run_app("eval.py", *base, "eval.crop_pct=0.5", cwd=tmp_path, env=env, timeout=600)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert f"eval.py: error: {out} holds complete results of another evaluation" in refused.stderr
-    assert "evaluated.crop_pct: 1.0 -> 0.5" in refused.stderr and (out / "eval_results.json").read_bytes() == before
-    assert _snapshot(out) == files  # a refused command changes nothing, its log included
-    again = run_app("eval.py", *base, "eval.crop_pct=0.5", "eval.overwrite=true", cwd=tmp_path, env=env, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert [p.read_bytes() for p in (out / ".replaced").glob("*/eval_results.json")] == [before]
-    assert json.loads((out / "eval_results.json").read_text())["target"]["crop_pct"] == 0.5
-
-
 def _directory_worker(rank: int, world: int, port: int, ckpt: str, out: str, log: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
