@@ -23,6 +23,7 @@ def _summaries(cwd) -> dict[str, dict]:
 
 
 def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_again_resumes_them(tmp_path):
+    """train.py -m twice (the second resumes both jobs), then eval.py -m over their checkpoints."""
     first = run_app("train.py", "-m", *SWEEP, "trainer.max_steps=1", "recipe.lr=1e-3,2e-3", cwd=tmp_path, env=ENV)
     assert first.returncode == 0, first.stderr[-3000:]
     # the reference: hydra.run.dir of each job's command line composed as a single run (no -m)
@@ -40,6 +41,15 @@ def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_aga
     assert set(resumed) == singles, resumed.keys()
     assert {s["step"] for s in resumed.values()} == {2} and all(s["resumed"] for s in resumed.values())
     assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "runs" / ".sweeps").rglob("*")) == records
+
+    # eval.py -m: each job writes where the single evaluation of its checkpoint writes, <run>/eval/<suite>/last-model
+    checkpoints = ",".join(f"{run}/checkpoints/last.pt" for run in sorted(singles))
+    evaluated = run_app("eval.py", "-m", f"checkpoint={checkpoints}", "eval=clean", "eval.clean.max_samples=8",
+                        cwd=tmp_path, env=ENV)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("runs/*/*/eval/*/*/eval_results.json")) == [
+        f"{run}/eval/clean/last-model/eval_results.json" for run in sorted(singles)]
+    assert len(list((tmp_path / "runs" / ".sweeps").glob("eval-*/multirun.yaml"))) == 1
 
 
 def _sweep_config(*overrides: str, experiment: str | None = None, command: str = "train"):
