@@ -46,20 +46,23 @@ def _exit_if_jobs_share_a_directory(config: Any, loader: Any, batches: Sequence[
 
     hydra_config = HydraConfig.instance()
     held = hydra_config.cfg
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, list[list[str]]] = {}
     try:
         for overrides in (job for batch in batches for job in batch):
             job_config = loader.load_sweep_config(config, list(overrides))
             hydra_config.set_config(job_config)  # what the directory's ${hydra:...} read
-            seen.setdefault(str(OmegaConf.select(job_config, JOB_DIR)), []).append(" ".join(overrides))
+            seen.setdefault(str(OmegaConf.select(job_config, JOB_DIR)), []).append(list(overrides))
     finally:
         hydra_config.cfg = held
     for run_dir, jobs in seen.items():
         if len(jobs) > 1:
+            common = set.intersection(*map(set, jobs))  # shown: what tells the jobs apart
+            differ = " | ".join(" ".join(o for o in job if o not in common) or "(the same)" for job in jobs)
             print_error(program_name(f"quest-{config.hydra.job.name}"),
-                        f"{len(jobs)} jobs of the sweep would run in one directory, {run_dir} ({' | '.join(jobs)}): "
-                        f"each job runs where a single run of its command line would, and these differ only in "
-                        f"what names no run; sweep what changes the result, or run them one by one")
+                        f"{len(jobs)} jobs of the sweep would run in one directory, {run_dir} ({differ}): "
+                        f"each job runs where the single run of its command line would, and that directory's name "
+                        f"leaves out what tells these apart (an operational key, or one hydra.run.dir= for every "
+                        f"job); sweep what changes the result, or run them one by one")
             raise SystemExit(EXIT_ERROR)
 
 

@@ -254,6 +254,8 @@ TRAIN_ROWS = [
     # two jobs of a sweep that would run in one directory (they differ in what names no run): before any job
     Refusal("sweep_jobs_share_a_directory", T, ("-m", *TRAIN, "trainer.device=cpu,auto"),
             ("2 jobs of the sweep would run in one directory", "trainer.device=cpu", "trainer.device=auto"), "new"),
+    Refusal("sweep_one_run_dir_for_all", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.run.dir={target}"),
+            ("2 jobs of the sweep would run in one directory", "recipe.lr=0.001 | recipe.lr=0.002"), "new"),
     # a sweep whose every job is refused: each job's line, then the sweep's; its directory (and multirun.yaml) go
     *[Refusal("sweep_all_refused", T, ("-m", *TRAIN, "recipe.lr=-1,-2", "hydra.sweep.dir={tmp}/elsewhere/sweep"),
               ("recipe.lr must be > 0", "2 job(s) of the sweep failed", "(refused; its error is above)"), state,
