@@ -80,7 +80,7 @@ def run_name_suffix(*replaced: str, _root_: DictConfig) -> str:
     ``[A-Za-z0-9._+-]``) the words are followed by 6 hex digits of a hash of every such override's resolved value,
     so two different command lines never share a directory and the same command line resumes its own run.
 
-    ``replaced`` (``${quest_run_suffix:experiment=table2_deit3}``): group choices taken as if the command line had
+    ``replaced`` (``${quest_run_suffix:'experiment=table2_deit3'}``): group choices taken as if the command line had
     chosen them instead, to name another run of the same command line (a fine-tune's first phase)."""
     overrides = OmegaConf.select(_root_, "hydra.overrides.task", default=None) or []
     choices = OmegaConf.select(_root_, "hydra.runtime.choices", default=None) or {}
