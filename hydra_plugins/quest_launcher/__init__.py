@@ -52,14 +52,16 @@ if _PluginSlurmLauncher is not None:
         def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
                      singleton_state: dict) -> JobReturn:
             """In the SLURM job's process: the plugin's job, composed as the plugin composes it, run before Hydra's
-            run_job would make its directory (quest.run.hydra_job.run_job_first): a job refused on the cluster
-            leaves no directory of its own. Its resubmission after a preemption comes here again."""
+            run_job would make its directory (quest.run.hydra_job.run_job_first), in the directory a single run of
+            its command line would use (``hydra.run.dir``, not the plugin's ``job_dir_key``, the sweep's record
+            folder): a job refused on the cluster leaves no directory of its own. Its resubmission after a preemption
+            comes here again, and resumes in that directory."""
             import submitit
             from hydra.core.singleton import Singleton
             from hydra.core.utils import setup_globals
             from omegaconf import open_dict
 
-            from quest.run.hydra_job import run_job_first
+            from quest.run.hydra_job import JOB_DIR, run_job_first
             from quest.runtime.phase import command_phases
 
             assert self.hydra_context is not None and self.config is not None and self.task_function is not None
@@ -70,4 +72,4 @@ if _PluginSlurmLauncher is not None:
                 job.id = submitit.JobEnvironment().job_id
                 sweep_config.hydra.job.num = job_num
             with command_phases(f"quest-{sweep_config.hydra.job.name}"):
-                return run_job_first(self.task_function, sweep_config, job_dir_key, "hydra.sweep.subdir")
+                return run_job_first(self.task_function, sweep_config, JOB_DIR)

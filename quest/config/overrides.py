@@ -124,7 +124,7 @@ def default_options(config_dir: Path, primary: str) -> dict[str, str]:
 
 
 #: the overrides that name the directory Hydra makes before quest's code runs (so quest checks them first)
-_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+_OUTPUT_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
 
 
 def override_problems(args: list[str], schema: type, groups: dict[str, list[str]],
@@ -146,6 +146,10 @@ def override_problems(args: list[str], schema: type, groups: dict[str, list[str]
         except HydraException:
             continue  # a syntax error: Hydra's own message says where
         key = override.key_or_group
+        if key == "hydra.sweep.subdir":  # said, not ignored: a user who sets it expects the jobs there
+            problems.append(f"{arg}: not used: each job of a sweep runs in the directory its single run uses "
+                            "(hydra.run.dir; docs/training.md, \"Sweeps\"); leave it out")
+            continue
         if key in _OUTPUT_DIRS and isinstance(override.value(), str):
             problem = output_dir_problem(override.value())
             if problem:

@@ -11,7 +11,7 @@ import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
@@ -102,9 +102,12 @@ def split_files(root: Path, split: str, info: dict[str, Any], info_path: Path | 
     return list(splits[split]["filenames"])
 
 
-def resolve_shards(root: Path, split: str, count: bool = False) -> list[Shard]:
+def resolve_shards(root: Path, split: str, count: bool = False,
+                   counting: Callable[[list[Path]], Iterable[Path]] | None = None) -> list[Shard]:
     """The shards of ``split`` (an _info.json split or a pattern) with their lengths: from _info.json, else counted
-    when ``count`` (a pass over every tar header); every file must exist and hold at least one sample."""
+    when ``count`` (a pass over every tar header); every file must exist and hold at least one sample. ``counting``
+    wraps the shards as they are counted, one at a time (a progress line per shard: quest.tools.make_shards index,
+    where a pass over a thousand large shards takes minutes)."""
     info, info_path = load_info(root)
     require_complete(info, info_path)
     names = split_files(root, split, info, info_path)
@@ -125,7 +128,7 @@ def resolve_shards(root: Path, split: str, count: bool = False) -> list[Shard]:
                          f"{root} {split}=<pattern>`, or set data.num_samples=<training samples> to count the shards "
                          "at every start")
     else:
-        lengths = [count_samples(p) for p in paths]
+        lengths = [count_samples(p) for p in (counting(paths) if counting is not None else paths)]
     for p, n in zip(paths, lengths):
         if n <= 0:
             raise ShardError(f"empty shard {p}: it holds no samples" + (f" ({info_path} says 0)" if info_path else ""))

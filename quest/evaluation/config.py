@@ -19,6 +19,7 @@ from typing import Any, Dict
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from quest.config.run_names import register_resolvers
 from quest.data.registry import register_data_configs
 
 from .registry import evaluators, load_evaluations, registry_version
@@ -124,5 +125,6 @@ def register_completion_config() -> None:
 
 
 def _register_eval_dir_resolver() -> None:
+    register_resolvers()  # ${quest_sweep_name:} of hydra.sweep.dir
     if not OmegaConf.has_resolver("quest_eval_dir"):
         OmegaConf.register_new_resolver("quest_eval_dir", default_eval_dir)

@@ -37,10 +37,12 @@ def normalised_maps(model: nn.Module, images: torch.Tensor, methods: Iterable[st
 
 def score_explanations(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor, list[int]]],
                        boxes_of: Callable[[int], np.ndarray], methods: list[str], threshold: float = 0.5,
-                       classes: str = "predicted", skip_wrong: bool = True, agcam_gradient: str = "detached"
-                       ) -> ExplainTally:
+                       classes: str = "predicted", skip_wrong: bool = True, agcam_gradient: str = "detached",
+                       progress: Callable[[int, int, str], None] | None = None) -> ExplainTally:
     """``batches`` yields (model inputs, labels, data-set indices); ``boxes_of(index)`` gives that image's boxes in
-    input pixels (N, 4)."""
+    input pixels (N, 4). ``progress(done, total, detail)``, when given, is told after each method's maps of a batch
+    (``2, 3, "rollout maps"``): one batch of AG-CAM on a large model takes a while, and the caller's progress line
+    (quest.evaluation.progress.Inner) shows the work inside it."""
     if classes not in ("predicted", "label"):
         raise ValueError(f"explain classes must be 'predicted' or 'label', got {classes!r}")
     tally = ExplainTally({m: LocalizationScores() for m in methods})
@@ -50,8 +52,12 @@ def score_explanations(model: nn.Module, batches: Iterable[tuple[torch.Tensor, t
         right = (predicted == labels).tolist()
         tally.images += len(right)
         tally.wrong += right.count(False)
-        maps = normalised_maps(model, images, methods, predicted if classes == "predicted" else labels,
-                               agcam_gradient)
+        target = predicted if classes == "predicted" else labels
+        maps: dict[str, torch.Tensor] = {}
+        for done, method in enumerate(methods, start=1):  # one method at a time, so that each can be told
+            maps.update(normalised_maps(model, images, [method], target, agcam_gradient))
+            if progress is not None:
+                progress(done, len(methods), f"{method} maps")
         for row, index in enumerate(indices):
             if right[row] or not skip_wrong:
                 boxes = boxes_of(index)

@@ -10,13 +10,14 @@ its config is composed and nothing is made, and the directories become the job's
   ``on_run_start`` the way ``run_job`` runs it (:func:`run_job_first`), then ends Hydra's run (:class:`JobRan`):
   ``run_job`` is never reached;
 - a sweep on this machine: quest's sweeper and launcher (``hydra/sweeper=quest``, ``hydra/launcher=quest``, each
-  app's default: hydra_plugins/quest_launcher/local.py) run each job the same way, and the sweep's ``multirun.yaml``
-  is written with the first change of the first job whose checks pass (:func:`sweep_record_after_checks`).
+  app's default: hydra_plugins/quest_launcher/local.py) run each job the same way, in the directory a single run of
+  its command line would use (:data:`JOB_DIR`), and the sweep's ``multirun.yaml`` is written into
+  ``hydra.sweep.dir`` with the first change of the first job whose checks pass (:func:`sweep_record_after_checks`).
 
 The run directory is then made by the job's first write into it, or by its lock, which a command takes before its
 checks and which a refusal puts back with the folders it made (quest.store.owned_dir): nothing is made that a
 refusal would have to find and undo. quest's SLURM launcher (``hydra/launcher=slurm``) runs each job the same way in
-the job's process on its node; the sweep directory, where the jobs' logs go, is made when they are submitted.
+the job's process on its node; the sweep's record folder, where the jobs' logs go, is made when they are submitted.
 """
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, en
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-__all__ = ["JobFirst", "JobRan", "run_app", "run_job_first", "sweep_record_after_checks", "task"]
+__all__ = ["JOB_DIR", "JobFirst", "JobRan", "run_app", "run_job_first", "sweep_record_after_checks", "task"]
 
 SWEEP_RECORD = "multirun.yaml"  # Hydra's record of a sweep, in its sweep directory
+#: where every job runs, alone or in a sweep: a sweep's job in the directory a single run of its command line would
+#: use (so the same command line resumes there, swept or not); ``hydra.sweep.dir`` holds only the sweep's record
+JOB_DIR = "hydra.run.dir"
 
 # the app's work for a job, set by run_app while its Hydra app runs in this process
 _task: Callable[[DictConfig], Any] | None = None
@@ -70,7 +74,7 @@ def run_app(app: Callable[[], Any], work: Callable[[DictConfig], Any]) -> Any:
 def _exit_if_unmakeable(config: DictConfig, key: str, path: str) -> None:
     """A directory that cannot be made (a part of it is a file, a name too long, a leading ``~``): one line and exit
     1, before the job; the command line's own ``hydra.run.dir=`` was checked before Hydra ran (quest.config.overrides),
-    this is the configured one (``runs/...``, ``multirun/...``)."""
+    this is the configured one (``runs/...``, ``runs/.sweeps/...``)."""
     from quest.runtime.errors import EXIT_ERROR, print_error, program_name
     from quest.store.made_dirs import output_dir_problem
 
@@ -83,8 +87,7 @@ def _exit_if_unmakeable(config: DictConfig, key: str, path: str) -> None:
         sys.exit(EXIT_ERROR)
 
 
-def run_job_first(work: Callable[[DictConfig], Any], config: DictConfig, dir_key: str,
-                  subdir_key: str | None = None) -> JobReturn:
+def run_job_first(work: Callable[[DictConfig], Any], config: DictConfig, dir_key: str = JOB_DIR) -> JobReturn:
     """Run ``work`` on the job's ``config`` as ``hydra.core.utils.run_job`` runs a task (``hydra.runtime.output_dir``
     resolved and set, HydraConfig holding the job's config, the job's logging and ``hydra.job.env_set``), without
     making the output directory or writing into it: the job's own changes do, once its checks have passed."""
@@ -93,10 +96,7 @@ def run_job_first(work: Callable[[DictConfig], Any], config: DictConfig, dir_key
     try:
         hydra_config.set_config(config)  # what the directory's ${hydra:...} read
         out = str(OmegaConf.select(config, dir_key))
-        if subdir_key is not None:
-            out = os.path.join(out, str(OmegaConf.select(config, subdir_key)))
-        _exit_if_unmakeable(config, dir_key if subdir_key is None else f"{dir_key}/<{subdir_key}>",
-                            os.path.abspath(out))
+        _exit_if_unmakeable(config, dir_key, os.path.abspath(out))
         with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
             config.hydra.runtime.output_dir = os.path.abspath(out)
         hydra_config.set_config(config)
@@ -142,7 +142,7 @@ class JobFirst(Callback):
         work = task()
         if work is None:  # the app called some other way than through run_app: Hydra's order
             return
-        raise JobRan(run_job_first(work, config, "hydra.run.dir"))
+        raise JobRan(run_job_first(work, config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         hydra_config = HydraConfig.instance()

@@ -17,7 +17,7 @@ import re
 import tarfile
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -183,10 +183,20 @@ def write_index(root: Path, splits: dict[str, str]) -> Path:
         return path
 
 
+def _counted(what: str, shards: list[Path]) -> Iterator[Path]:
+    """``shards`` one at a time, each counted into a progress line once its count is done (when the next is asked
+    for): the first, the last and one every 10 s between, with an ETA."""
+    progress = Progress(what, len(shards), unit="shard", every_s=10.0, logger=log)
+    for shard in shards:
+        yield shard
+        progress.update(extra=shard.name)
+
+
 def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any]]:
     written = {}
     for split, pattern in splits.items():
-        shards = resolve_shards(root, pattern, count=True)
+        shards = resolve_shards(root, pattern, count=True,
+                                counting=lambda paths, split=split: _counted(f"make_shards index {root} {split}", paths))
         written[split] = {"name": split, "num_samples": sum(s.length for s in shards),
                           "filenames": [str(s.path.relative_to(root)) for s in shards],
                           "shard_lengths": [s.length for s in shards]}

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from quest.config.checks import DEVICE, process_count
+from quest.config.run_names import register_resolvers
 from quest.store.records import bounded, described, listed, one_of
 
 from .data import ToyDataConfig
@@ -150,4 +151,6 @@ class ToyConfig:
 
 
 def register_toy_config() -> None:
+    """``toy_schema`` in Hydra's ConfigStore, and ``${quest_sweep_name:}``, the folder of a sweep's record."""
     ConfigStore.instance().store(name="toy_schema", node=ToyConfig)
+    register_resolvers()

@@ -1,6 +1,7 @@
 """configs/experiment/: every overlay composes with the values of the paper, sweeps what it says, and runs."""
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import os
@@ -37,7 +38,7 @@ def test_every_sweep_point_composes_and_resolves(experiment):
     base = _compose(experiment)
     sweep = _sweep(base)
     assert sweep, f"{experiment} sweeps nothing"
-    assert str(base.hydra.sweep.dir) == f"multirun/{experiment}"
+    assert str(base.hydra.sweep.dir).startswith(f"runs/.sweeps/train-{experiment}-")  # the sweep's record only
     for values in itertools.product(*sweep.values()):
         cfg = _compose(experiment, *(f"{k}={v}" for k, v in zip(sweep, values)))
         HydraConfig.instance().set_config(cfg)  # `${hydra:...}` interpolations, as inside a job
@@ -71,13 +72,18 @@ def test_table2_deit3_first_phase(model, size, lr):
 
 
 def test_table2_deit3_finetune_starts_from_the_matching_first_phase_job():
-    cfg = _compose("table2_deit3_finetune", "model=deit3_large", "attention=quest", "data.root=/data/in1k")
-    cfg.hydra.job.override_dirname = "attention=quest,model=deit3_large"  # what Hydra sets inside the job
+    """Each fine-tune job's init_from is the checkpoint of the first-phase job of the same model, attention and
+    command line: the directory that job ran in (its hydra.run.dir, composed here as the launcher composes it)."""
+    job = ("model=deit3_large", "attention=quest", "data.root=/data/in1k", "trainer.seed=1")
+    first = _compose("table2_deit3", *job)
+    HydraConfig.instance().set_config(first)
+    first_dir = str(first.hydra.run.dir)
+    cfg = _compose("table2_deit3_finetune", *job)
     HydraConfig.instance().set_config(cfg)
-    assert cfg.trainer.init_from == "multirun/table2_deit3/attention=quest,model=deit3_large/checkpoints/last.pt"
+    assert cfg.trainer.init_from == f"{first_dir}/checkpoints/last.pt"
+    assert first_dir == "runs/imagenet/deit3_large-quest-deit3-seed1-root_in1k-experiment_table2_deit3"
+    assert str(cfg.hydra.run.dir) != first_dir
     assert (cfg.recipe.name, cfg.trainer.epochs, cfg.recipe.lr) == ("deit3_finetune", 20, 1e-5)
-    # data.root is left out of the job's directory name, so both phases name their jobs alike
-    assert "data.root" in cfg.hydra.job.config.override_dirname.exclude_keys
 
 
 def test_table3_adversarial_trains_vit_tiny_deit_with_the_four_formulations():
@@ -112,15 +118,18 @@ def test_cpu_twin_multirun_runs_and_reports(tmp_path):
     `python -m quest.report` on the sweep: both argv forked from the warm zygote (tests/warm.py), since the commands'
     results, not an interpreter's start, are the point."""
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    sweep_dir = tmp_path / "sweep"
     proc = run_app("train.py", "-m", "experiment=table1_ablation_cpu", "attention=standard,quest", "trainer.seed=0,1",
-                   "trainer.max_steps=2", "trainer.epochs=1", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, env=env)
+                   "trainer.max_steps=2", "trainer.epochs=1", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summaries = sorted(sweep_dir.glob("*/summary.json"))
+    # each job where the single run of its command line trains (docs/training.md, Sweeps)
+    summaries = sorted((tmp_path / "runs" / "digits").glob("*-experiment_table1_ablation_cpu*/summary.json"))
     assert [p.parent.name for p in summaries] == [
-        f"attention={a},trainer.epochs=1,trainer.max_steps=2,trainer.seed={s}" for a in ("quest", "standard")
+        f"vit_pico-{a}-light-seed{s}-experiment_table1_ablation_cpu-ep1" for a in ("quest", "standard")
         for s in (0, 1)]
     assert {json.loads(p.read_text())["model"] for p in summaries} == {"vit_pico_patch4_16"}
-    report = run_app("quest.report", str(sweep_dir), cwd=ROOT, env=env, timeout=300)
+    # the sweep's record, apart from its jobs
+    records = [p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").glob(".sweeps/*/*")]
+    assert len(records) == 1 and fnmatch.fnmatch(records[0], ".sweeps/train-table1_ablation_cpu-??????/multirun.yaml")
+    report = run_app("quest.report", *(str(p.parent) for p in summaries), cwd=ROOT, env=env, timeout=300)
     assert report.returncode == 0, report.stderr
     assert "| quest |" in report.stdout and "| standard |" in report.stdout

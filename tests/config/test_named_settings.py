@@ -25,9 +25,9 @@ REFUSED_EXAMPLES = {"trainer.epoch=3", "+recipe.lrr=0.1", "attention=flash", "da
                     "+eval.adversarial.pgd.stepz=3", "eval.adversarial.pgd.stepz=3", "++eval.roots.v3=/x"}
 #: docs/evaluation.md's example plugin registers this evaluation in the reader's own package
 PLUGIN_EXAMPLE = ("eval=topk_folder", "eval.topk_folder.", "+eval.topk_folder.")
-#: placeholders and non-settings (a path of a multirun folder, a partial key quoted from a protocol's message)
+#: placeholders and non-settings (a partial key quoted from a protocol's message)
 NOT_SETTINGS = {"attention=A", "attention=name", "group.key=value", "data.width=2?", "fgsm.eps=[0.0]",
-                "multirun/table1_ablation/attention=quest", "cpp.vec_isa_ok=False", "eval=explain."}
+                "cpp.vec_isa_ok=False", "eval=explain."}
 
 
 @pytest.fixture(scope="module")

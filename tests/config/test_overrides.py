@@ -105,7 +105,7 @@ def test_options_from_an_added_search_path_are_not_judged(tmp_path, monkeypatch)
 @settings(max_examples=40)
 @given(parts=st.lists(st.text(alphabet="abcxyz_-.", min_size=1, max_size=300).filter(lambda p: p not in (".", "..")),
                       min_size=1, max_size=3),
-       key=st.sampled_from(["hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"]))
+       key=st.sampled_from(["hydra.run.dir", "hydra.sweep.dir"]))
 def test_an_output_directory_hydra_could_not_make_is_refused_before_it_runs(parts, key):
     """Hydra makes the run's directory before quest's code runs, and fails there with its own traceback: a name over
     the file system's limit is refused by the override check, naming it; any other name passes."""
@@ -115,6 +115,12 @@ def test_an_output_directory_hydra_could_not_make_is_refused_before_it_runs(part
     assert bool(problems) == too_long, problems
     if too_long:
         assert problems[0].startswith(f"{key}=") and "bytes long" in problems[0]
+
+
+def test_a_sweep_subdir_is_refused_since_each_job_runs_in_its_run_dir():
+    problems = override_problems(["hydra.sweep.subdir=${hydra.job.num}"], TrainConfig, app_groups(config_root(), "train"))
+    assert len(problems) == 1 and problems[0].startswith("hydra.sweep.subdir=${hydra.job.num}: not used: ")
+    assert "hydra.run.dir" in problems[0]
 
 
 def test_an_output_directory_under_a_file_is_refused(tmp_path, monkeypatch):

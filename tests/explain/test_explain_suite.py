@@ -15,7 +15,7 @@ from quest.data import DigitsCanvasDataset
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.train import fit
 
-from ..helpers import compose_cfg, eval_cfg
+from ..helpers import TickingClock, compose_cfg, eval_cfg
 
 register_eval_configs()
 
@@ -199,3 +199,35 @@ def test_imagenet_squash_is_the_authors_resize(tmp_path, monkeypatch, interpolat
     assert ("bilinear (the authors'" in e["protocol"]["geometry"]) == authors
     assert interpolation in e["protocol"]["geometry"]
     assert e["protocol"]["agcam_gradient"].startswith("detached:")  # the authors' AG-CAM, the config's default
+
+
+def test_an_explain_batch_reports_each_methods_maps_by_time_and_changes_no_number(tmp_path, monkeypatch, caplog):
+    """Inside a batch, each method's maps are a step of the batch's progress (quest.evaluation.progress.Inner): a
+    line when eval.log_every_s has passed, with the fraction of the batch done in the ETA. The clock ticks one second
+    at each reading, so time decides nothing."""
+    val, xml, _ = _imagenet_fixture(tmp_path)
+
+    def explain_both(every_s: int) -> tuple[dict, list[str]]:
+        caplog.clear()
+        torch.manual_seed(0)  # the same randomly initialised model each time
+        report = run_evaluation(eval_cfg("model=vit_pico", "attention=quest", "eval=imagenet_explain",
+                                         f"eval.roots.val={val}", f"eval.explain.boxes={xml}",
+                                         "eval.explain.figure_images=0", "eval.explain.skip_wrong=false",
+                                         "eval.explain.batch_size=1", f"eval.log_every_s={every_s}"),
+                                tmp_path / f"out{every_s}")
+        return report["results"]["explain"], [r.getMessage() for r in caplog.records if r.name == "quest.eval"]
+
+    caplog.set_level(logging.INFO, logger="quest.eval")
+    quiet, quiet_lines = explain_both(0)
+    monkeypatch.setattr("quest.evaluation.progress.monotonic", TickingClock())
+    followed, lines = explain_both(3)
+    assert {m: followed[m] for m in ("attention", "rollout", "agcam")} == {
+        m: quiet[m] for m in ("attention", "rollout", "agcam")}
+    assert not [m for m in quiet_lines if ", method " in m]  # by time only: none with the time rule off
+    # one reading when the pass starts, one per method, one at each batch's end: 3 s after each line is the
+    # third method of the batch under way, and the batch then ends (its own line, the first and the last)
+    assert [m for m in lines if m.startswith("explain: ")] == [
+        "explain: batch 1/2, method 3/3, agcam maps, elapsed 3.0 s, ETA 3.0 s",
+        "explain: batch 1/2, 1/2 samples, elapsed 4.0 s, ETA 4.0 s",
+        "explain: batch 2/2, method 3/3, agcam maps, elapsed 7.0 s, ETA 0.0 s",
+        "explain: batch 2/2, 2/2 samples, elapsed 8.0 s, ETA 0.0 s"]

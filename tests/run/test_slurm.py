@@ -21,6 +21,7 @@ from quest.run.checkpoint import load_checkpoint
 from ..helpers import ROOT
 from ..slurm_cluster import SlurmCluster, unavailable_reason
 from ..warm import run_app
+from .test_runs import _run_dir_name
 
 # Slurm jobs start interpreters (the process boundary is the point), and the cluster takes the machine's cores
 pytestmark = [pytest.mark.slurm, pytest.mark.process, pytest.mark.xdist_group("machine"),
@@ -110,13 +111,14 @@ def test_hydra_submitit_multirun_one_job_per_config_and_a_preempted_job_is_resub
             job = next((j for j in cluster.run("squeue", "-h", "-o", "%i").stdout.split() if j.endswith("_0")), None)
             time.sleep(0.2)
         assert job is not None, launcher.result().stderr[-3000:]
-        run_dir = _sweep_dir(sweep, "attention=standard", launcher)
+        run_dir = _job_dir(tmp_path / _run_dir_name(*TINY, "attention=standard"), launcher)
         stopped_at = cluster.preempt_mid_training(job, run_dir / "metrics.jsonl", after=5)
         out, ref = launcher.result(), reference.result()
     assert out.returncode == 0, out.stderr[-3000:]
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert 5 <= stopped_at < STEPS, f"the signal was sent after step {stopped_at} of {STEPS}"
-    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    # each job in the directory its single run would use (docs/training.md, "Sweeps"), the record apart
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("runs/*/*/summary.json")]
     assert sorted(s["attention"] for s in summaries) == ["quest", "standard"]
     assert all(s["status"] == "completed" for s in summaries)
     # each config ran as its own SLURM job (submitit keeps one log folder per job)
@@ -130,14 +132,13 @@ def test_hydra_submitit_multirun_one_job_per_config_and_a_preempted_job_is_resub
     _assert_same_weights(tmp_path / "ref", run_dir, parts=("model",))
 
 
-def _sweep_dir(sweep: Path, prefix: str, launcher: Future) -> Path:
-    """The run directory of the sweep job whose override_dirname starts with ``prefix``, once the job made it."""
+def _job_dir(run_dir: Path, launcher: Future) -> Path:
+    """``run_dir``, the run directory of a sweep job, once the job made it."""
     while not launcher.done():
-        found = [p for p in sweep.glob(f"{prefix}*") if p.is_dir()]
-        if found:
-            return found[0]
+        if run_dir.is_dir():
+            return run_dir
         time.sleep(0.2)
-    raise AssertionError(f"no {prefix}* run under {sweep}: {launcher.result().stderr[-3000:]}")
+    raise AssertionError(f"no run in {run_dir}: {launcher.result().stderr[-3000:]}")
 
 
 def test_a_job_refused_on_the_cluster_fails_the_sweep_naming_its_log(cluster, tmp_path):

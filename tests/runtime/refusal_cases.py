@@ -249,8 +249,13 @@ TRAIN_ROWS = [
     # the directory the config names (not the command line's, checked before Hydra) through a file
     Refusal("runs_through_a_file", T, TRAIN, ("{cwd}/runs exists and is not a directory",), "new",
             setup=_blocker("runs")),
-    Refusal("multirun_through_a_file", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3"),
-            ("{cwd}/multirun exists and is not a directory",), "new", setup=_blocker("multirun")),
+    Refusal("sweep_through_a_file", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3"),
+            ("{cwd}/runs exists and is not a directory",), "new", setup=_blocker("runs")),
+    # two jobs of a sweep that would run in one directory (they differ in what names no run): before any job
+    Refusal("sweep_jobs_share_a_directory", T, ("-m", *TRAIN, "trainer.device=cpu,auto"),
+            ("2 jobs of the sweep would run in one directory", "trainer.device=cpu", "trainer.device=auto"), "new"),
+    Refusal("sweep_one_run_dir_for_all", T, ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.run.dir={target}"),
+            ("2 jobs of the sweep would run in one directory", "recipe.lr=0.001 | recipe.lr=0.002"), "new"),
     # a sweep whose every job is refused: each job's line, then the sweep's; its directory (and multirun.yaml) go
     *[Refusal("sweep_all_refused", T, ("-m", *TRAIN, "recipe.lr=-1,-2", "hydra.sweep.dir={tmp}/elsewhere/sweep"),
               ("recipe.lr must be > 0", "2 job(s) of the sweep failed", "(refused; its error is above)"), state,
@@ -279,7 +284,8 @@ EVAL_ROWS = [
     # the results folder of its own, held by another eval.py: refused before the model is loaded
     Refusal("in_use", E, ("checkpoint={run}/checkpoints/last.pt", "eval=clean", "hydra.run.dir={target}"),
             (HOLDER,), "out", setup=steps(hold(".eval.lock"), _not_loaded("quest.evaluation.runner", "load_target"))),
-    Refusal("sweep_all_refused", E, ("-m", CHECKPOINT, "eval.batch_size=0,-1", "hydra.sweep.dir={tmp}/elsewhere/sweep"),
+    Refusal("sweep_all_refused", E, ("-m", CHECKPOINT, "eval.batch_size=0", "eval.use_ema=true,false",
+                                     "hydra.sweep.dir={tmp}/elsewhere/sweep"),
             ("eval.batch_size", "2 job(s) of the sweep failed"), errors=3),
 ]
 

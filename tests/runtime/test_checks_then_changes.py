@@ -229,8 +229,8 @@ REFUSED = {
     "quest-toy": lambda t: (cli.toy, ["quest-toy", *TOY, "data.train_size=-1", f"hydra.run.dir={t / 'd' / 'toy'}"]),
     "train.py -m": lambda t: (cli.train, ["train.py", "-m", *TRAIN, "recipe.lr=-1,-2",
                                           f"hydra.sweep.dir={t / 'e' / 'sweep'}"]),
-    "eval.py -m": lambda t: (cli.evaluate, ["eval.py", "-m", "model=vit_pico", "attention=standard", "eval=clean",
-                                            "eval.batch_size=0,-1", f"hydra.sweep.dir={t / 'f' / 'sweep'}"]),
+    "eval.py -m": lambda t: (cli.evaluate, ["eval.py", "-m", "model=vit_pico", "attention=standard,quest", "eval=clean",
+                                            "eval.batch_size=0", f"hydra.sweep.dir={t / 'f' / 'sweep'}"]),
     "quest-toy -m": lambda t: (cli.toy, ["quest-toy", "-m", *TOY, "data.train_size=-1,-2",
                                          f"hydra.sweep.dir={t / 'g' / 'sweep'}"]),
 }

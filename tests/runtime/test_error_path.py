@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
 
 from ..helpers import FAST
+from ..run.test_runs import _run_dir_name
 from ..warm import run_app
 
 # what a user sees: Hydra's full-error switch (set for the rest of the suite) off
@@ -26,14 +27,13 @@ ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
 
 def test_each_job_of_a_multirun_reports_its_own_error_and_the_sweep_goes_on(tmp_path):
     fast = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.max_steps=1"]
-    out = run_app("train.py", "-m", *fast, "recipe.lr=-1,1e-3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                  cwd=tmp_path, env=ENV)
+    out = run_app("train.py", "-m", *fast, "recipe.lr=-1,1e-3", cwd=tmp_path, env=ENV)
     assert out.returncode == EXIT_ERROR and "Traceback" not in out.stderr, out.stderr[-3000:]
     first, sweep = out.stderr.split("train.py: error: ")[1:]  # the job's error, then the sweep's
     assert "recipe.lr must be > 0" in first and sweep.startswith("1 job(s) of the sweep failed: "), out.stderr
     assert sweep.rstrip().endswith("(refused; its error is above)"), out.stderr
-    summaries = list((tmp_path / "sweep").glob("*/summary.json"))
-    assert len(summaries) == 1  # the good job ran; the refused one left no directory
+    ran = [str(p.parent.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*/*/summary.json")]
+    assert ran == [_run_dir_name(*fast, "recipe.lr=1e-3")]  # the good job ran; the refused one left no directory
 
 
 # --- the mechanism itself, in-process ---------------------------------------------------------------------------

@@ -155,18 +155,17 @@ def test_cli_divergence_exit_code_and_multirun_goes_on(tmp_path):
                         f"hydra.run.dir={tmp_path / 'single'}", cwd=tmp_path)
     assert single.returncode == EXIT_DIVERGED, single.stderr[-2000:]
     multi = _train_cli("-m", *fast, "recipe.lr=1e6,1e-3", "recipe.warmup_epochs=0", "attention=standard",
-                       f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+                       cwd=tmp_path)
     assert multi.returncode == 0, multi.stderr[-2000:]
-    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/*/summary.json")]
     assert sorted((s["lr"], s["status"]) for s in summaries) == [(1e-3, "completed"), (1e6, "diverged")]
 
 
 def test_cli_multirun_four_jobs_in_separate_directories(tmp_path):
     fast = [a for a in FAST if not a.startswith("trainer.")] + ["trainer.epochs=1"]
-    out = _train_cli("-m", *fast, "attention=standard,quest", "trainer.seed=0,1",
-                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    out = _train_cli("-m", *fast, "attention=standard,quest", "trainer.seed=0,1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    summaries = [json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json")]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/*/summary.json")]
     assert sorted((s["attention"], s["seed"]) for s in summaries) == [
         ("quest", 0), ("quest", 1), ("standard", 0), ("standard", 1)]
 

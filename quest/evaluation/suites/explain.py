@@ -30,6 +30,7 @@ from quest.store.tree import make_dirs
 from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input
 from ..kinds import register_evaluation
+from ..progress import Inner
 from ..transforms import describe, eval_transform
 from .classification import val_input, val_samples, val_split
 
@@ -210,9 +211,10 @@ def explain(run: EvalRun, section: Any) -> dict[str, Any]:
     dataset, transform = _dataset(run, section)
     indices = evenly_spaced(len(dataset), section.max_samples)
     batch = section.batch_size or run.settings.batch_size
-    tally = score_explanations(run.model, shard_batches(run, dataset, indices, batch, "explain"), dataset.boxes,
-                               list(section.methods), section.threshold, section.classes, section.skip_wrong,
-                               section.agcam_gradient)
+    inner = Inner(None, unit="method")  # each method's maps inside a batch, by time (eval.log_every_s)
+    tally = score_explanations(run.model, shard_batches(run, dataset, indices, batch, "explain", inner=inner),
+                               dataset.boxes, list(section.methods), section.threshold, section.classes,
+                               section.skip_wrong, section.agcam_gradient, progress=inner)
     images, wrong = _sum_counts(run, tally.images, tally.wrong)
     result: dict[str, Any] = {m: _summed(tally.scores[m], run).means() for m in section.methods}
     shown = list(section.figure_indices) if section.figure_indices else indices[:section.figure_images]
