@@ -73,6 +73,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:  # a write or fsync (a full disk): the file it was making
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -192,7 +197,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda f: f.write(text.encode()))
+    """``text`` written as UTF-8; a name in it that is not UTF-8 (a folder of an old zip archive) is written escaped
+    (``caf\\udce9``), never an encoder's error after the work was done."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8", "backslashreplace")))
 
 
 def plain(value: Any) -> Any:
