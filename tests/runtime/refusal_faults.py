@@ -184,11 +184,14 @@ class Case:
 
 
 def fault_cases() -> list[Case]:
-    """Every writer x every fault that applies to it: its output's place (each of OUT_FAULTS), its config folder's
-    group file (Hydra's apps), the input it reads under a name that is not UTF-8, and its weights of another shape."""
+    """Every writer x every fault that applies to it: its output's place (each of OUT_FAULTS), its config folder
+    (Hydra's apps: a group file not YAML or not a mapping, a primary config not YAML, the folder a dangling link), the
+    input it reads under a name that is not UTF-8 or through a link that leads nowhere, and its weights of another
+    shape."""
     cases = [Case(w, "out", f.name) for w in WRITERS for f in OUT_FAULTS]
-    cases += [Case(w, "config", how) for w in WRITERS if w.group for how in (*CONFIG_DAMAGES, "config_dir_dangling")]
-    cases += [Case(w, "input", "input_not_utf8") for w in WRITERS if w.reads]
+    cases += [Case(w, "config", how) for w in WRITERS if w.group
+              for how in (*CONFIG_DAMAGES, "primary_not_yaml", "config_dir_dangling")]
+    cases += [Case(w, "input", how) for w in WRITERS if w.reads for how in ("input_not_utf8", "input_dangling_link")]
     cases += [Case(w, "weights", "weights_other_shape") for w in WRITERS if w.weights]
     return [case for case in cases if case.writer.only is None or case.fault in case.writer.only]
 
@@ -220,7 +223,10 @@ def build_case(case: Case, scene: Scene) -> tuple[list[str], tuple[str, ...], bo
     out = out_place / w.out
     if w.prepare and os.path.isdir(out_place):  # not where the fault leaves no folder (Path.is_dir raises on a long name)
         _copy(inputs[w.prepare], out)
-    if w.reads:
+    if w.reads and case.fault == "input_dangling_link":  # its disk not mounted
+        read_place.symlink_to(tmp / "not-mounted")
+        names = (str(read_place),)
+    elif w.reads:
         source = inputs[w.reads]
         read_place = tmp / (NOT_UTF8 if case.fault == "input_not_utf8" else "in")
         read_in = _copy(source, read_place / source.name)
@@ -235,6 +241,11 @@ def build_case(case: Case, scene: Scene) -> tuple[list[str], tuple[str, ...], bo
         if case.fault == "config_dir_dangling":
             configs.symlink_to(tmp / "not-mounted")
             names = ("configs",)
+        elif case.fault == "primary_not_yaml":  # --config-name: the app's own config, from the user's folder
+            configs.mkdir()
+            _not_yaml(configs / "broken.yaml")
+            args = ["--config-name", "broken", *args]
+            names = ("broken",)
         else:
             (configs / w.group).mkdir(parents=True)
             CONFIG_DAMAGES[case.fault](configs / w.group / "broken.yaml")
