@@ -128,6 +128,42 @@ def full_disk(scene: Scene) -> None:
     scene.monkeypatch.setattr(os, "fsync", fsync)
 
 
+def mounted_under(root: Path) -> list[str]:
+    """The mount points under ``root``, deepest first (/proc/self/mounts escapes a space as \\040)."""
+    points = []
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            point = line.split()[1].replace("\\040", " ")
+            if point.startswith(f"{root}/"):
+                points.append(point)
+    return sorted(points, reverse=True)
+
+
+def open_under(root: Path) -> list[str]:
+    """The files under ``root`` this process holds open (none on a system without /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+        if target.startswith(f"{root}/"):
+            found.append(target)
+    return found
+
+
+def _tiny_disk(scene: Scene, place: Path) -> None:
+    """A real file system of one page (4 KiB, tmpfs) at ``place``: full after the first small file, wherever quest
+    writes (an append, a lock's holder line, an atomic write). Root only (mount); skipped elsewhere."""
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(place)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root (disk_full injects the same error)")
+
+
 OUT_FAULTS = [
     Fault("dangling_link", "scratch", ("scratch",), _dangling, folder=False),
     Fault("under_a_file", "afile", ("afile",), _a_file, folder=False),
@@ -135,6 +171,7 @@ OUT_FAULTS = [
     Fault("name_too_long", LONG, ("x" * 40,), folder=False),
     Fault("not_utf8_name", NOT_UTF8, ("caf",)),
     Fault("disk_full", "full", ("full",), writes=True),
+    Fault("disk_really_full", "tiny", ("tiny",), _tiny_disk, writes=True),
 ]
 
 
@@ -188,7 +225,9 @@ def fault_cases() -> list[Case]:
     (Hydra's apps: a group file not YAML or not a mapping, a primary config not YAML, the folder a dangling link), the
     input it reads under a name that is not UTF-8 or through a link that leads nowhere, and its weights of another
     shape."""
-    cases = [Case(w, "out", f.name) for w in WRITERS for f in OUT_FAULTS]
+    # a folder mounted over would hide what a writer's ``prepare`` copied into it
+    cases = [Case(w, "out", f.name) for w in WRITERS for f in OUT_FAULTS
+             if not (w.prepare and f.name == "disk_really_full")]
     cases += [Case(w, "config", how) for w in WRITERS if w.group
               for how in (*CONFIG_DAMAGES, "primary_not_yaml", "config_dir_dangling")]
     cases += [Case(w, "input", how) for w in WRITERS if w.reads for how in ("input_not_utf8", "input_dangling_link")]

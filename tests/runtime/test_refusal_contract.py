@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,7 @@ from .refusal_cases import (
     Scene,
     TimesDiffer,
 )
-from .refusal_faults import Case, build_case, fault_cases
+from .refusal_faults import Case, build_case, fault_cases, mounted_under, open_under
 from .refusal_inputs import BELOW_ROWS, WANDB_ROWS, damage, damaged_cases
 
 
@@ -311,7 +312,7 @@ def _fault(case: Case):
 
 
 @pytest.mark.parametrize("case", [_fault(case) for case in fault_cases()])
-def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, inputs, monkeypatch, capsys):
+def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, inputs, monkeypatch, capsys, request):
     """The generated faults (tests/runtime/refusal_faults.py): exit 0, 1 or 2, never 70, no traceback, at most one
     error line (a sweep: one per job and its own) naming the path, file or key; a refusal before any change leaves
     the folder as it was, and one at a full disk leaves no temporary file behind. Standard error escapes a name that
@@ -319,6 +320,7 @@ def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, in
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     scene = Scene(tmp_path, cwd, tmp_path / "out", inputs, monkeypatch)
+    request.addfinalizer(lambda: [subprocess.run(["umount", "--lazy", point], check=True) for point in mounted_under(tmp_path)])
     args, names, writes = build_case(case, scene)
     before = snapshot(tmp_path)
     sys.stderr.reconfigure(errors="backslashreplace")
@@ -328,6 +330,7 @@ def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, in
     assert "Traceback" not in out + err and "Error executing job" not in out + err, text
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) <= case.writer.errors and all(_by(case.writer.program, line) for line in errors), text
+    assert not open_under(tmp_path), f"left open: {open_under(tmp_path)}"  # a job's lock or log kept by a failure
     if code == 0:
         return
     said_first = err[err.index(errors[0]):] if errors else ""  # with its indented lines (one per problem)
