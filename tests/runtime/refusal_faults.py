@@ -3,10 +3,12 @@ fault of the operating system, a file name, YAML or a weights file that applies 
 
 A :class:`Writer` is one command with ``{out}``, the folder (or file) it writes, and the inputs it reads. A fault
 puts ``{out}`` where the system refuses it (through a link that leads nowhere, under a file, in a read-only folder,
-a name too long, a name that is not UTF-8, a disk that fills at the first write), or gives the command a config
-folder whose file is not YAML or not a mapping, a copy of its input under a name that is not UTF-8, or weights of
-another shape. Whatever the case, the command exits 0, 1 or 2, never 70 (a bug), with no traceback and at most one
-error line (one per job of a sweep, and the sweep's), naming the file or key; a refusal leaves the folder as it was.
+a name too long, a name that is not UTF-8, a disk that fills at the first write: injected, and a real tmpfs where
+root can mount one), or gives the command a config folder whose file is not YAML or not a mapping (or that is a
+link to nowhere), its input under a name that is not UTF-8 or through a link to nowhere, or weights of another
+shape. Whatever the case, the command exits 0, 1 or 2, never 70 (a bug), with no traceback and at most one error
+line (one per job of a sweep, and the sweep's), naming the file or key, and holds no file open once it has ended; a
+refusal leaves the folder as it was.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class Writer:
     prepare: str | None = None
     group: str | None = None
     errors: int = 1
-    only: tuple[str, ...] | None = None  # the faults it is tried with, where not all that apply
+    only: tuple[str, ...] | None = None
 
 
 CKPT = "checkpoints/last.pt"
