@@ -8,6 +8,7 @@ this command made it.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ class OwnedDirectory:
         :class:`quest.store.locks.LockHeld` (its ``holder``: what the lock file says) when another process holds it."""
         if not self.is_main:
             return
+        self._writable()
         self._lock_was_there = self.lock_path.exists()
         made = missing_dirs(self.path)
         fd = lock_file(self.lock_path, self.what)  # a refused LockHeld found the directory there: nothing made
@@ -58,6 +60,16 @@ class OwnedDirectory:
             raise
         self._made = made
         self._lock_fd, self._claimed = fd, False
+
+    def _writable(self) -> None:
+        """PermissionError naming the directory when this process cannot write where it would be made (its nearest
+        folder that exists: a read-only mount, another user's run), before the lock's mkdir would make part of it
+        and fail with a bare "Permission denied"."""
+        probe = next(p for p in (self.path, *self.path.parents) if os.path.lexists(p) or p == p.parent)
+        if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, f"not writable by this user (uid {os.getuid()}; {probe} has mode "
+                                  f"{os.stat(probe).st_mode & 0o777:o}): give another folder, or make it writable "
+                                  "(chmod u+w)", str(self.path))
 
     def _undo_lock(self, fd: int, made: list[Path]) -> None:
         """The lock file as it was (its bytes put back, or gone if this command made it, while still held), the

@@ -70,7 +70,7 @@ WRITERS = [
     Writer("export", "quest-export", ("{in}", "--out", "{out}"), reads="run", weights=CKPT),
     # the ONNX export takes 6-10 s: only the faults found before it (its write is the same atomic write as export's)
     Writer("export_onnx", "quest-export", ("{in}", "--out", "{out}", "--onnx"), reads="run",
-           only=("dangling_link", "under_a_file", "read_only", "name_too_long")),
+           only=("dangling_link", "under_a_file", "read_only", "read_only_asked", "name_too_long")),
     Writer("report", "quest-report", ("{in}", "--out", "{out}"), reads="runs"),
     Writer("plot", "quest-plot", ("perf", "{in}", "--out", "{out}"), out="fig.png", reads="run"),
     Writer("cap", "quest-data", ("cap", "{in}", "{out}", "--short-side", "16", "--no-progress", "--workers", "1"),
@@ -92,7 +92,7 @@ class Fault:
     setup: Callable[[Scene, Path], None] | None = None
     folder: bool = True  # the place is a folder, made before the case's inputs are copied into it
     writes: bool = False
-    unprivileged: bool = False
+    refused: bool = False  # exit 0 is no answer: every command asks before it writes there
 
 
 def _dangling(scene: Scene, place: Path) -> None:  # scratch not mounted
@@ -111,6 +111,20 @@ def _read_only(scene: Scene, place: Path) -> None:
         for name in dirs:
             Path(top, name).chmod(0o555)
     place.chmod(0o555)
+
+
+def _read_only_asked(scene: Scene, place: Path) -> None:
+    """A folder this user cannot write, as the commands ask it (``os.access``) before they write: root writes
+    anywhere, so the system's answer is taken away where the check asks, as the contract's ``_unwritable`` does;
+    ``read_only`` is the same folder where permissions bind."""
+    real, root = os.access, os.path.abspath(place)
+
+    def access(path, mode, **kwargs):
+        where = os.path.abspath(path) if isinstance(path, (str, os.PathLike)) else ""
+        if mode & os.W_OK and (where == root or where.startswith(f"{root}/")):
+            return False
+        return real(path, mode, **kwargs)
+    scene.monkeypatch.setattr(os, "access", access)
 
 
 def full_disk(scene: Scene) -> None:
@@ -169,7 +183,8 @@ def _tiny_disk(scene: Scene, place: Path) -> None:
 OUT_FAULTS = [
     Fault("dangling_link", "scratch", ("scratch",), _dangling, folder=False),
     Fault("under_a_file", "afile", ("afile",), _a_file, folder=False),
-    Fault("read_only", "locked", ("locked",), _read_only, unprivileged=True),
+    Fault("read_only", "locked", ("locked",), _read_only),
+    Fault("read_only_asked", "asked", ("asked",), _read_only_asked, refused=True),
     Fault("name_too_long", LONG, ("x" * 40,), folder=False),
     Fault("not_utf8_name", NOT_UTF8, ("caf",)),
     Fault("disk_full", "full", ("full",), writes=True),
@@ -247,9 +262,9 @@ def _copy(source: Path, dest: Path) -> Path:
     return Path(shutil.copy2(source, dest))
 
 
-def build_case(case: Case, scene: Scene) -> tuple[list[str], tuple[str, ...], bool]:
+def build_case(case: Case, scene: Scene) -> tuple[list[str], tuple[str, ...], bool, bool]:
     """Set ``case`` up in ``scene``: (the command's argv, what its error line must hold, whether the fault comes
-    once it has started to write)."""
+    once it has started to write, whether it must be refused)."""
     w, tmp, inputs = case.writer, scene.tmp, scene.inputs
     out_place, names, writes = tmp / "out-folder", (), False
     read_place = tmp / "in"
@@ -299,4 +314,5 @@ def build_case(case: Case, scene: Scene) -> tuple[list[str], tuple[str, ...], bo
         if case.fault == "disk_full":
             full_disk(scene)
     fills = {"out": str(out), "in": str(read_place / inputs[w.reads].name) if w.reads else ""}
-    return [a.replace("{out}", fills["out"]).replace("{in}", fills["in"]) for a in args], names, writes
+    refused = case.kind == "out" and OUT_FAULT[case.fault].refused
+    return [a.replace("{out}", fills["out"]).replace("{in}", fills["in"]) for a in args], names, writes, refused

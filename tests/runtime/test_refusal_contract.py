@@ -321,7 +321,7 @@ def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, in
     cwd.mkdir()
     scene = Scene(tmp_path, cwd, tmp_path / "out", inputs, monkeypatch)
     request.addfinalizer(lambda: [subprocess.run(["umount", "--lazy", point], check=True) for point in mounted_under(tmp_path)])
-    args, names, writes = build_case(case, scene)
+    args, names, writes, refused = build_case(case, scene)
     before = snapshot(tmp_path)
     sys.stderr.reconfigure(errors="backslashreplace")
     code, out, err = run_command(case.writer.program, args, cwd, monkeypatch, capsys)
@@ -332,6 +332,7 @@ def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, in
     assert len(errors) <= case.writer.errors and all(_by(case.writer.program, line) for line in errors), text
     assert not open_under(tmp_path), f"left open: {open_under(tmp_path)}"  # a job's lock or log kept by a failure
     if code == 0:
+        assert not refused, f"{case.id}: written without asking whether it may: {text}"
         return
     said_first = err[err.index(errors[0]):] if errors else ""  # with its indented lines (one per problem)
     assert errors and all(name in said_first for name in names), text
