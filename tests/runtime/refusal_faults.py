@@ -93,6 +93,8 @@ class Fault:
     folder: bool = True  # the place is a folder, made before the case's inputs are copied into it
     writes: bool = False
     refused: bool = False  # exit 0 is no answer: every command asks before it writes there
+    writers: tuple[str, ...] | None = None  # the writers it is tried with, where not every one
+    mounts: bool = False  # a file system mounted on the place: over what a writer's ``prepare`` put there
 
 
 def _dangling(scene: Scene, place: Path) -> None:  # scratch not mounted
@@ -168,16 +170,19 @@ def open_under(root: Path) -> list[str]:
     return found
 
 
-def _tiny_disk(scene: Scene, place: Path) -> None:
-    """A real file system of one page (4 KiB, tmpfs) at ``place``: full after the first small file, wherever quest
-    writes (an append, a lock's holder line, an atomic write). Root only (mount); skipped elsewhere."""
-    import subprocess
+def _small_disk(kib: int) -> Callable[[Scene, Path], None]:
+    """A real file system of ``kib`` KiB (tmpfs, whole pages) at ``place``: full once that much is written, wherever
+    quest writes then (an append, a lock's holder line, an atomic write, the log). Root only (mount); skipped
+    elsewhere."""
+    def setup(scene: Scene, place: Path) -> None:
+        import subprocess
 
-    import pytest
+        import pytest
 
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(place)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root (disk_full injects the same error)")
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(place)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("mounting a size-limited tmpfs needs root (disk_full injects the same error)")
+    return setup
 
 
 OUT_FAULTS = [
@@ -188,7 +193,11 @@ OUT_FAULTS = [
     Fault("name_too_long", LONG, ("x" * 40,), folder=False),
     Fault("not_utf8_name", NOT_UTF8, ("caf",)),
     Fault("disk_full", "full", ("full",), writes=True),
-    Fault("disk_really_full", "tiny", ("tiny",), _tiny_disk, writes=True),
+    Fault("disk_really_full", "tiny", ("tiny",), _small_disk(4), writes=True, mounts=True),
+    # train.py's run filling a disk at each of its writes in turn: Hydra's record, run.json, the log, a checkpoint
+    *[Fault(f"disk_full_at_{kib}k", "small", ("small",), _small_disk(kib), writes=True, mounts=True,
+            writers=("train",))
+      for kib in (12, 16, 20, 24)],
 ]
 
 
@@ -242,9 +251,8 @@ def fault_cases() -> list[Case]:
     (Hydra's apps: a group file not YAML or not a mapping, a primary config not YAML, the folder a dangling link), the
     input it reads under a name that is not UTF-8 or through a link that leads nowhere, and its weights of another
     shape."""
-    # a folder mounted over would hide what a writer's ``prepare`` copied into it
     cases = [Case(w, "out", f.name) for w in WRITERS for f in OUT_FAULTS
-             if not (w.prepare and f.name == "disk_really_full")]
+             if not (w.prepare and f.mounts) and w.name in (f.writers or (w.name,))]
     cases += [Case(w, "config", how) for w in WRITERS if w.group
               for how in (*CONFIG_DAMAGES, "primary_not_yaml", "config_dir_dangling")]
     cases += [Case(w, "input", how) for w in WRITERS if w.reads for how in ("input_not_utf8", "input_dangling_link")]
