@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.runtime.errors import UserError
+from quest.runtime.errors import UserError, describe
 from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 from quest.store.files import json_text, open_records, parse_json, write_json_atomic
@@ -59,10 +60,6 @@ class _LogFile(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:
         """A log file the system cannot write (a full disk): said once, as a warning on the console, which goes on
         with every record; logging's own report would print a traceback for each of them."""
-        import sys
-
-        from quest.runtime.errors import describe
-
         exc = sys.exc_info()[1]
         if not isinstance(exc, OSError):
             super().handleError(record)
