@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 import typing
 from pathlib import Path
@@ -23,7 +24,7 @@ from quest.data.registry import SCHEMA_SUFFIX
 from quest.runtime.errors import print_error
 from quest.store.made_dirs import output_dir_problem
 
-__all__ = ["override_problems", "exit_on_bad_overrides", "app_groups", "default_options"]
+__all__ = ["override_problems", "exit_on_bad_overrides", "app_groups", "default_options", "not_utf8_problems"]
 
 
 def app_groups(config_dir: Path, primary: str) -> dict[str, list[str]]:
@@ -206,6 +207,22 @@ def _key_problem(key: str, schema: type, groups: dict[str, list[str]],
     return None
 
 
+def not_utf8_problems(args: list[str]) -> list[str]:
+    """One line per argument holding a name that is not UTF-8 (a folder an old zip archive extracted in Latin-1, which
+    Python reads as escaped bytes): Hydra's override grammar reads UTF-8 text only, and would answer with its lexer's
+    error naming no byte. The byte is shown as the file system holds it (``caf\\xe9``)."""
+    problems = []
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            problems.append(f"{shown}: holds a name that is not UTF-8 text (bytes of another encoding, as an old "
+                            "archive extracts them); quest's overrides are UTF-8 text: rename it (convmv -f latin1 "
+                            "-t utf8), or give a link to it under a UTF-8 name")
+    return problems
+
+
 # flags after which the primary config or the search path is another one (or Hydra answers without composing)
 _UNCHECKED_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp", "--shell-completion", "-sc",
                     "--help", "-h", "--hydra-help", "--version", "--experimental-rerun")
@@ -214,7 +231,7 @@ _UNCHECKED_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-pat
 def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: Path, primary: str) -> None:
     """Print each problem of :func:`override_problems` as one line on stderr and exit 1, or return. Skipped when a
     flag selects another primary config or search path."""
-    flags = flag_problems(args, app)  # --epochs 3 from a timm or DeiT habit: the quest key it means
+    flags = flag_problems(args, app) + not_utf8_problems(args)  # --epochs 3 from a timm or DeiT habit: the quest key
     if flags:
         for line in flags:
             print_error(app, line)

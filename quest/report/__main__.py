@@ -20,7 +20,7 @@ from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_mar
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quest.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name("quest-report"), description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                         help="directories searched recursively for run directories (summary.json)")
     parser.add_argument("--out", type=output_path, help="also write the tables to this directory (.md and .csv)")

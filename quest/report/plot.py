@@ -229,7 +229,7 @@ def plot_diagnostics(
 def image_path(text: str) -> Path:
     """argparse type of ``--out``: an image file's path. A folder (``--out figs/``) is refused, as is a name without
     a format's suffix: with ``--overwrite`` the folder would be moved aside and a file of its name written."""
-    path = output_path(text)
+    path = output_path(text, file=True)
     if path.is_dir() or text.endswith("/"):
         raise argparse.ArgumentTypeError(f"{text} is a folder; expected the image file to write, e.g. "
                                          f"{path / 'figure.png'}")
@@ -240,7 +240,7 @@ def image_path(text: str) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quest.report.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name("quest-plot"), description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     diag = commands.add_parser(
         "diagnostics",

@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from quest.runtime.errors import UserError
+from quest.runtime.errors import UserError, describe
 from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 from quest.store.files import json_text, open_records, parse_json, write_json_atomic
@@ -39,11 +40,33 @@ class _LogFile(logging.FileHandler):
     open_records: never through a link or a hard link, a half-written last line cut off)."""
 
     def __init__(self, path: Path, warn: Callable[[str], None]):
-        self._warn = warn
+        self._warn, self._failed = warn, False
         super().__init__(path)
 
     def _open(self) -> TextIO:
         return open_records(self.baseFilename, warn=self._warn)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self._failed:
+            super().emit(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the lines it still held: the failure was said once already
+            if not self._failed:
+                raise
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A log file the system cannot write (a full disk): said once, as a warning on the console, which goes on
+        with every record; logging's own report would print a traceback for each of them."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)
+            return
+        self._failed = True  # before the warning, which reaches this handler too
+        logging.getLogger("quest").warning("the log file %s cannot be written (%s); the log goes on on the console "
+                                           "only", self.baseFilename, describe(exc))
 
 
 def start_log_file(path: Path) -> logging.Handler:

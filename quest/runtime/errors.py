@@ -36,7 +36,7 @@ from pathlib import Path
 from quest.runtime.phase import command_phases
 
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
-           "describe", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
+           "describe", "escaping_stdout", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
@@ -159,12 +159,33 @@ def full_error_asked() -> bool:
 
 
 @contextlib.contextmanager
-def reporting_errors(program: str) -> Iterator[None]:
-    """Run a command's work, its checks first (:func:`quest.runtime.phase.command_phases`): a user error exits
-    EXIT_ERROR with one line, a bug EXIT_BUG with its traceback and a line saying so. SystemExit (an exit code already
-    chosen) and KeyboardInterrupt pass through."""
+def escaping_stdout() -> Iterator[None]:
+    """Standard output escapes what its encoding cannot hold, as Python's standard error does (``backslashreplace``),
+    while a command runs: a name that is not UTF-8 (Python holds its bytes as ``\\udce9``) in a message or a log line
+    is printed escaped, where a UTF-8 terminal's strict encoder would end the command, its work done, with an
+    encoder's error naming no file."""
+    stream = sys.stdout
+    reconfigure = getattr(stream, "reconfigure", None)
+    held = getattr(stream, "errors", None)
+    if reconfigure is None or held != "strict":
+        yield
+        return
+    reconfigure(errors="backslashreplace")
     try:
-        with command_phases(program):
+        yield
+    finally:
+        if not stream.closed:
+            stream.reconfigure(errors=held)
+
+
+@contextlib.contextmanager
+def reporting_errors(program: str) -> Iterator[None]:
+    """Run a command's work, its checks first (:func:`quest.runtime.phase.command_phases`), its output escaped where
+    the terminal's encoding cannot hold it (:func:`escaping_stdout`): a user error exits EXIT_ERROR with one line, a
+    bug EXIT_BUG with its traceback and a line saying so. SystemExit (an exit code already chosen) and
+    KeyboardInterrupt pass through."""
+    try:
+        with command_phases(program), escaping_stdout():
             yield
     except (SystemExit, KeyboardInterrupt):
         raise

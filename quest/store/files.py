@@ -73,6 +73,12 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        named = _named(exc, path)  # a write or fsync (a full disk): the file it was making
+        if named is exc:
+            raise
+        raise named from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -135,6 +141,37 @@ def read_json(path: str | Path, expected: type = dict) -> Any:
     return value
 
 
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` where the system's error names no file (a write or fsync on a full disk)."""
+    if exc.filename is None and exc.errno is not None:
+        return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
+    return exc
+
+
+class _Records(io.TextIOWrapper):
+    """A record file's text stream whose errors of the system (a full disk) name the file: a write's own name none."""
+
+    path: Path
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except OSError as exc:
+            raise _named(exc, self.path) from exc
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            raise _named(exc, self.path) from exc
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:
+            raise _named(exc, self.path) from exc
+
+
 def open_records(path: str | Path, warn: Callable[[str], None] | None = None) -> TextIO:
     """A line-per-record text file (JSON lines, a log) opened for appending, line-buffered, after a last line that a
     killed writer left half-written has been cut off: every record appended starts on a line of its own.
@@ -157,8 +194,10 @@ def open_records(path: str | Path, warn: Callable[[str], None] | None = None) ->
     mode = new_file_mode(path)
     # appending, never through a link (O_NOFOLLOW), and readable too: the cut below reads the file's last line
     # a name in a line that is not UTF-8 (a file of an old zip archive) is written escaped, never an encoder's error
-    records = open(path, "a", buffering=1, encoding="utf-8", errors="backslashreplace",
-                   opener=lambda name, flags: os.open(name, (flags & ~os.O_WRONLY) | os.O_RDWR | os.O_NOFOLLOW, mode))
+    raw = io.FileIO(path, "a", opener=lambda name, flags: os.open(name, (flags & ~os.O_WRONLY) | os.O_RDWR
+                                                                  | os.O_NOFOLLOW, mode))
+    records = _Records(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+    records.path = path
     fd = records.fileno()
     size = os.fstat(fd).st_size
     if size:
@@ -192,7 +231,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda f: f.write(text.encode()))
+    """``text`` written as UTF-8; a name in it that is not UTF-8 (a folder of an old zip archive) is written escaped
+    (``caf\\udce9``), never an encoder's error after the work was done."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8", "backslashreplace")))
 
 
 def plain(value: Any) -> Any:

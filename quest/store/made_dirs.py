@@ -20,11 +20,13 @@ def missing_dirs(path: str | Path) -> list[Path]:
     return out
 
 
-def output_dir_problem(path: str) -> str | None:
+def output_dir_problem(path: str, file: bool = False) -> str | None:
     """What keeps ``path`` (an output directory, relative to the working directory) from being made, in words, or
     None: a name longer than the file system allows, a part that exists and is not a directory, or a link that
     leads nowhere (making it would fail with the operating system's error naming no reason), or a leading ``~`` (it
-    would be made as a directory named ``~``, not the home directory the user meant)."""
+    would be made as a directory named ``~``, not the home directory the user meant). ``file``: ``path`` is a file
+    to write, whose folder is made: only its name's length is checked, what stands in its place is the command's
+    to judge (an earlier output it replaces)."""
     limit = 255
     try:
         limit = os.pathconf(".", "PC_NAME_MAX")
@@ -39,11 +41,11 @@ def output_dir_problem(path: str) -> str | None:
         return (f"the directory name {long[:40]}... is {len(os.fsencode(long))} bytes long; this file system allows "
                 f"{limit} per name (choose a shorter one)")
     here = Path(".")
-    for part in Path(path).parts:
+    for part in Path(path).parts[:-1] if file else Path(path).parts:
         here = here / part
         if here.is_symlink() and not here.exists():  # scratch not mounted, a link copied from another machine
             return (f"{here} is a link to {os.readlink(here)}, which does not exist (a file system not mounted?); "
                     "mount it, or give another directory")
         if here.exists() and not here.is_dir():
-            return f"{here} exists and is not a directory (expected a directory to write the run into)"
+            return f"{here} exists and is not a directory (expected a directory to write into)"
     return None

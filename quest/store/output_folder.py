@@ -42,15 +42,21 @@ from functools import cached_property
 from pathlib import Path
 
 from quest.store.locks import LockHeld, holder_text
+from quest.store.made_dirs import output_dir_problem
 from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.tree import move_aside, remove_made_dirs
 
-__all__ = ["FolderHeld", "OutputFolder", "holding", "output_path"]
+__all__ = ["FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
 
 
 class FolderHeld(ValueError):
     """Another command holds the folder (a ValueError: the user's to resolve, quest.runtime.errors)."""
+
+
+class FolderUnmakeable(ValueError):
+    """The folder a command would write cannot be made (quest.store.made_dirs.output_dir_problem: a part of it is a
+    file, a link that leads nowhere, a name too long): a ValueError, the user's to resolve, like a bad ``--out``."""
 
 
 class OutputFolder(OwnedDirectory):
@@ -92,10 +98,12 @@ class OutputFolder(OwnedDirectory):
         return move_aside(self.path, [p for p in present if not (keep_own and self.manifest.owns(p))], label)
 
 
-def output_path(text: str) -> Path:
+def output_path(text: str, file: bool = False) -> Path:
     """The argparse type of a command's ``--out``: a path, never an empty one (``--out "$OUT"`` with ``OUT`` unset),
     which would write the command's files into the working directory, nor one going up ('..') from a folder that
-    does not exist."""
+    does not exist, nor one that cannot be made (quest.store.made_dirs.output_dir_problem: a part of it a file or a
+    link that leads nowhere, a name too long), refused before the command reads anything. ``file``: the path of a
+    file to write (its folder is checked, and its name's length)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
     path = Path(text)
@@ -106,6 +114,9 @@ def output_path(text: str) -> Path:
             raise argparse.ArgumentTypeError(
                 f"{text} goes up ('..') from {Path(*path.parts[:i])}, which is not an existing folder; expected a "
                 "path whose every '..' follows an existing folder (write it without the '..')")
+    problem = output_dir_problem(text, file=file)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return path
 
 
@@ -115,8 +126,12 @@ def holding(path: str | Path, command: str, output: str | None = None,
     """Hold the folder ``path`` for ``command`` while the block runs, or with ``output`` (a file's name) only that
     file in it (module docstring); :class:`FolderHeld` naming the holder when another command holds it. A block that
     ends without :meth:`OutputFolder.claim` (refused) leaves the folder as it was: the lock file put back or removed,
-    the folders the lock made removed. ``transient``: the folder's lock file, when this command made it, goes at the
-    end too (a folder that is handed on whole, such as an export uploaded to a model hub, holds its outputs alone)."""
+    the folders the lock made removed; :class:`FolderUnmakeable` when the folder cannot be made. ``transient``: the
+    folder's lock file, when this command made it, goes at the end too (a folder that is handed on whole, such as an
+    export uploaded to a model hub, holds its outputs alone)."""
+    problem = output_dir_problem(str(path))
+    if problem:  # before the lock's mkdir, whose error would name no reason ("File exists" for a dangling link)
+        raise FolderUnmakeable(f"{path}: {problem}")
     folder = OutputFolder(path, command, output=output, transient=transient)
     made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
     try:

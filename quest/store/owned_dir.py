@@ -8,6 +8,7 @@ this command made it.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterable
@@ -44,14 +45,43 @@ class OwnedDirectory:
         :class:`quest.store.locks.LockHeld` (its ``holder``: what the lock file says) when another process holds it."""
         if not self.is_main:
             return
+        self._writable()
         self._lock_was_there = self.lock_path.exists()
         made = missing_dirs(self.path)
         fd = lock_file(self.lock_path, self.what)  # a refused LockHeld found the directory there: nothing made
-        self._made = made
         # a command refused before claim() puts the old content back (unlock)
         self._lock_before = os.pread(fd, os.fstat(fd).st_size, 0)  # all of it: a refusal puts back every byte
-        self._write_lock(fd, self.holder())
+        try:
+            self._write_lock(fd, self.holder())
+        except OSError as exc:  # a full disk: refused as before the lock, naming its file (pwrite names none)
+            self._undo_lock(fd, made)
+            if exc.filename is None and exc.errno is not None:
+                raise OSError(exc.errno, exc.strerror, str(self.lock_path)) from exc
+            raise
+        self._made = made
         self._lock_fd, self._claimed = fd, False
+
+    def _writable(self) -> None:
+        """PermissionError naming the directory when this process cannot write where it would be made (its nearest
+        folder that exists: a read-only mount, another user's run), before the lock's mkdir would make part of it
+        and fail with a bare "Permission denied"."""
+        probe = next(p for p in (self.path, *self.path.parents) if os.path.lexists(p) or p == p.parent)
+        if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, f"not writable by this user (uid {os.getuid()}; {probe} has mode "
+                                  f"{os.stat(probe).st_mode & 0o777:o}): give another folder, or make it writable "
+                                  "(chmod u+w)", str(self.path))
+
+    def _undo_lock(self, fd: int, made: list[Path]) -> None:
+        """The lock file as it was (its bytes put back, or gone if this command made it, while still held), the
+        descriptor closed, the folders it made removed."""
+        try:
+            if self._lock_was_there:
+                self._write_lock(fd, self._lock_before)  # the space the truncation freed holds them again
+            else:
+                self.lock_path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+            remove_made_dirs(made)
 
     def holder(self) -> bytes:
         """What the lock file says while this process holds it (:func:`holder_text`)."""
@@ -78,16 +108,11 @@ class OwnedDirectory:
         with the folders it made to hold it (each only while empty)."""
         if self._lock_fd is None:
             return
+        fd, self._lock_fd, made, self._made = self._lock_fd, None, self._made, []
         if not self._claimed:
-            if self._lock_was_there:
-                self._write_lock(self._lock_fd, self._lock_before)
-            else:
-                self.lock_path.unlink(missing_ok=True)  # still held: no other process has it locked
-        os.close(self._lock_fd)
-        self._lock_fd = None
-        if not self._claimed:
-            remove_made_dirs(self._made)
-        self._made = []
+            self._undo_lock(fd, made)  # unlinked while still held: no other process has it locked
+        else:
+            os.close(fd)
 
     def held_elsewhere(self) -> bool:
         """Whether another process holds the lock (a record saying 'running' without it was killed). Only reads: a

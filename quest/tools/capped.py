@@ -105,8 +105,8 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     ``dst/_capped.json`` and, under ``this_run``, how many outputs this run kept, wrote and removed."""
     from quest.data.preflight import folder_files
 
-    src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
-    _check(src, dst, short_side, quality)
+    given, src, dst = Path(src), Path(src).expanduser().resolve(), Path(dst).expanduser()
+    _check(src, dst, short_side, quality, given)
     folders = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
     missing = [s for s in splits if s not in folders]
     if missing:
@@ -204,8 +204,8 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     """A directory of WebDataset shards with an ``_info.json`` (quest.tools.make_shards): the shards of ``splits``
     capped into ``dst`` under the same names, the other splits' shards linked, the ``_info.json`` copied (the sample
     counts stay). Run again, it follows the source (module docstring)."""
-    src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser()
-    _check(src, dst, short_side, quality)
+    given, src, dst = Path(src), Path(src).expanduser().resolve(), Path(dst).expanduser()
+    _check(src, dst, short_side, quality, given)
     info, info_path = load_info(src)
     if info_path is None:
         raise FileNotFoundError(f"{src} has no _info.json; index the shards first (python -m quest.tools.make_shards "
@@ -251,9 +251,13 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
 
 
-def _check(src: Path, dst: Path, short_side: int, quality: int) -> None:
+def _check(src: Path, dst: Path, short_side: int, quality: int, given: Path) -> None:
+    """``src`` resolved from ``given``, the path as the user wrote it, which a refusal names (with where its links
+    lead, when they lead elsewhere: a link to a disk that is not mounted)."""
     if not src.is_dir():
-        raise FileNotFoundError(f"{src} is not a directory; expected an image folder or a directory of shards")
+        through = f" (it leads to {src})" if given.expanduser().absolute() != src else ""
+        raise FileNotFoundError(f"{given}{through} is not a directory; expected an image folder or a directory of "
+                                "shards")
     if short_side < 16:
         raise ValueError(f"--short-side must be at least 16 pixels, got {short_side}")
     if not 1 <= quality <= 100:

@@ -128,7 +128,7 @@ def test_an_output_directory_under_a_file_is_refused(tmp_path, monkeypatch):
     (tmp_path / "taken").write_text("")
     problems = override_problems(["hydra.run.dir=taken/run"], TrainConfig, app_groups(config_root(), "train"))
     assert problems == ["hydra.run.dir=taken/run: taken exists and is not a directory (expected a directory to write "
-                        "the run into)"]
+                        "into)"]
     assert override_problems(["hydra.run.dir=free/run"], TrainConfig, app_groups(config_root(), "train")) == []
 
 

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,7 @@ from .refusal_cases import (
     Scene,
     TimesDiffer,
 )
+from .refusal_faults import Case, build_case, fault_cases, mounted_under, open_under
 from .refusal_inputs import BELOW_ROWS, WANDB_ROWS, damage, damaged_cases
 
 
@@ -302,6 +304,44 @@ def test_a_damaged_input_is_one_line_naming_it_or_read_right_never_a_bug(reader,
         assert _untimed(after) == _untimed(before), "the refused command changed the folder"
         if after != before:
             raise TimesDiffer(f"modification times changed: {sorted(k for k in after if after[k] != before.get(k))}")
+
+
+def _fault(case: Case):
+    marks = [pytest.mark.unprivileged] if case.fault == "read_only" else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_fault(case) for case in fault_cases()])
+def test_a_fault_from_below_is_one_line_naming_it_never_a_bug(case, tmp_path, inputs, monkeypatch, capsys, request):
+    """The generated faults (tests/runtime/refusal_faults.py): exit 0, 1 or 2, never 70, no traceback, at most one
+    error line (a sweep: one per job and its own) naming the path, file or key; a refusal before any change leaves
+    the folder as it was, and one at a full disk leaves no temporary file behind. Standard error escapes a name that
+    is not UTF-8 as Python's own does (backslashreplace); standard output is strict, as a UTF-8 terminal's."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    scene = Scene(tmp_path, cwd, tmp_path / "out", inputs, monkeypatch)
+    request.addfinalizer(lambda: [subprocess.run(["umount", "--lazy", point], check=True) for point in mounted_under(tmp_path)])
+    args, names, writes, refused = build_case(case, scene)
+    before = snapshot(tmp_path)
+    sys.stderr.reconfigure(errors="backslashreplace")
+    code, out, err = run_command(case.writer.program, args, cwd, monkeypatch, capsys)
+    text = (out + err)[-3000:]
+    assert code in (0, 1, 2) and code != EXIT_BUG, text
+    assert "Traceback" not in out + err and "Error executing job" not in out + err, text
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) <= case.writer.errors and all(_by(case.writer.program, line) for line in errors), text
+    assert not open_under(tmp_path), f"left open: {open_under(tmp_path)}"  # a job's lock or log kept by a failure
+    if code == 0:
+        assert not refused, f"{case.id}: written without asking whether it may: {text}"
+        return
+    said_first = err[err.index(errors[0]):] if errors else ""  # with its indented lines (one per problem)
+    assert errors and all(name in said_first for name in names), text
+    after = snapshot(tmp_path)
+    if writes:
+        assert not [p for p in after if p.endswith(".tmp")], "a temporary file was left behind"
+        return
+    assert _untimed(after) == _untimed(before), "the refused command changed the folder"
+    assert after == before, f"modification times changed: {sorted(k for k in after if after[k] != before.get(k))}"
 
 
 def test_a_rerun_of_a_finished_run_changes_nothing_either(tmp_path, inputs, monkeypatch, capsys):
