@@ -23,7 +23,7 @@ from quest.store.damage import DamagedFile
 from quest.store.files import json_text, open_records, parse_json, write_json_atomic
 from quest.store.output_folder import OutputFolder
 from quest.store.run_files import check_metrics_row
-from quest.store.tree import move_aside, remove
+from quest.store.tree import move_aside
 
 __all__ = ["RunLogger", "LOG_FORMAT", "TENSORBOARD_DIR", "WandbStartError", "init_wandb", "start_log_file",
            "start_wandb", "stop_log_file", "wandb_group"]
@@ -195,8 +195,7 @@ class RunLogger:
                         move_aside(self.run_dir, [exc.path], TENSORBOARD_DIR))
         stale = sorted(directory.glob("events.out.tfevents.*"))
         for path in stale:  # a view of metrics.jsonl, rewritten below
-            if view.manifest.owns(path):
-                remove(path)
+            view.manifest.remove_if_owned(path)
         kept = move_aside(self.run_dir, [p for p in stale if p.exists()], TENSORBOARD_DIR)  # not this run's
         if kept is not None:
             log.warning("event files this run did not write were in %s: moved to %s", directory, kept)

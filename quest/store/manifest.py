@@ -171,6 +171,14 @@ class Manifest:
         entry = self.entries.get(self._name(path))
         return entry is not None and entry.by == self.command and self._unchanged(entry)
 
+    def remove_if_owned(self, path: str | Path) -> bool:
+        """Delete ``path`` if it is a file this command wrote and nobody changed since (:meth:`owns`); whether it
+        did. Anything else stays where it is, for the caller to keep aside."""
+        if not self.owns(path):
+            return False
+        self._remove_own(self.folder / self._name(path))
+        return True
+
     def _unchanged(self, entry: ManifestEntry) -> bool:
         path = self.folder / entry.path
         if path.is_symlink() or not path.is_file():

@@ -193,3 +193,27 @@ def test_a_recorded_file_is_deleted_only_while_it_is_a_plain_file_inside_the_fol
     moved = {p.name for p in (folder / ".replaced").rglob("*") if p.parent.parent == folder / ".replaced"}
     assert moved == {"folder", "link_out", "link_in", "dangling"}
     assert outside.read_text() == "not the folder's\n" and (folder / "kept.txt").read_text() == "x\n"
+
+
+def test_only_a_file_the_command_wrote_and_nobody_changed_is_removed_as_its_own(tmp_path):
+    """remove_if_owned (the run's stale TensorBoard files): the command's own unchanged file goes; one it did not
+    write, one changed since (same size, other bytes), one another command wrote, and a link put in the place of its
+    file stay where they are."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for name in ("mine", "changed", "linked", "theirs"):
+        (folder / name).write_text(f"{name} 0\n")
+    (folder / "unrecorded").write_text("?\n")
+    manifest = Manifest(folder, "test")
+    manifest.note([folder / "mine", folder / "changed", folder / "linked"])
+    Manifest(folder, "another command").note([folder / "theirs"])
+    manifest = Manifest(folder, "test")  # as read back by the next run
+    (folder / "changed").write_text("changed 1\n")
+    os.utime(folder / "changed", ns=(1, 1))
+    (folder / "linked").unlink()
+    (folder / "linked").symlink_to(folder / "unrecorded")
+    removed = {name: manifest.remove_if_owned(folder / name) for name in ("mine", "changed", "linked", "theirs",
+                                                                           "unrecorded")}
+    assert removed == {"mine": True, "changed": False, "linked": False, "theirs": False, "unrecorded": False}
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
+        "changed", "linked", "theirs", "unrecorded"]
