@@ -224,3 +224,12 @@ def pytest_xdist_node_collection_finished(node, ids):
 def pytest_sessionfinish(session):
     for thread in _compiling:
         thread.join()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report):
+    """A test's captured output as text xdist can send from its worker: a file name that is not UTF-8 (the faults
+    matrix makes them) reaches the captured log as a surrogate escape, which execnet refuses to encode, ending the
+    worker instead of reporting the test."""
+    report.sections = [(title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+                       for title, text in report.sections]

@@ -57,8 +57,9 @@ WRITERS = [
     Writer("init_from", "train.py", (*TRAIN, "trainer.init_from={in}/" + CKPT, HYDRA_OUT), reads="run", weights=CKPT),
     Writer("pretrained", "train.py", (*TRAIN, "model.pretrained=local-dir:{in}", HYDRA_OUT), reads="export",
            weights=SAFETENSORS),
-    Writer("sweep", "train.py", ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.sweep.dir={out}"), group="logger",
-           errors=3),
+    # each job where its single run would be (here one per learning rate under the folder), the record beside them
+    Writer("sweep", "train.py", ("-m", *TRAIN, "recipe.lr=1e-3,2e-3", "hydra.run.dir={out}/lr${recipe.lr}",
+                                 "hydra.sweep.dir={out}/.sweeps"), group="logger", errors=3),
     Writer("eval", "eval.py", ("checkpoint={in}/" + CKPT, *SMALL_EVAL, HYDRA_OUT), reads="run", weights=CKPT,
            group="logger"),
     # eval.py's default results folder: beside the run it evaluates (<run>/eval/clean/last-model)
