@@ -18,6 +18,7 @@ from quest.attention.elliptical import elliptical_weights
 from quest.attention.fused_check import TRITON_NEEDED, triton_too_old
 from quest.attention.fused_launch import triton_runs
 from quest.models.factory import create_model
+from quest.runtime.versions import TORCH_VERSION
 from tests.attention.test_attention_memory import _kept_by_forward
 
 pytestmark = pytest.mark.numerics
@@ -245,10 +246,14 @@ def standard_kept() -> dict[torch.dtype, int]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("attention", list_attentions())
 def test_under_autocast_a_formulation_keeps_at_most_5_percent_more_than_standard(attention, dtype, standard_kept,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, request):
     """What a forward keeps for backward under bf16 / fp16 autocast with CUDA's rules (its float32 LayerNorm and
     norms): on the fused path at most 1.05x standard attention's (measured 1.000-1.012x; the PyTorch path kept
     1.03-1.16x here, up to 1.28x on an H200)."""
+    skip_unless_used(attention)
+    if attention == "qknorm_hs" and TORCH_VERSION < (2, 11):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="torch 2.8's autocast keeps 1.055x standard's for "
+                                              "qknorm_hs (2.11 and 2.14: within 1.05x)"))
     monkeypatch.setattr(recompute, "MIN_BYTES", 0)
     model = _model(attention, depth=3, img_size=64)
     with fused.fused_path(True), cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import timm
 import torch
 from torchvision.models.feature_extraction import create_feature_extractor
 
@@ -38,6 +39,26 @@ def _grads(model: torch.nn.Module, out: torch.Tensor) -> dict[str, torch.Tensor]
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _timm_cannot_trace(name: str) -> str | None:
+    """Why timm's own model (its own attention, no quest) does not fx-trace with this torch and timm, or None: timm
+    from 1.0.2x passes VisionTransformer.forward's is_causal down to SDPA, which torch before 2.9 fx-traces as a
+    Proxy (TypeError inside torch). Where timm's own model cannot be traced, neither can quest's; not quest's to
+    fix."""
+    torch.manual_seed(0)
+    try:
+        torch.fx.symbolic_trace(timm.create_model(name, **SMALL))
+    except TypeError as exc:
+        return (f"timm {timm.__version__}'s own {name} does not fx-trace under torch {torch.__version__} "
+                f"({str(exc).splitlines()[0][:120]})")
+    return None
+
+
+def skip_where_timm_cannot_trace(name: str) -> None:
+    why = _timm_cannot_trace(name)
+    if why:
+        pytest.skip(why)
+
+
 cases = pytest.mark.parametrize("attention", list_attentions())
 models = pytest.mark.parametrize("name", MODELS)
 
@@ -62,6 +83,7 @@ def test_forward_backward_and_gradient_checkpointing(name, attention):
 @cases
 @models
 def test_fx_forward_backward_and_feature_extraction(name, attention):
+    skip_where_timm_cannot_trace(name)
     model, x = _model(name, attention), _images()
     out = model(x)
     grads = _grads(model, out)
@@ -93,6 +115,7 @@ def test_forward_intermediates_and_features_only(name, attention):
 @cases
 @models
 def test_torchscript(name, attention):
+    skip_where_timm_cannot_trace(name)
     model, x = _model(name, attention), _images()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, still what timm tests
