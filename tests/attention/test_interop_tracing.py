@@ -9,6 +9,7 @@ model must give the eager outputs, and its backward the eager gradients.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -39,6 +40,7 @@ def _grads(model: torch.nn.Module, out: torch.Tensor) -> dict[str, torch.Tensor]
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@functools.lru_cache(maxsize=None)
 def _timm_cannot_trace(name: str) -> str | None:
     """Why timm's own model (its own attention, no quest) does not fx-trace with this torch and timm, or None: timm
     from 1.0.2x passes VisionTransformer.forward's is_causal down to SDPA, which torch before 2.9 fx-traces as a
