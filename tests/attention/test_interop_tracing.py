@@ -43,8 +43,8 @@ def _grads(model: torch.nn.Module, out: torch.Tensor) -> dict[str, torch.Tensor]
 @functools.lru_cache(maxsize=None)
 def _timm_cannot_trace(name: str) -> str | None:
     """Why timm's own model (its own attention, no quest) does not fx-trace with this torch and timm, or None: timm
-    from 1.0.2x passes VisionTransformer.forward's is_causal down to SDPA, which torch before 2.9 fx-traces as a
-    Proxy (TypeError inside torch). Where timm's own model cannot be traced, neither can quest's; not quest's to
+    from 1.0.2x passes VisionTransformer.forward's is_causal down to SDPA, which torch 2.8 fx-traces as a Proxy (a
+    TypeError inside torch; 2.11 and 2.14 trace it). Where timm's own model cannot be traced, neither can quest's; not quest's to
     fix."""
     torch.manual_seed(0)
     try:
