@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from typing import Any, Callable, Optional
 
 import torch
@@ -28,7 +30,7 @@ from . import fused_launch as launch
 from . import fused_reference as ref
 
 __all__ = ["MODES", "KernelCheck", "KernelUnavailable", "KERNELS", "check_kernel", "check_kernels", "configure",
-           "kernels_allowed", "record", "Settings", "SETTINGS"]
+           "kernels_allowed", "record", "Settings", "SETTINGS", "TRITON_NEEDED", "triton_release", "triton_too_old"]
 
 log = logging.getLogger("quest.attention")
 
@@ -50,6 +52,31 @@ class KernelCheck:
     ok: bool
     reason: str
     max_abs_error: Optional[float]
+
+
+#: kernel -> the oldest Triton release whose interpreter ran it equal to its PyTorch reference (docs/getting-started.md,
+#: "Tested versions"): under an older Triton the kernel is not used, its check failing with that reason before any
+#: launch. Triton 3.4 and 3.6 (torch 2.8, 2.11) ran elliptical_m wrong; 3.0 (torch 2.4) ran none of them.
+TRITON_NEEDED: dict[str, tuple[int, int]] = {"l2_normalize": (3, 2), "layer_norm": (3, 2), "elliptical_m": (3, 8)}
+
+
+def triton_release() -> Optional[tuple[int, int]]:
+    """The installed Triton's (major, minor), read from its metadata without importing it; None without Triton."""
+    try:
+        text = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
+    numbers = re.findall(r"\d+", text)[:2]
+    return (int(numbers[0]), int(numbers[1]) if len(numbers) > 1 else 0) if numbers else None
+
+
+def triton_too_old(kernel: str) -> Optional[str]:
+    """Why ``kernel`` is not used under the installed Triton (older than :data:`TRITON_NEEDED` says), or None."""
+    have, needs = triton_release(), TRITON_NEEDED[kernel]
+    if have is None or have >= needs:
+        return None
+    return (f"the fused {kernel} kernel needs triton>={needs[0]}.{needs[1]}; this environment has triton "
+            f"{have[0]}.{have[1]}")
 
 
 class KernelUnavailable(UserError, RuntimeError):
@@ -123,6 +150,9 @@ def check_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype, he
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     where = dict(kernel=kernel, device=str(device), dtype=str(dtype).removeprefix("torch."), head_dim=head_dim)
+    too_old = triton_too_old(kernel)
+    if too_old:
+        return KernelCheck(**where, ok=False, reason=too_old, max_abs_error=None)
     try:
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             pairs = KERNELS[kernel](*_inputs(device, dtype, head_dim))

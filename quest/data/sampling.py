@@ -53,7 +53,11 @@ def build_train_sampler(dataset: Dataset, seed: int, world_size: int, rank: int,
     """DeiT's choice: repeated augmentation (timm ``RepeatAugSampler``) in distributed runs when the recipe asks
     for it, a distributed shuffle otherwise; one process gets a seeded epoch shuffle."""
     if world_size > 1 and repeats > 0:
-        inner: Sampler[int] = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=repeats, shuffle=True)
+        # timm rounds each rank's share down to a multiple of 256 images; timm before 1.0.31 did so for a data set of
+        # fewer than 256 images too, selecting none: no rounding there gives 1.0.31's choice on every timm release
+        selected_round = 256 if len(dataset) >= 256 else 0
+        inner: Sampler[int] = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=repeats,
+                                               shuffle=True, selected_round=selected_round)
     elif world_size > 1:
         inner = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     else:

@@ -68,7 +68,7 @@ def _layer_config(layer: nn.Module) -> dict[str, Any]:
     if isinstance(layer, (TimmCrossAttention, CrossAttentionMixin)):
         dim = layer.wq.in_features
         return dict(dim=dim, num_heads=layer.num_heads, qkv_bias=layer.wq.bias is not None)
-    if isinstance(layer, TimmAttention) and (layer.attn_dim != layer.qkv.in_features or layer.gate is not None):
+    if isinstance(layer, TimmAttention) and (layer.attn_dim != layer.qkv.in_features or getattr(layer, "gate", None) is not None):
         raise ValueError("convert_attention supports attention with attn_dim == dim and no output gate")
     norm = getattr(layer, "norm", nn.Identity())
     return dict(

@@ -9,9 +9,11 @@ model must give the eager outputs, and its backward the eager gradients.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
+import timm
 import torch
 from torchvision.models.feature_extraction import create_feature_extractor
 
@@ -38,6 +40,27 @@ def _grads(model: torch.nn.Module, out: torch.Tensor) -> dict[str, torch.Tensor]
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@functools.lru_cache(maxsize=None)
+def _timm_cannot_trace(name: str) -> str | None:
+    """Why timm's own model (its own attention, no quest) does not fx-trace with this torch and timm, or None: timm
+    from 1.0.2x passes VisionTransformer.forward's is_causal down to SDPA, which torch 2.8 fx-traces as a Proxy (a
+    TypeError inside torch; 2.11 and 2.14 trace it). Where timm's own model cannot be traced, neither can quest's; not quest's to
+    fix."""
+    torch.manual_seed(0)
+    try:
+        torch.fx.symbolic_trace(timm.create_model(name, **SMALL))
+    except TypeError as exc:
+        return (f"timm {timm.__version__}'s own {name} does not fx-trace under torch {torch.__version__} "
+                f"({str(exc).splitlines()[0][:120]})")
+    return None
+
+
+def skip_where_timm_cannot_trace(name: str) -> None:
+    why = _timm_cannot_trace(name)
+    if why:
+        pytest.skip(why)
+
+
 cases = pytest.mark.parametrize("attention", list_attentions())
 models = pytest.mark.parametrize("name", MODELS)
 
@@ -62,6 +85,7 @@ def test_forward_backward_and_gradient_checkpointing(name, attention):
 @cases
 @models
 def test_fx_forward_backward_and_feature_extraction(name, attention):
+    skip_where_timm_cannot_trace(name)
     model, x = _model(name, attention), _images()
     out = model(x)
     grads = _grads(model, out)
@@ -93,6 +117,7 @@ def test_forward_intermediates_and_features_only(name, attention):
 @cases
 @models
 def test_torchscript(name, attention):
+    skip_where_timm_cannot_trace(name)
     model, x = _model(name, attention), _images()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated, still what timm tests

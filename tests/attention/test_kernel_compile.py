@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from quest.attention import fused, fused_launch
+from quest.attention import fused, fused_check, fused_launch
 from tests import kernel_compile as kc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +155,9 @@ def test_the_kernels_with_d_align_equal_their_references(width, dtype, monkeypat
         out.backward(g)
         want.backward(g)
         torch.testing.assert_close(x.grad, x_ref.grad, atol=tol * 10, rtol=tol)
+    too_old = fused_check.triton_too_old("elliptical_m")
+    if too_old:  # l2 and LayerNorm passed above; quest does not use elliptical's kernel under this Triton
+        pytest.skip(f"{too_old}: its d_align launch is not tested here (l2 and LayerNorm's passed)")
     m = fused.elliptical_m_fused(v, k, 1e-6)
     work = (v.double() - k.double()).abs().mean(dim=-2, keepdim=True)
     torch.testing.assert_close(m, (work / work.amax(dim=-1, keepdim=True)).to(dtype), atol=tol, rtol=tol)

@@ -17,6 +17,7 @@ import torch
 
 import quest.attention
 from quest.attention import fused, fused_check, fused_launch
+from quest.attention.fused_check import triton_too_old
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.models.factory import create_model
 from quest.report.runs import RunResult
@@ -252,8 +253,10 @@ def test_check_kernels_reports_every_kernel(monkeypatch):
     with its error."""
     checks = fused.check_kernels(DEVICE, torch.float32, 16)
     assert [c.kernel for c in checks] == ["l2_normalize", "layer_norm", "elliptical_m"]
-    assert all(c.ok and c.max_abs_error < 1e-4 and c.device.startswith(DEVICE) and c.head_dim == 16
-               for c in checks), checks
+    assert all(c.device.startswith(DEVICE) and c.head_dim == 16 for c in checks), checks
+    # a kernel the installed Triton is too old for is refused without a launch, naming the release it needs
+    assert all(c.ok and c.max_abs_error < 1e-4 if not triton_too_old(c.kernel) else
+               (not c.ok and c.reason == triton_too_old(c.kernel) and c.max_abs_error is None) for c in checks), checks
     _inject(monkeypatch, "wrong")
     l2, layer_norm, _ = fused.check_kernels(DEVICE, torch.bfloat16, 16)
     assert not l2.ok and not layer_norm.ok and l2.max_abs_error > 0.02
@@ -266,7 +269,25 @@ def test_check_kernels_reports_every_kernel(monkeypatch):
 def test_the_kernels_pass_their_check_in_every_dtype(dtype, head_dim):
     """The check's tolerance lets the right kernels through (a false failure would turn them off on a GPU)."""
     checks = fused.check_kernels(DEVICE, dtype, head_dim)
-    assert all(c.ok for c in checks), [c.reason for c in checks if not c.ok]
+    assert all(c.ok or c.reason == triton_too_old(c.kernel) for c in checks), [c.reason for c in checks if not c.ok]
+
+
+def test_a_kernel_is_not_used_under_a_triton_older_than_it_needs(monkeypatch, caplog):
+    """Under a Triton older than a kernel needs (fused_check.TRITON_NEEDED), its check fails before any launch,
+    naming both releases, and attention.fused=auto runs the PyTorch path, said once."""
+    monkeypatch.setattr(fused_check, "triton_release", lambda: (3, 0))
+    monkeypatch.setattr(fused_launch, "l2_normalize_forward", lambda *a: pytest.fail("launched"))
+    check = fused.check_kernels("cpu", torch.float32, 16)[0]
+    needs = fused_check.TRITON_NEEDED["l2_normalize"]
+    assert (check.kernel, check.ok, check.max_abs_error) == ("l2_normalize", False, None)
+    assert check.reason == (f"the fused l2_normalize kernel needs triton>={needs[0]}.{needs[1]}; this environment "
+                            "has triton 3.0")
+    with fused.fused_path("auto"), caplog.at_level(logging.WARNING):
+        assert not fused.fused_applies(torch.randn(1, 2, 4, 8))
+        assert fused.record()["path"] == "pytorch"
+    assert len(_fallback_warnings(caplog)) == 1 and "needs triton>=" in _fallback_warnings(caplog)[0]
+    monkeypatch.setattr(fused_check, "triton_release", lambda: (99, 0))
+    assert fused_check.triton_too_old("elliptical_m") is None
 
 
 def test_after_a_failing_check_no_kernel_runs_on_that_device(monkeypatch, caplog):

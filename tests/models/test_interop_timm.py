@@ -118,7 +118,7 @@ def test_the_model_card_s_example_runs_as_written_offline(tiny_run, tmp_path, mo
     exec(blocks[0].replace(CARD_FOLDER, str(out)), scope)  # noqa: S102 - the card this test just wrote
     saved = load_file(out / "model.safetensors")
     assert all(torch.equal(scope["model"].state_dict()[k], v) for k, v in saved.items())
-    assert scope["config"]["input_size"] == (3, 16, 16) and scope["transform"] is not None
+    assert tuple(scope["config"]["input_size"]) == (3, 16, 16) and scope["transform"] is not None
 
 
 def test_export_refusals_name_the_problem(tiny_run, tmp_path, capsys):
