@@ -71,3 +71,29 @@ def test_fsdp_on_an_older_torch_is_refused_by_the_config_checks(monkeypatch):
     with pytest.raises(ConfigError, match=r"trainer.strategy cannot be fsdp here: .*needs torch>=2.6.0; this "
                                           r"environment has torch .*\(use ddp, or a newer torch\), got 'fsdp'"):
         check_train_config(compose_cfg(*FAST, "trainer.strategy=fsdp", "recipe.ema=false"))
+
+
+@pytest.mark.parametrize("release, compiled", [((2, 8, 0), False), ((2, 13, 9), False), ((2, 14, 0), True)])
+def test_the_toy_study_trains_eagerly_where_its_compiled_engine_is_not_trusted(release, compiled, monkeypatch,
+                                                                                caplog):
+    """Below torch 2.14 the compiled engine's runs did not end where the eager ones do (tests/toy/test_toy.py): the
+    checked config the study runs and records says compile=false, and one warning names the release it needs."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from quest.toy.config import register_toy_config
+    from quest.toy.study import check_study
+
+    from ..helpers import CONFIGS
+
+    register_toy_config()
+    with initialize_config_dir(config_dir=str(CONFIGS / "toy"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="toy", overrides=["grid=quick", "device=cpu"]), resolve=True)
+    assert cfg["compile"] is True  # the default
+    monkeypatch.setattr(versions, "TORCH_VERSION", release)
+    checked = check_study(cfg)
+    assert checked["compile"] is compiled and cfg["compile"] is True  # the caller's config untouched
+    warned = [r.getMessage() for r in caplog.records if "compiled engine" in r.getMessage()]
+    assert warned == ([] if compiled else [f"{versions.TOY_COMPILED} needs torch>=2.14.0; this environment has torch "
+                                           f"{torch.__version__}: the study trains with the eager engine "
+                                           "(compile=false)"])
