@@ -37,6 +37,14 @@ if not (GPU_TIER and os.path.exists("/dev/nvidiactl")):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# xdist's workers share the machine's cores: each with torch's default (one intra-op thread per core) would run more
+# threads than cores, whose OpenMP threads spin while they wait for each other (quest/train/threads.py measured
+# 5-15x slower steps that way). Each worker computes with its share of the cores; a test that sets its own count
+# (a run's trainer.torch_threads) still does.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // _WORKERS))
 from hypothesis import settings  # noqa: E402
 
 # CI draws the same examples every run (a failure found once is found again, and nothing depends on luck);
