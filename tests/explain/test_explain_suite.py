@@ -231,3 +231,20 @@ def test_an_explain_batch_reports_each_methods_maps_by_time_and_changes_no_numbe
         "explain: batch 1/2, 1/2 samples, elapsed 4.0 s, ETA 4.0 s",
         "explain: batch 2/2, method 3/3, agcam maps, elapsed 7.0 s, ETA 0.0 s",
         "explain: batch 2/2, 2/2 samples, elapsed 8.0 s, ETA 0.0 s"]
+
+
+def test_the_figures_maps_are_told_method_by_method(tmp_path, monkeypatch, caplog):
+    """The figure's maps (computed after the scored batches, as long as one batch of its images) have a progress of
+    their own: the first and the last method at least, more by eval.log_every_s. One tick of the clock per reading."""
+    val, xml, _ = _imagenet_fixture(tmp_path)
+    caplog.set_level(logging.INFO, logger="quest.eval")
+    monkeypatch.setattr("quest.evaluation.progress.monotonic", TickingClock())
+    report = run_evaluation(eval_cfg("model=vit_pico", "attention=quest", "eval=imagenet_explain",
+                                     f"eval.roots.val={val}", f"eval.explain.boxes={xml}",
+                                     "eval.explain.figure_images=2", "eval.explain.skip_wrong=false",
+                                     "eval.log_every_s=0"), tmp_path / "out")
+    assert Path(report["results"]["explain"]["figure"]).is_file()
+    lines = [r.getMessage() for r in caplog.records if r.name == "quest.eval" and r.getMessage().startswith(
+        "explain figure: ")]
+    assert lines == ["explain figure: method 1/3, elapsed 1.0 s, ETA 2.0 s, attention maps of 2 image(s)",
+                     "explain figure: method 3/3, elapsed 3.0 s, ETA 0.0 s, agcam maps of 2 image(s)"]

@@ -171,7 +171,12 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
     with torch.no_grad():
         predicted = model(images).argmax(dim=1)
     target = predicted if section.classes == "predicted" else torch.tensor(labels, device=run.device)
-    maps = normalised_maps(model, images, list(section.methods), target, section.agcam_gradient)
+    # the figure's maps, one method at a time: as long as a scored batch of its size, told as the batches are
+    progress = run.progress("explain figure", len(section.methods), unit="method")
+    maps: dict[str, torch.Tensor] = {}
+    for method in section.methods:
+        maps.update(normalised_maps(model, images, [method], target, section.agcam_gradient))
+        progress.update(extra=f"{method} maps of {len(indices)} image(s)")
     mean = torch.tensor(run.target.mean).view(1, -1, 1, 1)
     std = torch.tensor(run.target.std).view(1, -1, 1, 1)
     pictures = (images.cpu() * std + mean).clamp(0, 1)
