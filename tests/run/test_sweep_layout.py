@@ -4,17 +4,15 @@ own record (``multirun.yaml``) lies apart, in ``runs/.sweeps/<command>[-<experim
 from __future__ import annotations
 
 import json
-import os
 
 from omegaconf import OmegaConf
 
 from quest.config.run_names import sweep_record_name
 
 from ..helpers import FAST
-from ..warm import run_app
+from ..runtime.test_refusal_contract import run_command
 from .test_runs import _run_dir_name
 
-ENV = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
 SWEEP = (*[a for a in FAST if not a.startswith("trainer.")], "trainer.epochs=1")
 
 
@@ -22,10 +20,13 @@ def _summaries(cwd) -> dict[str, dict]:
     return {str(p.parent.relative_to(cwd)): json.loads(p.read_text()) for p in cwd.glob("runs/*/*/summary.json")}
 
 
-def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_again_resumes_them(tmp_path):
-    """train.py -m twice (the second resumes both jobs), then eval.py -m over their checkpoints."""
-    first = run_app("train.py", "-m", *SWEEP, "trainer.max_steps=1", "recipe.lr=1e-3,2e-3", cwd=tmp_path, env=ENV)
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_again_resumes_them(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """train.py -m twice (the second resumes both jobs), then eval.py -m over their checkpoints, each in this process
+    as its console script runs it (the layout is the point, not the process)."""
+    code, _, err = run_command("train.py", ["-m", *SWEEP, "trainer.max_steps=1", "recipe.lr=1e-3,2e-3"], tmp_path,
+                               monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     # the reference: hydra.run.dir of each job's command line composed as a single run (no -m)
     singles = {_run_dir_name(*SWEEP, lr) for lr in ("recipe.lr=1e-3", "recipe.lr=2e-3")}
     ran = _summaries(tmp_path)
@@ -35,8 +36,9 @@ def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_aga
     assert len(records) == 2 and records[1] == f"{records[0]}/multirun.yaml", records
 
     # the same sweep, allowed one more step (trainer.max_steps names no run): each job resumes in its directory
-    again = run_app("train.py", "-m", *SWEEP, "trainer.max_steps=2", "recipe.lr=1e-3,2e-3", cwd=tmp_path, env=ENV)
-    assert again.returncode == 0, again.stderr[-3000:]
+    code, _, err = run_command("train.py", ["-m", *SWEEP, "trainer.max_steps=2", "recipe.lr=1e-3,2e-3"], tmp_path,
+                               monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     resumed = _summaries(tmp_path)
     assert set(resumed) == singles, resumed.keys()
     assert {s["step"] for s in resumed.values()} == {2} and all(s["resumed"] for s in resumed.values())
@@ -44,9 +46,9 @@ def test_a_sweeps_jobs_land_where_their_single_runs_would_and_the_same_sweep_aga
 
     # eval.py -m: each job writes where the single evaluation of its checkpoint writes, <run>/eval/<suite>/last-model
     checkpoints = ",".join(f"{run}/checkpoints/last.pt" for run in sorted(singles))
-    evaluated = run_app("eval.py", "-m", f"checkpoint={checkpoints}", "eval=clean", "eval.clean.max_samples=8",
-                        cwd=tmp_path, env=ENV)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    code, _, err = run_command("eval.py", ["-m", f"checkpoint={checkpoints}", "eval=clean", "eval.clean.max_samples=8"],
+                               tmp_path, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("runs/*/*/eval/*/*/eval_results.json")) == [
         f"{run}/eval/clean/last-model/eval_results.json" for run in sorted(singles)]
     assert len(list((tmp_path / "runs" / ".sweeps").glob("eval-*/multirun.yaml"))) == 1
