@@ -1,4 +1,4 @@
-"""Attention-layer benchmarks (issue "attention layers"): speed and peak memory of every quest formulation.
+"""Attention-layer benchmarks: speed and peak memory of every quest formulation.
 
 What it measures
   a. One training step (forward + backward of ``output.sum()``) of ViT-Ti/16 at 224 px, batch 8, on the CPU, for
@@ -56,8 +56,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from quest.attention import get_attention, list_attentions  # noqa: E402
 from quest.models import create_model  # noqa: E402
 
-MODEL = "vit_tiny_patch16_224"
-BASELINE = "timm stock"
+MODEL, BASELINE = "vit_tiny_patch16_224", "timm stock"
 Step = Callable[[], None]
 
 
