@@ -9,6 +9,12 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from quest.runtime.versions import check_floors
+
+# Before anything else: below the torch, torchvision and timm floors pyproject.toml declares quest refuses to start,
+# in one line (quest.runtime.versions); above them it calls their APIs directly.
+check_floors()
+
 try:
     __version__ = version("quest")
 except PackageNotFoundError:  # a checkout on sys.path without an install

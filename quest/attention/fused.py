@@ -31,8 +31,6 @@ from typing import Iterator, Optional, Union
 import torch
 from torch import Tensor
 
-from quest.runtime.versions import is_exporting
-
 from . import fused_launch as launch
 from .fused_check import MODES, SETTINGS, KernelCheck, check_kernels, configure, kernels_allowed, record
 from .fused_reference import (
@@ -75,7 +73,7 @@ def fused_path(enabled: Union[bool, str] = True) -> Iterator[None]:
 @torch.jit.unused
 def fused_applies(x: Tensor, kernel: str = "l2_normalize") -> bool:
     """Whether ``kernel``'s transform of ``x`` (B, H, N, d) takes the Triton kernel here (module docstring)."""
-    if isinstance(x, torch.fx.Proxy) or torch.compiler.is_compiling() or is_exporting():
+    if isinstance(x, torch.fx.Proxy) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
     # vmap / grad hand the transform batched wrappers, which have no memory of their own to launch on (the toy study
     # trains its models as one vmapped computation); functorch names no public test for them

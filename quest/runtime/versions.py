@@ -1,42 +1,91 @@
-"""The torch release quest runs on, and the features that need a newer one than the floor pyproject.toml declares.
+"""The lowest torch, torchvision and timm quest runs on, and the features that need a newer torch than that.
 
-quest installs beside the torch a container already has (docs/getting-started.md, "Tested versions"), so a feature
-that needs a newer torch than the floor is found here at run time: :func:`require` refuses it in one line naming the
-feature and the release it needs, before any change, rather than letting an ``AttributeError`` or ``ImportError``
-from inside torch surface mid-run.
+quest installs beside the torch a container already has (docs/getting-started.md, "Tested versions"). Two checks
+follow from that, each in one place:
+
+- Below the floors (:data:`FLOORS`, the lower bounds pyproject.toml declares; a test holds the two equal) quest does
+  not start: ``import quest``, which every command and library use runs first, raises :class:`BelowFloor`, one line
+  naming the package, the version found and the floor, before any work. Above them quest calls torch's APIs directly.
+- A feature that needs a newer torch than the floor (:data:`FEATURES`) is found at run time: :func:`missing` names
+  the feature and the release it needs, and its caller refuses it or falls back, rather than letting an error from
+  inside torch surface mid-run.
+
+The versions come from the installed distributions' metadata, so that the check at ``import quest`` does not import
+torch (a command's ``--help`` does not wait for it).
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-
-import torch
+from importlib.metadata import PackageNotFoundError, version
 
 from quest.runtime.errors import UserError
 
-__all__ = ["TORCH_VERSION", "FSDP", "ONNX_EXPORT", "TOY_COMPILED", "FEATURES", "NewerTorchNeeded", "parse_version", "torch_has",
-           "missing", "require", "is_exporting", "total_norm", "clip_grads_with_norm_"]
+__all__ = ["FLOORS", "TORCH_FOUND", "TORCH_VERSION", "TOY_COMPILED", "FEATURES", "BelowFloor", "parse_version", "installed",
+           "below_floor", "check_floors", "torch_has", "missing"]
+
+#: distribution -> the lowest release quest runs on: pyproject.toml's lower bounds (tests/runtime/test_versions.py
+#: holds the two equal), the versions constraints-floor.txt pins and CI's floor phase tests
+FLOORS: dict[str, tuple[int, int, int]] = {"torch": (2, 8, 0), "torchvision": (0, 23, 0), "timm": (1, 0, 29)}
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    """``"2.4.1+cu121"`` -> ``(2, 4, 1)``: the release, without local or pre-release tags."""
+    """``"2.4.1+cu121"`` -> ``(2, 4, 1)``: the release, without local or pre-release tags (an NGC container's
+    ``2.8.0a0+5228986c39`` is 2.8.0)."""
     parts = [int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3]]
     return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
 
 
-TORCH_VERSION = parse_version(torch.__version__)
+def installed(distribution: str) -> str | None:
+    """The installed version of ``distribution`` as its metadata says, None where it has none (not installed, or
+    built without metadata: its import then decides)."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
-FSDP = "trainer.strategy=fsdp (FSDP2's torch.distributed.fsdp.fully_shard)"
-ONNX_EXPORT = "quest-export --onnx (torch.onnx.export(dynamo=True))"
-#: feature -> the first torch release that has what quest uses for it
+
+def _torch_found() -> str:
+    found = installed("torch")
+    if found is None:  # a torch without metadata (built in place): ask the module itself
+        import torch
+
+        found = torch.__version__
+    return found
+
+
+#: the installed torch as it names itself ("2.8.0+cu128"), and its release
+TORCH_FOUND = _torch_found()
+TORCH_VERSION = parse_version(TORCH_FOUND)
+
+
+class BelowFloor(UserError, ImportError):
+    """An installed torch, torchvision or timm older than quest's floor (one line, no traceback)."""
+
+
+def below_floor() -> str | None:
+    """One line naming the first of :data:`FLOORS` installed below its floor (the package, the version found, the
+    floor); None when every one is at or above it."""
+    for name, floor in FLOORS.items():
+        found = installed(name)
+        if found is not None and parse_version(found) < floor:
+            need = ".".join(map(str, floor))
+            return (f"quest needs {name}>={need}; this environment has {name} {found} (install {name}>={need}, "
+                    "docs/getting-started.md, \"Tested versions\")")
+    return None
+
+
+def check_floors() -> None:
+    """Refuse (:class:`BelowFloor`) an environment holding a torch, torchvision or timm below quest's floor."""
+    problem = below_floor()
+    if problem is not None:
+        raise BelowFloor(problem, name="quest")
+
+
 #: the toy study's compiled engine: on torch 2.8 and 2.11 its runs ended beyond 1e-8 (float64) of the same runs
 #: trained eagerly, on 2.14 within it (tests/toy/test_toy.py); older releases train with the eager engine instead
 TOY_COMPILED = "the toy study's compiled engine (compile=true)"
-FEATURES: dict[str, tuple[int, int, int]] = {FSDP: (2, 6, 0), ONNX_EXPORT: (2, 6, 0), TOY_COMPILED: (2, 14, 0)}
-
-
-class NewerTorchNeeded(UserError, RuntimeError):
-    """A feature the installed torch is too old for (one line, no traceback)."""
+#: feature -> the first torch release, newer than the floor, that quest trusts it on
+FEATURES: dict[str, tuple[int, int, int]] = {TOY_COMPILED: (2, 14, 0)}
 
 
 def torch_has(feature: str) -> bool:
@@ -49,42 +98,4 @@ def missing(feature: str) -> str | None:
     if torch_has(feature):
         return None
     needs = ".".join(map(str, FEATURES[feature]))
-    return f"{feature} needs torch>={needs}; this environment has torch {torch.__version__}"
-
-
-def require(feature: str) -> None:
-    """Refuse ``feature`` (:class:`NewerTorchNeeded`, one line) when the installed torch is older than it needs."""
-    problem = missing(feature)
-    if problem is not None:
-        raise NewerTorchNeeded(problem)
-
-
-def is_exporting() -> bool:
-    """``torch.compiler.is_exporting()`` where torch has it (2.5 on); before it, torch.export traced through dynamo,
-    which :func:`torch.compiler.is_compiling` reports."""
-    probe = getattr(torch.compiler, "is_exporting", None)
-    return bool(probe()) if probe is not None else False
-
-
-def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all ``grads`` together: ``torch.nn.utils.get_total_norm`` (2.6 on), else the same two foreach
-    passes it makes (norm of each, then norm of the norms)."""
-    fn = getattr(torch.nn.utils, "get_total_norm", None)
-    if fn is not None:
-        return fn(grads)
-    if not grads:
-        return torch.tensor(0.0)
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
-
-
-def clip_grads_with_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:
-    """Scale the gradients by ``min(1, max_norm / (norm + 1e-6))`` given their total ``norm``:
-    ``torch.nn.utils.clip_grads_with_norm_`` (2.6 on), else the same scaling with foreach ops."""
-    fn = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
-    if fn is not None:
-        fn(parameters, max_norm, norm)
-        return
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if grads:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coef.to(grads[0].device))
+    return f"{feature} needs torch>={needs}; this environment has torch {TORCH_FOUND}"

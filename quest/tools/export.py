@@ -33,7 +33,6 @@ from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
-from quest.runtime.versions import ONNX_EXPORT, require
 from quest.store.damage import DamagedFile
 from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, write_text_atomic
 from quest.store.output_folder import holding, output_path
@@ -234,7 +233,6 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         raise ValueError(f"--weights must be model or ema, got {weights!r}")
     if onnx:
         require_onnx()  # before any work
-        require(ONNX_EXPORT)
     out = Path(out).expanduser()
     files = [out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else [])
     # held from the first look at the folder to the last file: a second export into it is refused at once, never

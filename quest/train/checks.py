@@ -21,7 +21,6 @@ from quest.config.schema import COMPILE_BACKENDS, COMPILE_MODES, TrainConfig
 from quest.config.wandb_check import check_logger_values, check_wandb_credentials
 from quest.data import check_split_classes, get_dataset, known_num_classes, list_datasets
 from quest.runtime.extras import require_all
-from quest.runtime.versions import FSDP, missing
 
 __all__ = ["check_train_config", "check_patch_size", "check_compile_mode", "ConfigError", "COMPILE_MODES",
            "COMPILE_BACKENDS"]
@@ -148,8 +147,6 @@ def _trainer(c: Checks) -> None:
                               c.value("trainer.strategy") == "fsdp", c.value("trainer.accum_steps"))
         if why:
             c.fail("trainer.compile_mode", why)
-    if c.value("trainer.strategy") == "fsdp" and missing(FSDP):
-        c.fail("trainer.strategy", f"cannot be fsdp here: {missing(FSDP)} (use ddp, or a newer torch)")
     if c.value("trainer.strategy") == "fsdp" and c.value("recipe.ema"):
         c.fail("recipe.ema", "must be false with trainer.strategy=fsdp (the EMA copy of a sharded model is not "
                "supported)")

@@ -24,7 +24,6 @@ from quest.run.checkpoint import Checkpointer, CheckpointRecord, read_init_from
 from quest.run.directory import check_data, data_fingerprint
 from quest.run.train_state import TrainState
 from quest.runtime.distributed import DistContext
-from quest.runtime.versions import clip_grads_with_norm_, total_norm
 from quest.store.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
@@ -226,9 +225,9 @@ class Run:
         recipe.clip_grad when set (without clipping, no pass over the gradients beyond the norm's): foreach ops."""
         self.scaler.unscale_(self.parts.optimizer)
         grads = [q.grad for q in self.model.parameters() if q.grad is not None]
-        grad_norm = total_norm(grads)
+        grad_norm = torch.nn.utils.get_total_norm(grads)
         if self.cfg.recipe.clip_grad is not None:
-            clip_grads_with_norm_(self.model.parameters(), self.cfg.recipe.clip_grad, grad_norm)
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.recipe.clip_grad, grad_norm)
         return (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
 
     def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ def home(tmp_path, monkeypatch) -> Path:
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "WANDB_CONFIG_DIR", "NETRC"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_MODE", "online")
-    monkeypatch.setattr(wandb_setup, "_singleton", None)
+    monkeypatch.setattr(wandb_setup, "_singleton", None, raising=False)  # wandb 0.20 on caches its settings there
     return home
 
 
@@ -65,7 +65,7 @@ def test_the_fallback_is_used_where_wandb_has_no_resolution_of_its_own(home, mon
     import wandb.sdk.lib
 
     monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # import fails: an older or newer wandb
-    monkeypatch.delattr(wandb.sdk.lib, "wbauth")
+    monkeypatch.delattr(wandb.sdk.lib, "wbauth", raising=False)  # wandb before 0.31 has none
     assert wandb_check.wandb_credentials() is None
     netrc_entry(home, "api.wandb.ai")
     assert wandb_check.wandb_credentials() == "netrc entry for api.wandb.ai"
@@ -83,6 +83,8 @@ def test_an_online_run_without_credentials_is_refused_with_what_to_do(home):
 
 
 def test_a_key_wandb_would_refuse_for_its_form_is_refused_up_front(home, monkeypatch):
+    pytest.importorskip("wandb.sdk.lib.wbauth", reason="wandb before 0.31 has no resolution of its own to ask: quest's "
+                        "fallback finds where the credentials are, not whether their form is right")
     monkeypatch.setenv("WANDB_API_KEY", "too-short")
     with pytest.raises(ConfigError, match="AuthenticationError.*wandb login"):
         wandb_check.check_wandb_credentials(logger())

@@ -1,76 +1,106 @@
-"""quest on a torch older than the newest (quest.runtime.versions): the APIs a newer torch added have stand-ins that
-compute the same, and a feature that needs a newer torch is refused in one line naming the release, before any
-change."""
+"""quest on the torch an environment already has (quest.runtime.versions): below the floors pyproject.toml declares it
+refuses to start in one line naming the package, the version found and the floor; a feature that needs a newer torch
+than the floor is found at run time and falls back, saying so."""
 from __future__ import annotations
 
+import importlib
+import tomllib
+
 import pytest
-import torch
+from packaging.requirements import Requirement
 
+import quest
 import quest.runtime.versions as versions
-from quest.config.checks import ConfigError
+import quest_cli
 from quest.runtime.errors import is_user_error
-from quest.train.checks import check_train_config
 
-from ..helpers import FAST, compose_cfg
-
-
-def _grads(seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((3, 4), (5,), (2, 2, 2))]
+from ..helpers import ROOT
 
 
 def test_parse_version_reads_the_release_without_local_tags():
     assert versions.parse_version("2.4.1+cu121") == (2, 4, 1)
     assert versions.parse_version("2.15.0a0+git1234") == (2, 15, 0)
+    assert versions.parse_version("2.8.0a0+5228986c39.nv25.06") == (2, 8, 0)
     assert versions.parse_version("3.6") == (3, 6, 0)
 
 
-@pytest.mark.parametrize("torch_has_it", [True, False], ids=["torch's", "stand-in"])
-def test_total_norm_and_clipping_equal_the_formula(torch_has_it, monkeypatch):
-    """Where torch lacks get_total_norm / clip_grads_with_norm_ (before 2.6), the stand-ins give the 2-norm of all
-    gradients together and scale them by min(1, max_norm / (norm + 1e-6)): against that formula in float64."""
-    if not torch_has_it:
-        monkeypatch.delattr(torch.nn.utils, "get_total_norm", raising=False)
-        monkeypatch.delattr(torch.nn.utils, "clip_grads_with_norm_", raising=False)
-    grads = _grads()
-    want = torch.cat([g.flatten() for g in grads]).pow(2).sum().sqrt()
-    norm = versions.total_norm(grads)
-    torch.testing.assert_close(norm.double(), want)
-    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
-    for p, g in zip(params, grads):
-        p.grad = g.clone()
-    versions.clip_grads_with_norm_(params, 1.0, norm)
-    for p, g in zip(params, grads):
-        torch.testing.assert_close(p.grad, g * (1.0 / (want + 1e-6)))
-    for p, g in zip(params, grads):  # a max_norm above the norm leaves the gradients as they were
-        p.grad = g.clone()
-    versions.clip_grads_with_norm_(params, float(want) * 2, norm)
-    for p, g in zip(params, grads):
-        torch.testing.assert_close(p.grad, g)
+def test_the_floors_are_pyprojects_lower_bounds():
+    """FLOORS is what pyproject.toml declares: each of torch, torchvision and timm has a ``>=`` bound there, and
+    it is the floor quest checks."""
+    declared = {}
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(line)
+        lower = [s.version for s in req.specifier if s.operator == ">="]
+        if req.name in versions.FLOORS:
+            assert len(lower) == 1, f"pyproject.toml: {line!r} has no single >= bound"
+            declared[req.name] = versions.parse_version(lower[0])
+    assert declared == versions.FLOORS
 
 
-def test_is_exporting_is_false_outside_export_without_torchs_probe(monkeypatch):
-    assert versions.is_exporting() is False
-    monkeypatch.delattr(torch.compiler, "is_exporting", raising=False)
-    assert versions.is_exporting() is False
+def _installed_as(monkeypatch, **found: str) -> None:
+    """The metadata quest reads says ``found`` for these distributions (the rest as installed)."""
+    real = versions.version
+    monkeypatch.setattr(versions, "version", lambda name: found[name] if name in found else real(name))
 
 
-def test_a_feature_needing_a_newer_torch_is_refused_in_one_line(monkeypatch):
-    assert versions.missing(versions.FSDP) is None or versions.TORCH_VERSION < versions.FEATURES[versions.FSDP]
-    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 4, 1))
-    message = versions.missing(versions.FSDP)
-    assert message == f"{versions.FSDP} needs torch>=2.6.0; this environment has torch {torch.__version__}"
-    with pytest.raises(versions.NewerTorchNeeded) as raised:
-        versions.require(versions.ONNX_EXPORT)
-    assert is_user_error(raised.value) and "\n" not in str(raised.value)
-    assert str(raised.value).startswith("quest-export --onnx (torch.onnx.export(dynamo=True)) needs torch>=2.6.0")
+@pytest.mark.parametrize("name, older", [("torch", "2.7.1+cu126"), ("torchvision", "0.22.1"), ("timm", "1.0.26")])
+def test_a_release_below_the_floor_is_refused_in_one_line(name, older, monkeypatch):
+    _installed_as(monkeypatch, **{name: older})
+    floor = ".".join(map(str, versions.FLOORS[name]))
+    with pytest.raises(versions.BelowFloor) as raised:
+        versions.check_floors()
+    assert str(raised.value) == (f"quest needs {name}>={floor}; this environment has {name} {older} (install "
+                                 f"{name}>={floor}, docs/getting-started.md, \"Tested versions\")")
+    assert is_user_error(raised.value) and isinstance(raised.value, ImportError)
 
 
-def test_fsdp_on_an_older_torch_is_refused_by_the_config_checks(monkeypatch):
-    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 4, 1))
-    with pytest.raises(ConfigError, match=r"trainer.strategy cannot be fsdp here: .*needs torch>=2.6.0; this "
-                                          r"environment has torch .*\(use ddp, or a newer torch\), got 'fsdp'"):
-        check_train_config(compose_cfg(*FAST, "trainer.strategy=fsdp", "recipe.ema=false"))
+@pytest.mark.parametrize("found", ["2.8.0", "2.8.0a0+5228986c39.nv25.06", "2.10.1", "3.0.0"])
+def test_the_floor_and_above_are_accepted(found, monkeypatch):
+    _installed_as(monkeypatch, torch=found)
+    assert versions.below_floor() is None
+    versions.check_floors()
+
+
+def test_import_quest_refuses_a_torch_below_the_floor(monkeypatch):
+    """``import quest`` is where the check runs (every command and library use passes through it): re-running the
+    package's ``__init__`` with torch 2.6 installed raises the one line, before it registers anything."""
+    _installed_as(monkeypatch, torch="2.6.0")
+    with pytest.raises(versions.BelowFloor, match=r"^quest needs torch>=2\.8\.0; this environment has torch 2\.6\.0 "):
+        importlib.reload(quest)
+    monkeypatch.undo()
+    importlib.reload(quest)  # as it was, for the tests after this one
+    assert quest.register_with_timm is not None
+
+
+def test_a_command_says_the_refusal_in_one_line_and_exits_1(monkeypatch, capsys):
+    """A command (train.py, every quest-* script) imports quest when it starts: the refusal is its one error line
+    and the exit code of a user error, no traceback."""
+    _installed_as(monkeypatch, timm="1.0.20")
+
+    def import_quest(name):  # what the command's import of quest.cli runs first: quest's __init__
+        versions.check_floors()
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(quest_cli, "import_module", import_quest)
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    with pytest.raises(SystemExit) as exited:
+        quest_cli.train()
+    assert exited.value.code == ("train.py: error: quest needs timm>=1.0.29; this environment has timm 1.0.20 "
+                                 "(install timm>=1.0.29, docs/getting-started.md, \"Tested versions\")")
+    assert capsys.readouterr().err == ""  # sys.exit prints the message itself, once
+
+
+def test_a_feature_needing_a_newer_torch_is_named_with_the_release(monkeypatch):
+    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 11, 0))
+    assert versions.missing(versions.TOY_COMPILED) == (f"{versions.TOY_COMPILED} needs torch>=2.14.0; this "
+                                                       f"environment has torch {versions.TORCH_FOUND}")
+    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 14, 0))
+    assert versions.missing(versions.TOY_COMPILED) is None
+
+
+def test_every_feature_needs_more_than_the_floor():
+    """A feature whose release is at or below the floor is always there: it belongs in neither table."""
+    assert all(needs > versions.FLOORS["torch"] for needs in versions.FEATURES.values())
 
 
 @pytest.mark.parametrize("release, compiled", [((2, 8, 0), False), ((2, 13, 9), False), ((2, 14, 0), True)])
@@ -95,5 +125,5 @@ def test_the_toy_study_trains_eagerly_where_its_compiled_engine_is_not_trusted(r
     assert checked["compile"] is compiled and cfg["compile"] is True  # the caller's config untouched
     warned = [r.getMessage() for r in caplog.records if "compiled engine" in r.getMessage()]
     assert warned == ([] if compiled else [f"{versions.TOY_COMPILED} needs torch>=2.14.0; this environment has torch "
-                                           f"{torch.__version__}: the study trains with the eager engine "
+                                           f"{versions.TORCH_FOUND}: the study trains with the eager engine "
                                            "(compile=false)"])
