@@ -7,7 +7,9 @@ One optimizer step of R runs (default 150, one chunk of the full grid: batch 32,
   ``vmap``-ed over them, ``loss.backward()``, a batched AdamW over the parameter tensors, forward and update each
   ``torch.compile``-d;
 - ``engine, N runs per call``: quest.toy.batched as ``python -m quest.toy`` runs it, one compiled call (forward,
-  ``torch.func.grad`` backward, AdamW) per tile of N runs.
+  ``torch.func.grad`` backward, AdamW) per tile of N runs; with --returned also the step that returns the new weights
+  instead of writing them in its graph (what runs on torch before 2.14), with --eager the engine uncompiled
+  (``compile=false``).
 
 Rounds are interleaved in one process; it prints medians of wall time and process CPU time per step of all R runs,
 and run-steps per second. ``--chunk N`` then trains one whole chunk (N training samples, 50 epochs, key norms after
@@ -105,11 +107,14 @@ def loop_case(attention: str, specs: list[RunSpec], kwargs: dict, device: str):
 
 
 def engine(attention: str, specs: list[RunSpec], kwargs: dict, per_call: int, device: str,
-           options: dict | None = None):
-    """The engine's compiled step; ``options``: inductor options instead of quest's (compile_options)."""
+           options: dict | None = None, in_place: bool | None = None, compile: bool = True):
+    """The engine's compiled step; ``options``: inductor options instead of quest's (compile_options); ``in_place``:
+    whether the graph writes the new weights or returns them, instead of what this torch gets (UPDATES_IN_PLACE)."""
     device_type = torch.device(device).type
-    prog = (_program(attention, kwargs, True, (0.9, 0.999), 1e-8, device_type=device_type) if options is None else
-            _Program(attention, kwargs, True, (0.9, 0.999), 1e-8, device_type=device_type, options=options))
+    prog = (_program(attention, kwargs, compile, (0.9, 0.999), 1e-8, device_type=device_type)
+            if options is None and in_place is None else
+            _Program(attention, kwargs, compile, (0.9, 0.999), 1e-8, device_type=device_type, options=options,
+                     in_place=in_place))
     models = []
     for s in specs:
         torch.manual_seed(s.init_seed)
@@ -175,6 +180,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile the engine's steps (first --per-call)")
     ap.add_argument("--python-wrapper", action="store_true",
                     help="also time the step compiled with inductor's default Python wrapper (quest: C++ on a CPU)")
+    ap.add_argument("--returned", action="store_true",
+                    help="also time the step that returns the new weights (where torch is before 2.14) against the one "
+                         "that writes them in its graph")
+    ap.add_argument("--eager", action="store_true", help="also time the engine uncompiled (compile=false)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.threads:
@@ -193,6 +202,12 @@ def main() -> None:
         if args.python_wrapper:
             cases[f"engine, {min(n, args.runs)} runs per call, inductor's Python wrapper"] = engine(
                 args.attention, specs, kwargs, n, args.device, options={})
+        if args.eager:
+            cases[f"engine, {min(n, args.runs)} runs per call, eager"] = engine(
+                args.attention, specs, kwargs, n, args.device, compile=False)
+        if args.returned:
+            cases[f"engine, {min(n, args.runs)} runs per call, weights returned"] = engine(
+                args.attention, specs, kwargs, n, args.device, in_place=False)
     batches = [(data.x[i:i + 32].to(args.device), data.y[i:i + 32].to(args.device))
                for i in range(0, 32 * args.steps, 32)]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)

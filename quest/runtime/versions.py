@@ -1,14 +1,11 @@
-"""The lowest torch, torchvision and timm quest runs on, and the features that need a newer torch than that.
+"""The lowest torch, torchvision and timm quest runs on, and the torch release it runs on.
 
-quest installs beside the torch a container already has (docs/getting-started.md, "Tested versions"). Two checks
-follow from that, each in one place:
-
-- Below the floors (:data:`FLOORS`, the lower bounds pyproject.toml declares; a test holds the two equal) quest does
-  not start: ``import quest``, which every command and library use runs first, raises :class:`BelowFloor`, one line
-  naming the package, the version found and the floor, before any work. Above them quest calls torch's APIs directly.
-- A feature that needs a newer torch than the floor (:data:`FEATURES`) is found at run time: :func:`missing` names
-  the feature and the release it needs, and its caller refuses it or falls back, rather than letting an error from
-  inside torch surface mid-run.
+quest installs beside the torch a container already has (docs/getting-started.md, "Tested versions"). Below the
+floors (:data:`FLOORS`, the lower bounds pyproject.toml declares; a test holds the two equal) quest does not start:
+``import quest``, which every command and library use runs first, raises :class:`BelowFloor`, one line naming the
+package, the version found and the floor, before any work. Above them quest calls torch's APIs directly; where a
+release between the floor and the newest computes something wrong, the code that meets it compares
+:data:`TORCH_VERSION` and takes another way there, saying why beside the comparison.
 
 The versions come from the installed distributions' metadata, so that the check at ``import quest`` does not import
 torch (a command's ``--help`` does not wait for it).
@@ -20,8 +17,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from quest.runtime.errors import UserError
 
-__all__ = ["FLOORS", "TORCH_FOUND", "TORCH_VERSION", "TOY_COMPILED", "FEATURES", "BelowFloor", "parse_version", "installed",
-           "below_floor", "check_floors", "torch_has", "missing"]
+__all__ = ["FLOORS", "TORCH_FOUND", "TORCH_VERSION", "BelowFloor", "parse_version", "installed", "below_floor",
+           "check_floors"]
 
 #: distribution -> the lowest release quest runs on: pyproject.toml's lower bounds (tests/runtime/test_versions.py
 #: holds the two equal), the versions constraints-floor.txt pins and CI's floor phase tests
@@ -80,22 +77,3 @@ def check_floors() -> None:
     if problem is not None:
         raise BelowFloor(problem, name="quest")
 
-
-#: the toy study's compiled engine: on torch 2.8 and 2.11 its runs ended beyond 1e-8 (float64) of the same runs
-#: trained eagerly, on 2.14 within it (tests/toy/test_toy.py); older releases train with the eager engine instead
-TOY_COMPILED = "the toy study's compiled engine (compile=true)"
-#: feature -> the first torch release, newer than the floor, that quest trusts it on
-FEATURES: dict[str, tuple[int, int, int]] = {TOY_COMPILED: (2, 14, 0)}
-
-
-def torch_has(feature: str) -> bool:
-    """Whether the installed torch is at least the release :data:`FEATURES` names for ``feature``."""
-    return TORCH_VERSION >= FEATURES[feature]
-
-
-def missing(feature: str) -> str | None:
-    """One line naming ``feature`` and the torch release it needs when the installed one is older; None otherwise."""
-    if torch_has(feature):
-        return None
-    needs = ".".join(map(str, FEATURES[feature]))
-    return f"{feature} needs torch>={needs}; this environment has torch {TORCH_FOUND}"

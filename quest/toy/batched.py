@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from .compiled import call_tiles, compile_options, default_runs_per_call
+from .compiled import call_tiles, compile_options, compiled_adamw_step, default_runs_per_call
 from .data import ToySplit
 from .model import ToyTransformer
 
@@ -117,7 +117,7 @@ class _Program:
 
     def __init__(self, attention: str, model_kwargs: Mapping, compile: bool, betas: tuple[float, float],
                  eps: float, frozen: Sequence[str] = (), device_type: str = "cpu",
-                 options: Mapping[str, bool] | None = None) -> None:
+                 options: Mapping[str, bool] | None = None, in_place: bool | None = None) -> None:
         base = ToyTransformer(attention, **model_kwargs).to("meta")  # the code to run; weights come from the caller
         _check_architecture(base)
         self.layout = ParamLayout(base)
@@ -130,7 +130,6 @@ class _Program:
         self.act = base.mlp.act
         row = _Row(base.attn)
         self.rows = vmap(lambda p, q, k: functional_call(row, p, (q, k)))  # over runs: (R, D), (R, B, T, D)
-        b1, b2 = betas
 
         def loss(w: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             logits = self.logits(w, x)  # (R, B, C)
@@ -138,22 +137,6 @@ class _Program:
             return F.cross_entropy(logits.flatten(0, 1), y.repeat(logits.shape[0]), reduction="sum") / len(y)
 
         grad = torch.func.grad(loss)
-
-        def step(p, exp_avg, exp_avg_sq, lr, wd, x, y, bc1, bc2_sqrt) -> None:
-            # p, exp_avg, exp_avg_sq: name -> (R, *shape) tensors (separate tensors: views into one flat matrix
-            # make inductor assemble the gradient element by element, a slow kernel on a CPU); lr, wd: (R,)
-            grads = grad(p, x, y)
-            for name, g in grads.items():
-                if name in self.frozen:  # no gradient step, no decay: the parameter stays exactly as it is
-                    continue
-                shape = (-1,) + (1,) * (g.dim() - 1)
-                lr_, wd_ = lr.view(shape), wd.view(shape)
-                w_, m_, v_ = p[name], exp_avg[name], exp_avg_sq[name]
-                # torch.optim.AdamW's single-tensor arithmetic, in its order, with a per-run lr and weight decay
-                w_.mul_(1 - lr_ * wd_)
-                m_.lerp_(g, 1 - b1)
-                v_.mul_(b2).addcmul_(g, g, value=1 - b2)
-                w_.sub_(m_ / ((v_.sqrt() / bc2_sqrt) + eps) * (lr_ / bc1))
 
         def eager_step(p, exp_avg, exp_avg_sq, lr, wd, x, y, bc1, bc2_sqrt) -> None:
             # Without compilation every op is a dispatch: plain autograd (functorch's grad wraps every op) and
@@ -166,7 +149,8 @@ class _Program:
                            list(grads), lr, wd, bc1, bc2_sqrt, betas, eps)
 
         options = compile_options(device_type) if options is None else dict(options)  # inductor's, for the step
-        self.step = torch.compile(step, dynamic=False, options=options) if compile else torch.no_grad()(eager_step)
+        self.step = (compiled_adamw_step(grad, self.frozen, betas, eps, options, in_place) if compile
+                     else torch.no_grad()(eager_step))
 
     # --- the model, batched over runs -----------------------------------------------------------------------------
     def _tokens(self, w: dict, x: torch.Tensor):

@@ -27,7 +27,6 @@ import torch
 
 from quest.attention import list_attentions
 from quest.evaluation.progress import Progress
-from quest.runtime.versions import TOY_COMPILED, missing
 from quest.runtime.workers import die_with_parent
 from quest.store.files import atomic_write, write_csv_atomic, write_json_atomic
 from quest.store.output_folder import OutputFolder, holding
@@ -243,9 +242,6 @@ def check_study(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     check_toy_config(cfg)
     if cfg.get("device") in (None, "auto"):
         cfg = {**cfg, "device": resolve_toy_device(cfg.get("device"))}
-    if cfg.get("compile") and (older := missing(TOY_COMPILED)) is not None:  # what runs is what is recorded
-        log.warning("%s: the study trains with the eager engine (compile=false)", older)
-        cfg = {**cfg, "compile": False}
     _check(cfg)
     return cfg
 
