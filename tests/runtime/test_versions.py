@@ -92,9 +92,9 @@ def test_a_command_says_the_refusal_in_one_line_and_exits_1(monkeypatch, capsys)
 
 def test_a_feature_needing_a_newer_torch_is_named_with_the_release(monkeypatch):
     monkeypatch.setattr(versions, "TORCH_VERSION", (2, 11, 0))
-    assert versions.missing(versions.TOY_COMPILED) == (f"{versions.TOY_COMPILED} needs torch>=2.14.0; this "
+    assert versions.missing(versions.TOY_COMPILED) == (f"{versions.TOY_COMPILED} needs torch>=2.12.0; this "
                                                        f"environment has torch {versions.TORCH_FOUND}")
-    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 14, 0))
+    monkeypatch.setattr(versions, "TORCH_VERSION", (2, 12, 0))
     assert versions.missing(versions.TOY_COMPILED) is None
 
 
@@ -103,10 +103,10 @@ def test_every_feature_needs_more_than_the_floor():
     assert all(needs > versions.FLOORS["torch"] for needs in versions.FEATURES.values())
 
 
-@pytest.mark.parametrize("release, compiled", [((2, 8, 0), False), ((2, 13, 9), False), ((2, 14, 0), True)])
+@pytest.mark.parametrize("release, compiled", [((2, 8, 0), False), ((2, 11, 9), False), ((2, 12, 0), True)])
 def test_the_toy_study_trains_eagerly_where_its_compiled_engine_is_not_trusted(release, compiled, monkeypatch,
                                                                                 caplog):
-    """Below torch 2.14 the compiled engine's runs did not end where the eager ones do (tests/toy/test_toy.py): the
+    """Below torch 2.12 the compiled engine's runs did not end where the eager ones do (tests/toy/test_toy.py): the
     checked config the study runs and records says compile=false, and one warning names the release it needs."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -124,6 +124,6 @@ def test_the_toy_study_trains_eagerly_where_its_compiled_engine_is_not_trusted(r
     checked = check_study(cfg)
     assert checked["compile"] is compiled and cfg["compile"] is True  # the caller's config untouched
     warned = [r.getMessage() for r in caplog.records if "compiled engine" in r.getMessage()]
-    assert warned == ([] if compiled else [f"{versions.TOY_COMPILED} needs torch>=2.14.0; this environment has torch "
+    assert warned == ([] if compiled else [f"{versions.TOY_COMPILED} needs torch>=2.12.0; this environment has torch "
                                            f"{versions.TORCH_FOUND}: the study trains with the eager engine "
                                            "(compile=false)"])

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 
 from quest.attention import list_attentions
-from quest.runtime.versions import TORCH_VERSION
+from quest.runtime.versions import TOY_COMPILED, torch_has
 from quest.toy import (
     OUTCOMES,
     RunSpec,
@@ -184,9 +184,9 @@ def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
     assert not torch.equal(res.weights["head.weight"][0], res.weights["head.weight"][1])
 
 
-@pytest.mark.xfail(TORCH_VERSION < (2, 14), strict=True, reason="on torch 2.8 and 2.11 the compiled engine's "
-                   "weights differ from the eager runs' beyond 1e-8 (float64, 9 steps); not yet understood, so the "
-                   "toy study's compiled engine is tested on torch 2.14 only (docs/getting-started.md)")
+@pytest.mark.xfail(not torch_has(TOY_COMPILED), strict=True, reason="on torch 2.8 to 2.11 the compiled engine's "
+                   "weights differ from the eager runs' beyond 1e-8 (float64, 9 steps): the toy study trains with the "
+                   "eager engine there (quest.runtime.versions.FEATURES, docs/getting-started.md)")
 def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw():
     """The study's compiled step (torch.compile, on a CPU with inductor's C++ wrapper) trains as the eager one: every
     parameter of every run against torch.optim.AdamW run by run, float64, after 9 steps."""
