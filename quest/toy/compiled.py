@@ -16,12 +16,11 @@ from quest.runtime.versions import TORCH_VERSION
 __all__ = ["UPDATES_IN_PLACE", "compiled_adamw_step", "resolve_toy_device", "compile_options", "default_runs_per_call",
            "call_tiles"]
 
-#: Whether the compiled step writes the new weights into the tensors it differentiates, in its graph (no new buffers:
-#: a step 1.07x faster than returning them, measured on torch 2.14). Inductor before torch 2.14 computed that graph
-#: wrong with two or more runs a call (on 2.8: about 1 element in 10 of the first AdamW update had the wrong sign,
-#: where dynamo with aot_eager, and the same graph without the write, were right): there the step returns the new
-#: weights, and they replace the old ones outside the graph.
-UPDATES_IN_PLACE = TORCH_VERSION >= (2, 14, 0)
+#: Whether the compiled step writes the new weights into the tensors it differentiates, in its graph (no new buffers).
+#: Inductor before torch 2.12 computed that graph wrong with two or more runs a call (on 2.8: about 1 element in 10 of
+#: the first AdamW update had the wrong sign, where dynamo with aot_eager, and the same graph without the write, were
+#: right; docs/versions.md): there the step returns the new weights, and they replace the old ones outside the graph.
+UPDATES_IN_PLACE = TORCH_VERSION >= (2, 12, 0)
 
 
 def compiled_adamw_step(grad: Callable, frozen: Collection[str], betas: tuple[float, float], eps: float,
