@@ -33,7 +33,7 @@ from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import write_text_atomic
 
 from .builders import build_model, model_meta, resolve_img_size, unused_size_keys
-from .checks import check_train_config
+from .checks import check_compile_mode, check_train_config
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .precision import set_matmul_precision
 from .telemetry import Telemetry, flops_per_image, peak_tflops
@@ -69,6 +69,7 @@ def fit(cfg: Any, run_dir: str | Path, choices: dict[str, str] | None = None,
             raise ConfigError("\n".join(unused))
         run_dir = Path(run_dir)
         ctx = init_distributed(cfg.trainer.device)
+        check_compile_mode(cfg.trainer, ctx)  # the checks that need the device and the process count
         # attention.fused=on checks the kernels on this device here, before the run directory is made
         configure_fused(cfg.attention.get("fused", "auto"), ctx.device)
         directory = RunDirectory(run_dir, ctx.is_main)

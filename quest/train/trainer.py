@@ -27,7 +27,6 @@ from quest.runtime.distributed import DistContext
 from quest.store.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
-from .checks import check_compile_mode
 from .guard import Diverged, StepGuard
 from .precision import autocast_for, resolve_precision
 from .update import decided_on_host, skippable_ema_update, skippable_step
@@ -55,7 +54,6 @@ class Run:
         self.state = TrainState()  # first: its clock times this attempt from here (quest.run.train_state.Attempt)
         self.sharded = cfg.trainer.strategy == "fsdp"
         self.checkpointer = checkpointer or Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
-        check_compile_mode(cfg.trainer, ctx)  # the device and process count known, before any work
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
         # (images, targets) -> loss: the model and the loss, compiled together (trainer.compile), under DDP wrapped
