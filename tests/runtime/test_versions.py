@@ -1,6 +1,5 @@
 """quest on the torch an environment already has (quest.runtime.versions): below the floors pyproject.toml declares it
-refuses to start in one line naming the package, the version found and the floor; a feature that needs a newer torch
-than the floor is found at run time and falls back, saying so."""
+refuses to start in one line naming the package, the version found and the floor; at and above them it starts."""
 from __future__ import annotations
 
 import importlib
