@@ -9,9 +9,7 @@ difference; what each command does is quest.cli's.
 """
 from __future__ import annotations
 
-import sys
 from importlib import import_module
-from pathlib import Path
 from typing import Callable
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data"]
@@ -19,15 +17,7 @@ __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data"]
 
 def _command(name: str) -> Callable[[], None]:
     def command() -> None:
-        try:  # imported when the command runs, not when this module loads
-            cli = import_module("quest.cli")
-        except ImportError as exc:
-            # quest refusing the installed torch, torchvision or timm (quest.runtime.versions.BelowFloor): its one
-            # line and the exit code of a user error, as every other refusal of a command (quest.runtime.errors)
-            if type(exc).__name__ != "BelowFloor":
-                raise
-            sys.exit(f"{Path(sys.argv[0]).name}: error: {exc}")
-        getattr(cli, name)()
+        getattr(import_module("quest.cli"), name)()  # imported when the command runs, not when this module loads
 
     command.__name__ = command.__qualname__ = name
     command.__doc__ = f"quest.cli.{name}: the console script's command."

@@ -13,7 +13,11 @@ torch (a command's ``--help`` does not wait for it).
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import TracebackType
 
 from quest.runtime.errors import UserError
 
@@ -72,8 +76,25 @@ def below_floor() -> str | None:
 
 
 def check_floors() -> None:
-    """Refuse (:class:`BelowFloor`) an environment holding a torch, torchvision or timm below quest's floor."""
+    """Refuse (:class:`BelowFloor`) an environment holding a torch, torchvision or timm below quest's floor. Left
+    uncaught (a command, ``python -m quest.toy``, a script importing quest), it ends the process with its one line,
+    ``<program>: error: <message>``, and exit code 1, without a traceback: the refusal happens while ``quest`` itself
+    is imported, before any command's error path (quest.runtime.errors) exists to report it."""
     problem = below_floor()
     if problem is not None:
+        sys.excepthook = _one_line_for_below_floor(sys.excepthook)
         raise BelowFloor(problem, name="quest")
+
+
+def _one_line_for_below_floor(previous: Callable[..., object]) -> Callable[..., None]:
+    """sys.excepthook: a :class:`BelowFloor` as its one line, anything else as ``previous`` reports it."""
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(exc, BelowFloor):
+            previous(kind, exc, tb)
+            return
+        program = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "quest"
+        print(f"{Path(program).name}: error: {exc}", file=sys.stderr, flush=True)
+
+    return hook
 

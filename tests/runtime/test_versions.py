@@ -3,6 +3,7 @@ refuses to start in one line naming the package, the version found and the floor
 from __future__ import annotations
 
 import importlib
+import sys
 import tomllib
 
 import pytest
@@ -37,7 +38,9 @@ def test_the_floors_are_pyprojects_lower_bounds():
 
 
 def _installed_as(monkeypatch, **found: str) -> None:
-    """The metadata quest reads says ``found`` for these distributions (the rest as installed)."""
+    """The metadata quest reads says ``found`` for these distributions (the rest as installed); sys.excepthook, which
+    a refusal sets, is put back after the test."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     real = versions.version
     monkeypatch.setattr(versions, "version", lambda name: found[name] if name in found else real(name))
 
@@ -71,9 +74,10 @@ def test_import_quest_refuses_a_torch_below_the_floor(monkeypatch):
     assert quest.register_with_timm is not None
 
 
-def test_a_command_says_the_refusal_in_one_line_and_exits_1(monkeypatch, capsys):
-    """A command (train.py, every quest-* script) imports quest when it starts: the refusal is its one error line
-    and the exit code of a user error, no traceback."""
+def test_a_command_says_the_refusal_in_one_line(monkeypatch, capsys):
+    """A command (train.py, every quest-* script, ``python -m quest.toy``) imports quest when it starts: the refusal,
+    uncaught, ends the process with its one error line (Python's exit code 1 for an uncaught exception, quest's for
+    a user error), no traceback."""
     _installed_as(monkeypatch, timm="1.0.20")
 
     def import_quest(name):  # what the command's import of quest.cli runs first: quest's __init__
@@ -81,9 +85,12 @@ def test_a_command_says_the_refusal_in_one_line_and_exits_1(monkeypatch, capsys)
         return importlib.import_module(name)
 
     monkeypatch.setattr(quest_cli, "import_module", import_quest)
-    monkeypatch.setattr("sys.argv", ["train.py"])
-    with pytest.raises(SystemExit) as exited:
+    monkeypatch.setattr(sys, "argv", ["/some/checkout/train.py"])
+    with pytest.raises(versions.BelowFloor) as raised:
         quest_cli.train()
-    assert exited.value.code == ("train.py: error: quest needs timm>=1.0.29; this environment has timm 1.0.20 "
-                                 "(install timm>=1.0.29, docs/getting-started.md, \"Tested versions\")")
-    assert capsys.readouterr().err == ""  # sys.exit prints the message itself, once
+    sys.excepthook(raised.type, raised.value, raised.tb)  # what Python does with it at the top
+    assert capsys.readouterr().err == ("train.py: error: quest needs timm>=1.0.29; this environment has timm 1.0.20 "
+                                       "(install timm>=1.0.29, docs/getting-started.md, \"Tested versions\")\n")
+    sys.excepthook(ValueError, ValueError("another"), None)  # any other exception: Python's own report
+    assert "ValueError: another" in capsys.readouterr().err
+
