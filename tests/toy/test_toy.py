@@ -185,16 +185,19 @@ def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
 
 
 @pytest.mark.parametrize("in_place", [
-    # not run where inductor builds that graph wrong (quest/toy/compiled.py): on torch 2.8 its code also corrupted the
-    # heap (glibc aborted a later allocation), which would take this test's process down with it
+    # each way where this torch runs it (quest/toy/compiled.py): CI's newest set runs the first, its floor phase the
+    # second; where inductor builds the in-graph write wrong (torch 2.8) its code also corrupted the heap (glibc
+    # aborted a later allocation), which would take this test's process down with it
     pytest.param(True, id="in_place", marks=pytest.mark.skipif(
         not UPDATES_IN_PLACE, reason="inductor before torch 2.12 builds the graph that writes the weights wrong: the "
         "step returns them there (quest/toy/compiled.py)")),
-    pytest.param(False, id="returned")])
+    pytest.param(False, id="returned", marks=pytest.mark.skipif(
+        UPDATES_IN_PLACE, reason="from torch 2.12 on the step writes the weights in its graph: CI's floor phase "
+        "(torch 2.8) runs the way that returns them"))])
 def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw(in_place, monkeypatch):
     """The study's compiled step (torch.compile, on a CPU with inductor's C++ wrapper) trains as the eager one: every
     parameter of every run against torch.optim.AdamW run by run, float64, after 9 steps; both ways of handing the new
-    weights back (written in the graph, as from torch 2.12 on; returned, as before it), each where torch runs it right."""
+    weights back (written in the graph, as from torch 2.12 on; returned, as before it), each where it runs."""
     import quest.toy.batched as batched
     import quest.toy.compiled as compiled
 
