@@ -8,7 +8,7 @@ One optimizer step of R runs (default 150, one chunk of the full grid: batch 32,
   ``torch.compile``-d;
 - ``engine, N runs per call``: quest.toy.batched as ``python -m quest.toy`` runs it, one compiled call (forward,
   ``torch.func.grad`` backward, AdamW) per tile of N runs; with --returned also the step that returns the new weights
-  instead of writing them in its graph (what runs on torch before 2.14), with --eager the engine uncompiled
+  instead of writing them in its graph (what runs on torch before 2.12), with --eager the engine uncompiled
   (``compile=false``).
 
 Rounds are interleaved in one process; it prints medians of wall time and process CPU time per step of all R runs,
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--python-wrapper", action="store_true",
                     help="also time the step compiled with inductor's default Python wrapper (quest: C++ on a CPU)")
     ap.add_argument("--returned", action="store_true",
-                    help="also time the step that returns the new weights (where torch is before 2.14) against the one "
+                    help="also time the step that returns the new weights (where torch is before 2.12) against the one "
                          "that writes them in its graph")
     ap.add_argument("--eager", action="store_true", help="also time the engine uncompiled (compile=false)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

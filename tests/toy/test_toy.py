@@ -23,7 +23,6 @@ from quest.toy import (
     train_chunk,
 )
 from quest.toy.batched import _program
-from quest.toy.compiled import UPDATES_IN_PLACE
 from quest.toy.config import OutcomeRules, PaperOutcomeRules, StopRule
 from quest.toy.outcomes import PAPER_OUTCOMES, classify_paper, stop_size, wilson_interval
 
@@ -184,25 +183,11 @@ def test_engine_equals_runs_trained_one_by_one_with_adamw(attention):
     assert not torch.equal(res.weights["head.weight"][0], res.weights["head.weight"][1])
 
 
-@pytest.mark.parametrize("in_place", [
-    # each way where this torch runs it (quest/toy/compiled.py): CI's newest set runs the first, its floor phase the
-    # second; where inductor builds the in-graph write wrong (torch 2.8) its code also corrupted the heap (glibc
-    # aborted a later allocation), which would take this test's process down with it
-    pytest.param(True, id="in_place", marks=pytest.mark.skipif(
-        not UPDATES_IN_PLACE, reason="inductor before torch 2.12 builds the graph that writes the weights wrong: the "
-        "step returns them there (quest/toy/compiled.py)")),
-    pytest.param(False, id="returned", marks=pytest.mark.skipif(
-        UPDATES_IN_PLACE, reason="from torch 2.12 on the step writes the weights in its graph: CI's floor phase "
-        "(torch 2.8) runs the way that returns them"))])
-def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw(in_place, monkeypatch):
+def test_compiled_engine_equals_runs_trained_one_by_one_with_adamw():
     """The study's compiled step (torch.compile, on a CPU with inductor's C++ wrapper) trains as the eager one: every
-    parameter of every run against torch.optim.AdamW run by run, float64, after 9 steps; both ways of handing the new
-    weights back (written in the graph, as from torch 2.12 on; returned, as before it), each where it runs."""
-    import quest.toy.batched as batched
-    import quest.toy.compiled as compiled
-
-    monkeypatch.setattr(compiled, "UPDATES_IN_PLACE", in_place)
-    monkeypatch.setattr(batched, "_PROGRAMS", {})  # a program built the other way is not reused
+    parameter of every run against torch.optim.AdamW run by run, float64, after 9 steps. It hands the new weights back
+    the way this torch gets (quest/toy/compiled.py, UPDATES_IN_PLACE): written in the graph on CI's newest set,
+    returned in its floor phase (torch 2.8)."""
     data = make_toy_data(ToyDataConfig(train_size=96, test_size=64), seed=5)
     res = train_chunk("quest", RUNS, data.train, data.test, data_seed=5, epochs=3, batch_size=32, model_kwargs=KW,
                       dtype=torch.float64, compile=True)
