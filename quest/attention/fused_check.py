@@ -16,15 +16,14 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from quest.runtime.errors import UserError
+from quest.runtime.versions import installed, parse_version
 
 from . import fused_launch as launch
 from . import fused_reference as ref
@@ -63,12 +62,8 @@ TRITON_NEEDED: dict[str, tuple[int, int]] = {"l2_normalize": (3, 2), "layer_norm
 
 def triton_release() -> Optional[tuple[int, int]]:
     """The installed Triton's (major, minor), read from its metadata without importing it; None without Triton."""
-    try:
-        text = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        return None
-    numbers = re.findall(r"\d+", text)[:2]
-    return (int(numbers[0]), int(numbers[1]) if len(numbers) > 1 else 0) if numbers else None
+    text = installed("triton")
+    return parse_version(text)[:2] if text is not None else None
 
 
 def triton_too_old(kernel: str) -> Optional[str]:

@@ -30,9 +30,10 @@ FLOORS: dict[str, tuple[int, int, int]] = {"torch": (2, 8, 0), "torchvision": (0
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    """``"2.4.1+cu121"`` -> ``(2, 4, 1)``: the release, without local or pre-release tags (an NGC container's
-    ``2.8.0a0+5228986c39`` is 2.8.0)."""
-    parts = [int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3]]
+    """``"2.4.1+cu121"`` -> ``(2, 4, 1)``: the release, its leading dotted numbers, without local, pre-, post- or
+    dev-release tags (an NGC container's ``2.8.0a0+5228986c39`` is 2.8.0; ``2.8rc1`` is 2.8.0, not 2.8.1)."""
+    release = re.match(r"\d+(?:\.\d+)*", text.strip())
+    parts = [int(p) for p in release.group().split(".")[:3]] if release else []
     return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
 
 

@@ -7,7 +7,10 @@ import sys
 import tomllib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 import quest
 import quest.runtime.versions as versions
@@ -54,6 +57,25 @@ def test_a_release_below_the_floor_is_refused_in_one_line(name, older, monkeypat
     assert str(raised.value) == (f"quest needs {name}>={floor}; this environment has {name} {older} (install "
                                  f"{name}>={floor}, docs/getting-started.md, \"Tested versions\")")
     assert is_user_error(raised.value) and isinstance(raised.value, ImportError)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(versions.FLOORS)), release=st.tuples(*[st.integers(0, 30)] * 3),
+       parts=st.integers(2, 3), tag=st.sampled_from(["", "+cu128", "+cpu", "a0+5228986c39.nv25.06", "rc1", ".post1",
+                                                     ".dev20260101"]))
+def test_any_release_is_refused_exactly_when_it_is_below_its_floor(name, release, parts, tag):
+    """Every version string a distribution may carry (2 or 3 parts; local, pre-, post- and dev-release tags): refused
+    in one line naming it exactly when its release, as packaging reads it, is below the floor; accepted otherwise."""
+    text = ".".join(map(str, release[:parts])) + tag
+    expected = tuple((list(Version(text).release) + [0, 0])[:3])  # the independent reading
+    assert versions.parse_version(text) == expected
+    with pytest.MonkeyPatch.context() as patch:
+        _installed_as(patch, **{name: text})
+        problem = versions.below_floor()
+    if expected < versions.FLOORS[name]:
+        assert problem is not None and f"this environment has {name} {text} " in problem and "\n" not in problem
+    else:
+        assert problem is None or f"{name} " not in problem.split(";")[0]  # another package's floor, never this one
 
 
 @pytest.mark.parametrize("found", ["2.8.0", "2.8.0a0+5228986c39.nv25.06", "2.10.1", "3.0.0"])
