@@ -16,7 +16,7 @@ CONFIGS = ROOT / "configs"
 
 register_configs()
 
-# a tiny, fast training setup on torchvision FakeData
+# a tiny, fast training setup on data=fake (random images)
 FAST = [
     "data=fake", "data.img_size=16", "data.fake_train_size=64", "data.fake_val_size=32", "data.batch_size=16",
     "model=vit_pico", "recipe=light", "trainer.epochs=2", "trainer.log_every_n_steps=1",

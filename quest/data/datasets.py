@@ -6,7 +6,6 @@ from typing import Any, Callable
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
-from torchvision import datasets as tvd
 
 from .registry import get_dataset
 
@@ -43,14 +42,9 @@ def build_dataset(data: Any, split: str, transform: Callable | None,
 def dataset_targets(ds: Dataset) -> np.ndarray:
     """Integer class of every sample, without decoding images where the data set records them."""
     for attr in ("targets", "labels"):
-        if hasattr(ds, attr):
-            return np.asarray(getattr(ds, attr))
-    if isinstance(ds, tvd.FakeData):
-        transform, ds.transform = ds.transform, None
-        try:
-            return np.asarray([ds[i][1] for i in range(len(ds))])
-        finally:
-            ds.transform = transform
+        values = getattr(ds, attr, None)  # read once: data=fake draws its labels when asked
+        if values is not None:
+            return np.asarray(values)
     raise TypeError(f"cannot read the class labels of {type(ds).__name__}")
 
 

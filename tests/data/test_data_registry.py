@@ -105,6 +105,28 @@ def _samples(ds, n: int) -> list[np.ndarray]:
     return [np.asarray(ds[i][0]) for i in range(n)]
 
 
+def test_fake_images_are_torchvisions_and_leave_torchs_random_state_alone(monkeypatch):
+    """data=fake gives torchvision's FakeData images and labels, bit for bit, without seeding torch's global
+    generator: torchvision's does for every image, which in a process where CUDA has started reseeds CUDA's
+    generators (dropout's and drop path's on the GPU) at every image read."""
+    data = compose_cfg("data=fake", "data.img_size=8", "data.fake_train_size=12", "data.fake_val_size=5").data
+    for split, offset, size in (("train", 0, 12), ("val", 10**6, 5)):
+        expected = FakeData(size, (3, 8, 8), 10, random_offset=offset)
+        built = build_dataset(data, split, None)
+        for fails in ("torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed_all"):
+            monkeypatch.setattr(fails, lambda *a, **k: pytest.fail("data=fake seeded torch's global generator"))
+        state = torch.random.get_rng_state()
+        samples = [built[i] for i in range(size)]
+        assert torch.equal(torch.random.get_rng_state(), state)
+        monkeypatch.undo()
+        for (image, label), (want_image, want_label) in zip(samples, (expected[i] for i in range(size))):
+            np.testing.assert_array_equal(np.asarray(image), np.asarray(want_image))
+            assert label == want_label
+        assert built.targets == [label for _, label in samples] and len(set(built.targets)) > 1
+        with pytest.raises(IndexError, match="out of range"):
+            built[size]
+
+
 @pytest.mark.parametrize("name", ["digits_canvas", "fake", "imagenet_wds"])
 def test_a_stored_flat_data_config_composes_validates_builds_the_same_samples_and_resumes(name, shards):
     stored = _stored(name, shards)

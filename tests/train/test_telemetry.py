@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchvision.datasets as tvd
 from omegaconf import DictConfig, OmegaConf
 
 import quest.train.telemetry as telemetry
 from quest.attention import list_attentions
+from quest.data.sets.fake import FakeImages
 from quest.models.factory import create_model
 from quest.train import fit
 from quest.train.precision import resolve_precision
@@ -81,13 +81,13 @@ def test_the_wait_is_the_time_blocked_on_the_loader(tmp_path, monkeypatch):
     waited is known exactly, whatever the machine's load. The epoch's first batch is the loader's start, apart."""
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    getitem = tvd.FakeData.__getitem__
+    getitem = FakeImages.__getitem__
 
     def slow(self, index):
         clock[0] += 3.0 / 16  # 16 images a batch: 3 ticks per batch
         return getitem(self, index)
 
-    monkeypatch.setattr(tvd.FakeData, "__getitem__", slow)
+    monkeypatch.setattr(FakeImages, "__getitem__", slow)
     from quest.train import trainer
 
     step = trainer.Run.train_step
@@ -123,14 +123,14 @@ def test_steps_that_compile_and_the_loaders_start_are_timed_apart(tmp_path, monk
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(lifecycle, "flops_per_image", lambda build, size: 1e12)
     monkeypatch.setattr(lifecycle, "peak_tflops", lambda device, precision: 32.0)  # 16 img/s: 16 of 32 TFLOP/s
-    getitem = tvd.FakeData.__getitem__
+    getitem = FakeImages.__getitem__
 
     def first_batch_slow(self, index):
         fetched[0] += 1
         clock[0] += 5.0 / 16 if fetched[0] <= 16 else 0.0
         return getitem(self, index)
 
-    monkeypatch.setattr(tvd.FakeData, "__getitem__", first_batch_slow)
+    monkeypatch.setattr(FakeImages, "__getitem__", first_batch_slow)
     step, steps = trainer.Run.train_step, [0]
 
     def step_compiling_at_1_and_3(self, *args, **kwargs):
@@ -265,13 +265,13 @@ def test_a_slow_data_set_shows_in_the_log_and_the_advice(tmp_path, monkeypatch, 
     workers, neither a GPU pipeline nor shards."""
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    getitem = tvd.FakeData.__getitem__
+    getitem = FakeImages.__getitem__
 
     def slow(self, index):
         clock[0] += 3.0 / 16
         return getitem(self, index)
 
-    monkeypatch.setattr(tvd.FakeData, "__getitem__", slow)
+    monkeypatch.setattr(FakeImages, "__getitem__", slow)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})  # cores left over for a worker
     from quest.train import trainer
 

@@ -3,7 +3,7 @@ module in it, and each registers its data sets (quest.data.kinds). A new built-i
 and one yaml in configs/data/ (docs/data.md, "Adding a data set").
 
 - ``digits``, ``digits_canvas``: scikit-learn's bundled digits, and each pasted on a canvas with its box;
-- ``fake``: torchvision FakeData; ``cifar``: cifar10 / cifar100;
+- ``fake``: random images (torchvision's FakeData's); ``cifar``: cifar10 / cifar100;
 - ``folders``: imagenet / imagefolder (class folders); ``shards``: imagenet_wds / wds (WebDataset tar shards).
 """
 import importlib
