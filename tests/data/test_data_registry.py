@@ -16,12 +16,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from torchvision.datasets import FakeData
 
 from quest.data import DataConfig, build_dataset, get_dataset, list_datasets
 from quest.data.registry import FLAT_KEYS, register_data_configs, unregister_dataset, upgrade_data_config
 from quest.data.sets.digits_canvas import DigitsCanvasDataset
+from quest.data.sets.fake import FakeImages
 from quest.data.shard_index import resolve_shards
 from quest.data.shards import WdsDataset
 from quest.run.directory import check_resume, config_differences
@@ -105,26 +108,36 @@ def _samples(ds, n: int) -> list[np.ndarray]:
     return [np.asarray(ds[i][0]) for i in range(n)]
 
 
-def test_fake_images_are_torchvisions_and_leave_torchs_random_state_alone(monkeypatch):
-    """data=fake gives torchvision's FakeData images and labels, bit for bit, without seeding torch's global
-    generator: torchvision's does for every image, which in a process where CUDA has started reseeds CUDA's
-    generators (dropout's and drop path's on the GPU) at every image read."""
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 6), image_size=st.tuples(st.sampled_from([1, 3]), st.integers(1, 9), st.integers(1, 9)),
+       num_classes=st.integers(1, 1000), offset=st.sampled_from([0, 1, 10**6, 2**31]))
+def test_fake_images_are_torchvisions_and_leave_torchs_random_state_alone(size, image_size, num_classes, offset):
+    """data=fake's images and labels are torchvision's FakeData's, bit for bit, for any size, image shape, class
+    count and offset, drawn without seeding torch's global generator: torchvision's does for every image, which in a
+    process where CUDA has started reseeds CUDA's generators (dropout's and drop path's on the GPU) at every read."""
+    built = FakeImages(size, image_size, num_classes, random_offset=offset)
+    expected = FakeData(size, image_size, num_classes, random_offset=offset)
+    with pytest.MonkeyPatch.context() as patch:
+        for seeds in ("torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed_all"):
+            patch.setattr(seeds, lambda *a, **k: pytest.fail("data=fake seeded torch's global generator"))
+        state = torch.random.get_rng_state()
+        samples, labels = [built[i] for i in range(size)], built.targets
+        assert torch.equal(torch.random.get_rng_state(), state)
+    for (image, label), (want_image, want_label) in zip(samples, (expected[i] for i in range(size))):
+        np.testing.assert_array_equal(np.asarray(image), np.asarray(want_image))
+        assert label == want_label
+    assert labels == [label for _, label in samples]
+    with pytest.raises(IndexError, match="out of range"):
+        built[size]
+
+
+def test_fake_splits_are_torchvisions_at_their_offsets():
+    """data=fake's train split is torchvision's FakeData at offset 0, its val split at offset 10**6."""
     data = compose_cfg("data=fake", "data.img_size=8", "data.fake_train_size=12", "data.fake_val_size=5").data
     for split, offset, size in (("train", 0, 12), ("val", 10**6, 5)):
-        expected = FakeData(size, (3, 8, 8), 10, random_offset=offset)
-        built = build_dataset(data, split, None)
-        for fails in ("torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed_all"):
-            monkeypatch.setattr(fails, lambda *a, **k: pytest.fail("data=fake seeded torch's global generator"))
-        state = torch.random.get_rng_state()
-        samples = [built[i] for i in range(size)]
-        assert torch.equal(torch.random.get_rng_state(), state)
-        monkeypatch.undo()
-        for (image, label), (want_image, want_label) in zip(samples, (expected[i] for i in range(size))):
-            np.testing.assert_array_equal(np.asarray(image), np.asarray(want_image))
-            assert label == want_label
-        assert built.targets == [label for _, label in samples] and len(set(built.targets)) > 1
-        with pytest.raises(IndexError, match="out of range"):
-            built[size]
+        built, expected = build_dataset(data, split, None), FakeData(size, (3, 8, 8), 10, random_offset=offset)
+        assert len(built) == size and built.targets == [expected[i][1] for i in range(size)]
+        np.testing.assert_array_equal(np.asarray(built[size - 1][0]), np.asarray(expected[size - 1][0]))
 
 
 @pytest.mark.parametrize("name", ["digits_canvas", "fake", "imagenet_wds"])

@@ -115,4 +115,3 @@ def test_a_command_says_the_refusal_in_one_line(monkeypatch, capsys):
                                        "(install timm>=1.0.29, docs/getting-started.md, \"Tested versions\")\n")
     sys.excepthook(ValueError, ValueError("another"), None)  # any other exception: Python's own report
     assert "ValueError: another" in capsys.readouterr().err
-
