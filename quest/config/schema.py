@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from quest.config.checks import DEVICE, MATMUL_PRECISIONS, PRECISIONS, ConfigError, process_count
-from quest.data.config import DataConfig, image_size  # the keys every data set has (docs/data.md)
+from quest.data.config import CROP_FRACTION, DataConfig, image_size  # the keys every data set has (docs/data.md)
 from quest.store.records import bounded, described, listed, one_of
 
 #: attention.fused: quest.attention.fused_check.MODES, written out here because that module imports torch, which
@@ -140,7 +140,7 @@ class RecipeConfig:
     reprob: float = field(default=0.0, metadata=PROBABILITY)  # random erasing probability
     remode: str = field(default="pixel", metadata=one_of("const", "rand", "pixel"))  # random erasing fill: const | rand | pixel
     recount: int = field(default=1, metadata=bounded(1))  # random erasing: regions per image
-    crop_pct: float = field(default=0.875, metadata=bounded(0, 1, open_low=True))  # eval resize/crop ratio
+    crop_pct: float = field(default=0.875, metadata=CROP_FRACTION)  # eval resize/crop ratio
     # resampling of the validation resize
     eval_interpolation: str = field(default="bicubic", metadata=one_of(*EVAL_INTERPOLATIONS))
     repeated_aug: int = field(default=0, metadata=bounded(0, **described(">= 0")))  # RepeatAugSampler repeats (0 = off)

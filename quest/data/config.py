@@ -14,7 +14,7 @@ from omegaconf import MISSING
 from quest.runtime.workers import process_count
 from quest.store.records import bounded, described, listed, one_of
 
-__all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size"]
+__all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size", "CROP_FRACTION"]
 
 #: the largest input side accepted: at 4096 px a ViT with 16 px patches has 65,536 tokens, whose attention matrix
 #: alone takes 16 GiB per head in fp32; a larger value is a typo, which would fail deep inside the model's
@@ -25,6 +25,12 @@ MAX_IMG_SIZE = 4096
 def image_size(**metadata: Any) -> dict[str, Any]:
     """Field metadata of an input side in pixels (data.img_size, model.img_size, recipe.img_size): 1..MAX_IMG_SIZE."""
     return bounded(1, MAX_IMG_SIZE, **described(f"an integer in 1..{MAX_IMG_SIZE} (pixels)"), **metadata)
+
+
+#: the eval crop's share of the resized image (recipe.crop_pct, eval.crop_pct): timm's eval transform resizes the
+#: shorter side to img_size / crop_pct before the center crop, so a small value is a resize without bound (at
+#: 224 px, 0.002 made each image 112,000 px a side, 37 GB); from 0.1 the resize is at most 10x the crop
+CROP_FRACTION = bounded(0.1, 1)
 
 
 # the images are normalised after ToTensor, in [0, 1]: a mean or deviation outside that range (pixel values 0-255

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from quest.config.checks import DEVICE, PRECISIONS
 from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
+from quest.data.config import CROP_FRACTION
 from quest.store.records import bounded, described, one_of
 
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
@@ -58,7 +59,7 @@ class EvalSettingsBase:
     # seconds between progress lines (0: off)
     log_every_s: float = field(default=10.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
     # None: the training recipe's (checkpoint) or timm's pretrained config
-    crop_pct: Optional[float] = field(default=None, metadata=bounded(0, 1, open_low=True))
+    crop_pct: Optional[float] = field(default=None, metadata=CROP_FRACTION)
     interpolation: Optional[str] = field(default=None, metadata=one_of(*INTERPOLATIONS))  # None: likewise
     roots: RootsConfig = field(default_factory=RootsConfig)
     # the results directory holds results of other settings (or another checkpoint): move them to

@@ -204,7 +204,7 @@ class ExportPretrainedCfg:
     input_size: list[int] = field(default_factory=lambda: [3, 224, 224])
     mean: list[float] = field(default_factory=list)
     std: list[float] = field(default_factory=list)
-    crop_pct: float = field(default=0.875, metadata=bounded(0.0, 1.0))
+    crop_pct: float = field(default=0.875, metadata=bounded(0, 1, open_low=True))  # timm divides by it
     interpolation: str = "bicubic"
     num_classes: int = field(default=1000, metadata=bounded(0))
     fixed_input_size: bool = False

@@ -60,7 +60,7 @@ BAD_VALUES = [
     ("recipe.drop_path=1.5", r"recipe\.drop_path must be in \[0, 1\)"),
     ("recipe.smoothing=-0.1", r"recipe\.smoothing must be in \[0, 1\)"),
     ("recipe.mixup_prob=1.5", r"recipe\.mixup_prob must be in \[0, 1\]"),
-    ("recipe.crop_pct=0", r"recipe\.crop_pct must be in \(0, 1\]"),
+    ("recipe.crop_pct=0.002", r"recipe\.crop_pct must be in \[0\.1, 1\]"),  # resized each image 500x the crop's side
     ("recipe.warmup_epochs=-1", r"recipe\.warmup_epochs must be >= 0"),
     ("recipe.scale=[0.9,0.5]", r"recipe\.scale must be \[min, max\] with 0 < min <= max <= 1"),
     ("recipe.opt=adamz", r"recipe\.opt must be one of .*adamw"),

@@ -111,8 +111,9 @@ BAD_VALUES = [  # (override, key, the value as the message shows it, what is all
     ("eval.torch_threads=0", "eval.torch_threads", "0", "a positive integer"),
     ("eval.device=gpu", "eval.device", "'gpu'", "auto, cpu, cuda or cuda:N"),
     ("eval.precision=fp8", "eval.precision", "'fp8'", "one of fp32, bf16, fp16"),
-    ("eval.crop_pct=0", "eval.crop_pct", "0.0", "in (0, 1]"),
-    ("eval.crop_pct=1.2", "eval.crop_pct", "1.2", "in (0, 1]"),
+    ("eval.crop_pct=0", "eval.crop_pct", "0.0", "in [0.1, 1]"),
+    ("eval.crop_pct=0.002", "eval.crop_pct", "0.002", "in [0.1, 1]"),  # a resize to 500x the crop's side
+    ("eval.crop_pct=1.2", "eval.crop_pct", "1.2", "in [0.1, 1]"),
     ("eval.interpolation=random", "eval.interpolation", "'random'", "one of nearest, bilinear, bicubic"),
     ("eval.log_every_n=-2", "eval.log_every_n", "-2", "an integer >= 0 (0: off)"),
     ("eval.log_every_s=-1", "eval.log_every_s", "-1.0", ">= 0 seconds (0: off)"),
