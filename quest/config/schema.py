@@ -139,11 +139,14 @@ class RecipeConfig:
     train_interpolation: str = field(default="bicubic", metadata=one_of(*TRAIN_INTERPOLATIONS))
     reprob: float = field(default=0.0, metadata=PROBABILITY)  # random erasing probability
     remode: str = field(default="pixel", metadata=one_of("const", "rand", "pixel"))  # random erasing fill: const | rand | pixel
-    recount: int = field(default=1, metadata=bounded(1))  # random erasing: regions per image
+    # random erasing: regions per image, each drawn in a loop of up to 10 tries per image (a typo's 10**12 hangs)
+    recount: int = field(default=1, metadata=bounded(1, 16, **described("an integer in 1..16")))
     crop_pct: float = field(default=0.875, metadata=CROP_FRACTION)  # eval resize/crop ratio
     # resampling of the validation resize
     eval_interpolation: str = field(default="bicubic", metadata=one_of(*EVAL_INTERPOLATIONS))
-    repeated_aug: int = field(default=0, metadata=bounded(0, **described(">= 0")))  # RepeatAugSampler repeats (0 = off)
+    # RepeatAugSampler repeats (0 = off; DeiT's 3): each repeat adds the data set's length to every epoch's index
+    # list (a typo's 10**12 asked for terabytes)
+    repeated_aug: int = field(default=0, metadata=bounded(0, 16, **described("an integer in 0..16 (0 = off)")))
     # EMA (timm ModelEmaV3)
     ema: bool = True
     ema_decay: float = field(default=0.99996, metadata=BELOW_ONE)  # EMA decay per update

@@ -66,7 +66,10 @@ BAD_VALUES = [
     ("recipe.opt=adamz", r"recipe\.opt must be one of .*adamw"),
     ("recipe.sched=cosin", r"recipe\.sched must be one of cosine"),
     ("recipe.mixup_mode=rows", r"recipe\.mixup_mode must be one of batch, pair, elem"),
-    ("recipe.repeated_aug=-1", r"recipe\.repeated_aug must be >= 0"),
+    ("recipe.repeated_aug=-1", r"recipe\.repeated_aug must be an integer in 0\.\.16 \(0 = off\)"),
+    # a typo's repeats: the sampler's index list of an epoch times 10**12; random erasing's loop per image
+    ("recipe.repeated_aug=1000000000000", r"recipe\.repeated_aug must be an integer in 0\.\.16"),
+    ("recipe.recount=1000000000000", r"recipe\.recount must be an integer in 1\.\.16"),
     ("data.bad_images=skp", r"data\.bad_images must be one of error, skip, got 'skp'"),
     ("data.batch_size=0", r"data\.batch_size must be a positive integer, got 0"),
     ("data.num_workers=-1", r"data\.num_workers must be an integer in 0\.\."),
