@@ -10,7 +10,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from quest.store.records import bounded
+from quest.data.config import image_size
+from quest.store.records import bounded, described
 
 from ..kinds import register_dataset
 from .digits import DigitsData, digits_split
@@ -23,11 +24,12 @@ class CanvasConfig:
     """data=digits_canvas: each digit pasted on a canvas with clutter, with its true box (:class:`DigitsCanvasDataset`)."""
 
     # 8 <= scale_min <= scale_max <= size: a relation between the three, checked by _check
-    size: int = field(default=32, metadata=bounded(1))  # canvas side in pixels
+    size: int = field(default=32, metadata=image_size())  # canvas side in pixels
     # the digit's side is uniform in [scale_min, scale_max] pixels
     scale_min: int = field(default=12, metadata=bounded(1))
     scale_max: int = field(default=22, metadata=bounded(1))  # largest digit side in pixels
-    clutter: int = field(default=3, metadata=bounded(0))  # fragments of other digits, away from the digit's box
+    # fragments of other digits, away from the digit's box, pasted one by one into every image (a typo's 10**12 hangs)
+    clutter: int = field(default=3, metadata=bounded(0, 64, **described("an integer in 0..64")))
     noise: float = field(default=0.05, metadata=bounded(0))  # Gaussian noise std as a fraction of 255
     # draws of every training digit (the validation split draws each once)
     copies: int = field(default=2, metadata=bounded(1))
