@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-from quest.config.checks import DEVICE, PRECISIONS
+from quest.config.checks import DEVICE, PRECISIONS, process_count
 from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 from quest.data.config import CROP_FRACTION
 from quest.store.records import bounded, described, one_of
@@ -51,8 +51,10 @@ class EvalSettingsBase:
     # autocast of the forward passes (attacks always run in fp32); fp16 needs CUDA (quest.evaluation.checks)
     precision: str = field(default="fp32", metadata=one_of(*PRECISIONS))
     batch_size: int = field(default=128, metadata=bounded(1))  # per process
-    num_workers: int = field(default=0, metadata=bounded(0))  # DataLoader worker processes
-    torch_threads: Optional[int] = field(default=None, metadata=bounded(1))  # None: torch's default
+    # DataLoader worker processes and intra-op threads, bounded as data.num_workers and trainer.torch_threads (a
+    # typo's 10**12 workers forks until memory runs out)
+    num_workers: int = field(default=0, metadata=process_count(0))
+    torch_threads: Optional[int] = field(default=None, metadata=process_count())  # None: torch's default
     # progress lines (quest.eval logger): first and last batch of each pass, every log_every_n-th batch (cell of a
     # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
     log_every_n: int = field(default=0, metadata=bounded(0, **described("an integer >= 0 (0: off)")))

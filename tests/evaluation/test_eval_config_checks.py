@@ -107,8 +107,10 @@ def test_a_suite_without_its_user_given_values_names_them(suite):
 
 BAD_VALUES = [  # (override, key, the value as the message shows it, what is allowed)
     ("eval.batch_size=0", "eval.batch_size", "0", "a positive integer"),
-    ("eval.num_workers=-1", "eval.num_workers", "-1", "an integer >= 0"),
-    ("eval.torch_threads=0", "eval.torch_threads", "0", "a positive integer"),
+    ("eval.num_workers=-1", "eval.num_workers", "-1", "an integer in 0.."),
+    ("eval.num_workers=1000000000000", "eval.num_workers", "1000000000000", "an integer in 0.."),  # as data.num_workers
+    ("eval.torch_threads=0", "eval.torch_threads", "0", "an integer in 1.."),
+    ("eval.torch_threads=1000000000000", "eval.torch_threads", "1000000000000", "an integer in 1.."),
     ("eval.device=gpu", "eval.device", "'gpu'", "auto, cpu, cuda or cuda:N"),
     ("eval.precision=fp8", "eval.precision", "'fp8'", "one of fp32, bf16, fp16"),
     ("eval.crop_pct=0", "eval.crop_pct", "0.0", "in [0.1, 1]"),
