@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from quest.store.records import bounded, check_fields
+from quest.store.run_files import RECORDED_THREADS
 
 __all__ = ["TrainState", "Attempt", "Figure"]
 
@@ -75,7 +76,7 @@ class TrainState:
     train_skipped: int = field(default=0, metadata=bounded(0))
     train_drawn: int = field(default=0, metadata=bounded(0))  # training images drawn, readable or not, all ranks
     #: a CPU run's intra-op threads from its first start (quest.train.threads.run_threads); None on a GPU
-    torch_threads: int | None = field(default=None, metadata=bounded(1))
+    torch_threads: int | None = field(default=None, metadata=RECORDED_THREADS)
     #: the run's attempts, this process's last (begun by its first count); each earlier one as of the last checkpoint
     #: it wrote. A state saved before attempts were recorded has none: the attempts are recorded from its resume on.
     attempts: list[Attempt] = field(default_factory=list)

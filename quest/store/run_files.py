@@ -18,8 +18,13 @@ from quest.store.damage import DamagedFile
 from quest.store.files import read_json
 from quest.store.records import Number, bounded, check_record, record, relative_path, stored_as
 
-__all__ = ["MetricsRow", "RunRecord", "RunSummary", "ExportConfig", "check_metrics_row", "read_run_record",
-           "read_summary", "checked_run_record", "checked_summary", "checked_export_config", "SUMMARY_STATUSES"]
+__all__ = ["RECORDED_THREADS", "MetricsRow", "RunRecord", "RunSummary", "ExportConfig", "check_metrics_row",
+           "read_run_record", "read_summary", "checked_run_record", "checked_summary", "checked_export_config",
+           "SUMMARY_STATUSES"]
+
+#: a recorded count of intra-op threads, as a resume sets it again: more than any machine has is a damaged record
+#: (torch.set_num_threads(10**12) raises an overflow deep in the resume; 10**5 would start that many threads)
+RECORDED_THREADS = bounded(1, 4096)
 
 #: every status a summary.json may hold (quest.train.lifecycle)
 SUMMARY_STATUSES = ("completed", "stopped", "diverged", "bad_data", "interrupted", "requeued")
@@ -75,7 +80,7 @@ class RanWith:
     float32_matmul_precision: Literal["highest", "high", "medium"] | None = None
     cuda_matmul_allow_tf32: bool | None = None
     cudnn_allow_tf32: bool | None = None
-    torch_threads: int | None = field(default=None, metadata=bounded(1))  # a CPU run's intra-op threads
+    torch_threads: int | None = field(default=None, metadata=RECORDED_THREADS)  # a CPU run's intra-op threads
 
 
 @dataclass

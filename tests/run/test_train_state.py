@@ -31,3 +31,10 @@ def test_train_state_round_trips_and_refuses_keys_it_does_not_know():
     assert again == st
     with pytest.raises(ValueError, match=r"\['lr'\]"):
         again.load_state_dict({**saved, "lr": 0.1})
+
+
+@pytest.mark.parametrize("threads", [0, 4097, 10**12])
+def test_a_thread_count_no_machine_has_is_refused_by_name(threads):
+    """A resume sets the recorded count again (torch.set_num_threads(10**12) overflows deep inside it)."""
+    with pytest.raises(ValueError, match="torch_threads"):
+        TrainState().load_state_dict({**TrainState().state_dict(), "torch_threads": threads})
