@@ -37,7 +37,10 @@ def _leaf_keys(node, prefix: str = "") -> list[str]:
     return keys
 
 
-TRAIN = compose_cfg(*FAST, "trainer.max_steps=1", "trainer.eval_every_n_epochs=1")
+# random erasing and mixup on: a value of theirs (recipe.recount, recipe.mixup_prob, ...) is then used by the run,
+# where a base config with the feature off would accept any value and never run it
+TRAIN = compose_cfg(*FAST, "trainer.max_steps=1", "trainer.eval_every_n_epochs=1", "recipe.reprob=0.25",
+                    "recipe.mixup=0.8")
 register_eval_configs()  # eval.py does this before composing
 EVAL = eval_cfg("checkpoint=/nonexistent/last.pt")
 register_toy_config()  # python -m quest.toy does this before composing
