@@ -46,6 +46,10 @@ FINAL_STATUSES = ("completed", "stopped", "diverged")
 _WRITTEN_DIRS = ("checkpoints", ".hydra", ".replaced")
 _WRITTEN_FILES = ("train.log", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
                   "checkpoints/last.pt", "checkpoints/best.pt")
+#: every entry a run's commands make at the top of its directory (training, its loggers, eval.py's default folder):
+#: what trainer.overwrite=true moves aside as the earlier run. Anything else there is not the run's and stays
+RUN_ENTRIES = ("run.json", "summary.json", "metrics.jsonl", "train.log", "checkpoints", ".hydra", "tensorboard",
+               "wandb", "eval")
 
 
 def _now() -> str:
@@ -174,6 +178,16 @@ class RunDirectory(OwnedDirectory):
     def has_run(self) -> bool:
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
 
+    def enclosing_run(self) -> Path | None:
+        """The run directory this one would lie inside (a folder above it holding run.json beside checkpoints/,
+        metrics.jsonl or .hydra/), else None. Its replacement would move this run with its own folders, and this
+        run's replacement would move the files of that run that lie here."""
+        for folder in Path(os.path.abspath(self.path)).parents:  # as given: a link on the way is followed
+            if (folder / "run.json").is_file() and any(
+                    (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra")):
+                return folder
+        return None
+
     def record(self) -> dict[str, Any] | None:
         """run.json, or None when it is missing or damaged (not JSON, or a field of the wrong type: quest.store.run_files; a
         damaged one is kept aside before it is rewritten)."""
@@ -199,6 +213,10 @@ class RunDirectory(OwnedDirectory):
         wrong += [f"{name} is a directory" for name in _WRITTEN_FILES if (self.path / name).is_dir()]
         if (self.path / REPLACED).is_symlink():  # what a start moves aside would leave the run directory
             wrong.append(f"{REPLACED} is a symbolic link to {os.readlink(self.path / REPLACED)}, not a folder of its own")
+        enclosing = self.enclosing_run()
+        if enclosing is not None:
+            raise ConfigError(f"the run directory {self.path} lies inside the run directory {enclosing}: a run "
+                              "directory holds one run; give this one a directory outside it (hydra.run.dir=...)")
         if wrong:
             raise ConfigError(f"the run directory {self.path} holds what this run cannot write over: "
                               f"{'; '.join(wrong)} (expected the other kind, or nothing); move it away, or give the "
@@ -214,12 +232,18 @@ class RunDirectory(OwnedDirectory):
                                "it to end, or give this run its own directory (hydra.run.dir=...)") from None
 
     def archive(self, names: Iterable[str] | None = None, label: str = "") -> Path | None:
-        """Move the previous run to ``.replaced/<UTC time>/`` (trainer.overwrite=true): all of it by default (every
-        entry of the directory but the lock and ``.replaced/``: its logs, records, checkpoints, event files,
-        evaluations, Hydra's record), with ``why.txt`` saying why. Nothing is deleted, and nothing of the new run is
-        written into the old one's files."""
+        """Move the previous run to ``.replaced/<UTC time>/`` (trainer.overwrite=true): by default every entry of
+        :data:`RUN_ENTRIES` there (its logs, records, checkpoints, event files, evaluations, Hydra's record), with
+        ``why.txt`` saying why. Nothing is deleted, nothing of the new run is written into the old one's files, and
+        what no run writes (a user's notes) stays where it is, named in the log."""
         if names is None:
-            names = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+            names = [name for name in RUN_ENTRIES if os.path.lexists(self.path / name)]
+            others = sorted(p.name for p in self.path.iterdir() if p.name not in (*RUN_ENTRIES, self.lock_name,
+                                                                                   REPLACED)) \
+                if self.path.is_dir() else []
+            if others and self.is_main:
+                log.warning("trainer.overwrite=true: left in place in %s, as no run writes them: %s", self.path,
+                            ", ".join(others))
         dest = super().archive(names, label)
         if dest is not None:
             write_text_atomic(dest / "why.txt", "trainer.resume=never trainer.overwrite=true: the run this directory "

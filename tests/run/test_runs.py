@@ -160,10 +160,17 @@ def test_resume_never_refuses_an_existing_run_unless_told_to_overwrite(tmp_path,
     old_run = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*")
                if p.is_file() and p.name != ".lock"}
     assert {Path("train.log"), Path("run.json"), Path("summary.json")} <= set(old_run)
+    # what no run writes is not the run's: a user's notes and a folder of theirs stay where they are
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "a.png").write_bytes(b"png")
     fit(compose_cfg(*FAST, "trainer.epochs=1", "trainer.resume=never", "trainer.overwrite=true"), tmp_path)
     (archive,) = (tmp_path / ".replaced").iterdir()
     # all of the old run, byte for byte, and why; nothing of the new run written into its files
     assert {p: (archive / p).read_bytes() for p in old_run} == old_run
+    assert (tmp_path / "notes.txt").read_text() == "mine\n" and (tmp_path / "figures" / "a.png").read_bytes() == b"png"
+    assert {p.name for p in archive.iterdir()} == {p.parts[0] for p in old_run} | {"why.txt"}
+    assert "left in place" in caplog.text and "figures, notes.txt" in caplog.text
     assert "trainer.overwrite=true" in (archive / "why.txt").read_text()
     assert (archive / "summary.json").read_bytes() == before
     new_log = (tmp_path / "train.log").read_text()

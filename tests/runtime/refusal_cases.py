@@ -232,6 +232,9 @@ TRAIN_ROWS = [
                                      *REPLACE), ("weights.pt",), "earlier"),
     Refusal("output_under_a_file", T, (*TRAIN, "hydra.run.dir={tmp}/afile/run"), ("not a directory",), "new",
             setup=_afile),
+    # a run directory inside another run's (its checkpoints/): either run's replacement would move the other's files
+    Refusal("inside_another_run", T, (*TRAIN, "hydra.run.dir={target}/checkpoints"),
+            ("lies inside the run directory", "{target}"), "earlier"),
     Refusal("name_too_long", T, (*TRAIN, f"hydra.run.dir={{tmp}}/{'x' * 300}"), ("x" * 100,), "new"),
     Refusal("another_config", T, (*TRAIN, "hydra.run.dir={target}", "recipe.lr=0.5"), ("recipe.lr: 0.002 -> 0.5",)),
     Refusal("resume_never", T, (*TRAIN, "hydra.run.dir={target}", "trainer.resume=never"),
