@@ -231,10 +231,7 @@ def _weights_state(weights: str) -> dict[str, torch.Tensor]:
     if weights.startswith(("local-dir:", "hf-hub:")) or weights.endswith(".safetensors"):
         from quest.models.pretrained import pretrained_state_dict
 
-        try:
-            return pretrained_state_dict(weights)
-        except ValueError as exc:
-            raise ValueError(str(exc).replace("model.pretrained=", "weights=")) from exc
+        return pretrained_state_dict(weights, option="weights")
     return _load_state_dict(Path(weights).expanduser())
 
 

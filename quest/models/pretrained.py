@@ -67,8 +67,9 @@ def pretrained_problem(source: str) -> str | None:
     return None
 
 
-def _load_file(path: Path) -> dict[str, torch.Tensor]:
-    """A weights file's state_dict; DamagedFile naming it when it is not whole (safetensors' own error says what)."""
+def _load_file(path: Path, option: str = "model.pretrained") -> dict[str, torch.Tensor]:
+    """A weights file's state_dict; DamagedFile naming it when it is not whole (safetensors' own error says what).
+    ``option``: the key that named it, in the error (eval.py's ``weights``)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not a weights file" + (" (it is a directory)" if path.is_dir() else ""))
     if path.suffix == ".safetensors":
@@ -84,7 +85,7 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
     from quest.store.torch_files import inspect_torch_file, state_dict_of, weights_problem
 
     found = inspect_torch_file(path)
-    problem = weights_problem(path, found)
+    problem = weights_problem(path, found, option)
     if problem is not None:
         raise ValueError(problem)
     obj = found.obj
@@ -108,7 +109,8 @@ def _folder_weights(folder: Path) -> Path:
                             f"{', '.join(WEIGHT_SUFFIXES)})")
 
 
-def _from_hub(repo: str, download: bool, filename: str | None = None) -> dict[str, torch.Tensor]:
+def _from_hub(repo: str, download: bool, filename: str | None = None,
+              option: str = "model.pretrained") -> dict[str, torch.Tensor]:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -125,7 +127,7 @@ def _from_hub(repo: str, download: bool, filename: str | None = None) -> dict[st
                 tried.append(name)
                 continue
             raise
-        return _load_file(Path(path))
+        return _load_file(Path(path), option)
     how = ("set model.pretrained_download=true to download it (HF_HUB_OFFLINE=1 forbids that too)" if not download
            else "and it could not be downloaded (is HF_HUB_OFFLINE=1 set?)")
     raise FileNotFoundError(f"hf-hub:{repo}: none of {tried} is in the local Hugging Face cache; {how}")
@@ -150,18 +152,19 @@ def _from_timm(tag: str, download: bool) -> dict[str, torch.Tensor]:
     raise ValueError(f"timm's pretrained config of {tag!r} names no weights (no hf_hub_id, no url)")
 
 
-def pretrained_state_dict(source: str, download: bool = False) -> dict[str, torch.Tensor]:
-    """The state_dict ``source`` names (see the module docstring), loaded on the CPU with ``weights_only``."""
+def pretrained_state_dict(source: str, download: bool = False, option: str = "model.pretrained") -> dict[str, torch.Tensor]:
+    """The state_dict ``source`` names (see the module docstring), loaded on the CPU with ``weights_only``;
+    ``option``: the key that named it, in every error (eval.py's ``weights``)."""
     problem = pretrained_problem(source)
     if problem is not None:
-        raise ValueError(f"model.pretrained={source}: {problem}")
+        raise ValueError(f"{option}={source}: {problem}")
     kind = _kind(source)
     if kind == "local-dir":
-        return _load_file(_folder_weights(Path(source.partition(":")[2]).expanduser()))
+        return _load_file(_folder_weights(Path(source.partition(":")[2]).expanduser()), option)
     if kind == "hf-hub":
-        return _from_hub(source.partition(":")[2], download)
+        return _from_hub(source.partition(":")[2], download, option=option)
     if kind == "file":
-        return _load_file(Path(source).expanduser())
+        return _load_file(Path(source).expanduser(), option)
     return _from_timm(source, download)
 
 

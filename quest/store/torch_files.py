@@ -169,19 +169,22 @@ def checkpoint_problem(path: str | Path, found: TorchFile | None = None, option:
     return f"{option}={path} is a torch file of another kind ({found.detail}). {_train_py(option)}"
 
 
-def weights_problem(path: str | Path, found: TorchFile | None = None) -> str | None:
-    """Why ``weights=path`` is not a state_dict, or None when it is one."""
+def weights_problem(path: str | Path, found: TorchFile | None = None, option: str = "weights") -> str | None:
+    """Why ``<option>=path`` is not a state_dict, or None when it is one: ``weights=`` of eval.py and quest-export,
+    ``model.pretrained=`` of train.py."""
     path = Path(path)
     found = found or inspect_torch_file(path)
     if found.kind == "state_dict":
         return None
     if found.kind == "quest_checkpoint":
-        return f"weights={path} is a quest checkpoint: pass checkpoint={path} instead of weights= (and no model=)"
-    common = _problem("weights", path, found)
+        instead = (f"pass checkpoint={path} instead of weights= (and no model=)" if option == "weights" else
+                   f"start from its weights with trainer.init_from={path} instead")
+        return f"{option}={path} is a quest checkpoint: {instead}"
+    common = _problem(option, path, found)
     if common is not None:
         return common if found.kind == "truncated" else \
-            f"{common}. weights= takes a state_dict saved with torch.save(model.state_dict(), path)"
-    return f"weights={path} is not a state_dict (a dict of tensors): {found.detail}"
+            f"{common}. {option}= takes a state_dict saved with torch.save(model.state_dict(), path)"
+    return f"{option}={path} is not a state_dict (a dict of tensors): {found.detail}"
 
 
 def damaged_member(path: str | Path) -> str | None:

@@ -194,6 +194,26 @@ def test_a_wrong_init_from_file_is_one_line(good_run, tmp_path, given, expected)
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("key, through_folder, advice", [
+    ("model.pretrained", False, "trainer.init_from="), ("model.pretrained", True, "trainer.init_from="),
+    ("weights", True, "checkpoint="),
+])
+def test_a_quest_checkpoint_where_weights_belong_names_the_key_given_and_the_one_that_takes_it(
+        good_run, tmp_path, key, through_folder, advice):
+    """model.pretrained= and weights= take a state_dict; a quest checkpoint there (a file, or in a local-dir:
+    folder) is refused naming the key the user gave and the key that takes a checkpoint."""
+    from quest.models.pretrained import pretrained_state_dict
+
+    folder = tmp_path / "weights"
+    shutil.copytree(good_run / "checkpoints", folder)
+    (folder / "config.json").write_text("{}")  # what makes a folder of exported weights, beside the checkpoint
+    source = f"local-dir:{folder}" if through_folder else str(folder / "last.pt")
+    with pytest.raises(ValueError) as info:
+        pretrained_state_dict(source, option=key)
+    said = str(info.value)
+    assert said.startswith(f"{key}=") and "is a quest checkpoint" in said and advice in said and "\n" not in said
+
+
 def test_a_missing_init_from_file_is_refused_by_the_config_check(tmp_path):
     from quest.config.checks import ConfigError
     from quest.train.checks import check_train_config
