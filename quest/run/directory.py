@@ -180,8 +180,8 @@ class RunDirectory(OwnedDirectory):
 
     def enclosing_run(self) -> Path | None:
         """The run directory this one would lie inside (a folder above it holding run.json beside checkpoints/,
-        metrics.jsonl or .hydra/), else None. Its replacement would move this run with its own folders, and this
-        run's replacement would move the files of that run that lie here."""
+        metrics.jsonl or .hydra/), else None: a run inside another's checkpoints/ or eval/ would be moved with that
+        folder when the other run is replaced, and one anywhere inside it mixes two runs' files in one tree."""
         for folder in Path(os.path.abspath(self.path)).parents:  # as given: a link on the way is followed
             if (folder / "run.json").is_file() and any(
                     (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra")):
