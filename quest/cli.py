@@ -142,18 +142,24 @@ def _register_plugins() -> None:
     """Hydra finds sweepers and launchers by listing the hydra_plugins namespace, which an editable install (the
     README's ``pip install -e``) maps through an import hook that cannot be listed: registered by hand, quest's
     (``hydra/sweeper=quest`` and ``hydra/launcher=quest``, every app's default; ``hydra/launcher=slurm``) are found
-    in a checkout as in a wheel. Without the [slurm] extra there is no SLURM launcher."""
+    in a checkout as in a wheel. Without the [slurm] extra there is no SLURM launcher.
+
+    Plugins.instance() comes first: its first call lists the plugin modules and runs each again, Hydra's own
+    BasicSweeper's included, even one already imported. A class of quest's made from the BasicSweeper of before
+    would fail ``super(BasicSweeper, self)`` in its __init__ (in a checkout the listing ran quest's module again as
+    well, which hid it; outside one, an editable install's hook cannot be listed)."""
     from hydra.core.plugins import Plugins
 
+    plugins = Plugins.instance()
     from hydra_plugins.quest_launcher.local import QuestLauncher, QuestSweeper
 
     for plugin in (QuestSweeper, QuestLauncher):
-        Plugins.instance().register(plugin)
+        plugins.register(plugin)
     try:
         from hydra_plugins.quest_launcher import SlurmLauncher
     except ImportError:
         return
-    Plugins.instance().register(SlurmLauncher)
+    plugins.register(SlurmLauncher)
 
 
 TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the chosen attention (python train.py is the "

@@ -36,6 +36,22 @@ def test_each_job_of_a_multirun_reports_its_own_error_and_the_sweep_goes_on(tmp_
     assert ran == [_run_dir_name(*fast, "recipe.lr=1e-3")]  # the good job ran; the refused one left no directory
 
 
+@pytest.mark.process
+def test_a_sweep_of_the_installed_command_outside_the_checkout_reaches_its_jobs(tmp_path):
+    """The README's editable install, its console script run from another folder (a real interpreter: Hydra lists
+    its plugins as the process starts, and outside the checkout the editable install's hook cannot be listed). Its
+    sweeper was made from a BasicSweeper that Hydra's listing then replaced: every sweep failed to compose."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "quest-train"
+    assert script.is_file(), f"{script}: the suite runs in the venv the README installs (pip install -e)"
+    out = subprocess.run([str(script), "-m", "recipe.lr=-1,-2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == EXIT_ERROR and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.count("recipe.lr must be > 0") == 2 and "2 job(s) of the sweep failed" in out.stderr, out.stderr
+
+
 # --- the mechanism itself, in-process ---------------------------------------------------------------------------
 def _report(exc: BaseException, capsys) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exit_, reporting_errors("prog"):
