@@ -34,7 +34,7 @@ import types
 import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from quest.store.damage import DamagedFile
@@ -107,10 +107,21 @@ def key_of(f: dataclasses.Field) -> str:
 
 def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
     """Why ``name`` (a path a file names, at ``where``) is not a relative path that stays inside ``folder`` (the
-    file's folder), or None."""
+    file's folder), or None. Where ``folder`` is on disk, the folders on the way are followed too: a link among them
+    to somewhere else would have a file outside moved or removed as the record's. The last part may be a link
+    (moving or removing it touches the link only)."""
     if isinstance(name, str) and name and "\0" not in name and not PurePosixPath(name).is_absolute() \
             and ".." not in PurePosixPath(name).parts:
-        return None
+        if folder is None or not Path(folder).is_dir():
+            return None
+        inside = Path(folder).resolve()
+        if (Path(folder) / name).parent.resolve().is_relative_to(inside):
+            return None
+        parts = PurePosixPath(name).parts[:-1]
+        link = next(Path(folder, *parts[:i]) for i in range(1, len(parts) + 1)
+                    if not Path(folder, *parts[:i]).resolve().is_relative_to(inside))
+        return (f"{where} is {name!r}, which leads out of {folder} through the link {link} -> {link.resolve()}; "
+                f"expected a path inside {folder} (make {link.name} a folder of its own)")
     folder = "the folder" if folder is None else folder
     return f"{where} is {name!r}, a path outside {folder}; expected a path relative to {folder} and inside it"
 
