@@ -35,14 +35,17 @@ from pathlib import Path
 
 from quest.runtime.phase import command_phases
 
-__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "input_error", "is_user_error", "out_of_memory",
-           "describe", "escaping_stdout", "reporting_errors", "program_name", "every_rank", "joined_group", "print_error"]
+__all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "EXIT_INTERRUPTED", "input_error", "is_user_error",
+           "out_of_memory", "describe", "escaping_stdout", "reporting_errors", "program_name", "every_rank",
+           "joined_group", "print_error"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
 #: the tools (quest-data, quest-export, quest-report, quest-plot) exit 2 when their input makes the command impossible,
 #: as argparse does for a bad argument: their 1 means "ran, and found problems" (quest-data check, an unreadable image)
 EXIT_USAGE = 2
+#: a command stopped by Ctrl-C (SIGINT) outside training's own handler: the shell's 128 + 2, as training's
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -182,13 +185,18 @@ def escaping_stdout() -> Iterator[None]:
 def reporting_errors(program: str) -> Iterator[None]:
     """Run a command's work, its checks first (:func:`quest.runtime.phase.command_phases`), its output escaped where
     the terminal's encoding cannot hold it (:func:`escaping_stdout`): a user error exits EXIT_ERROR with one line, a
-    bug EXIT_BUG with its traceback and a line saying so. SystemExit (an exit code already chosen) and
-    KeyboardInterrupt pass through."""
+    bug EXIT_BUG with its traceback and a line saying so, Ctrl-C EXIT_INTERRUPTED with one line (a Ctrl-C is the
+    user's choice, not a fault: no traceback). SystemExit (an exit code already chosen) passes through."""
     try:
         with command_phases(program), escaping_stdout():
             yield
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"{program}: interrupted: every file it had finished is kept whole, and none is left half-written",
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     except BaseException as exc:  # noqa: BLE001  (the last place an exception can be reported well)
         sys.stdout.flush()
         if is_user_error(exc):

@@ -65,8 +65,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     path = Path(path)
     may_change(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = ""  # made inside the try: a Ctrl-C just after mkstemp must not leave its file
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, new_file_mode(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -74,13 +75,15 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         named = _named(exc, path)  # a write or fsync (a full disk): the file it was making
         if named is exc:
             raise
         raise named from exc
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
     return path
 

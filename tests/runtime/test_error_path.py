@@ -77,6 +77,8 @@ def test_user_errors_and_bugs(capsys, monkeypatch):
     assert code == EXIT_ERROR and err == "prog: error: No such file or directory: /data/x\n"
     code, err = _report(KeyError("a bug"), capsys)  # not the user's: the traceback, and a line saying so
     assert code == EXIT_BUG and "Traceback" in err and "prog: internal error: this is a bug in quest" in err
+    code, err = _report(KeyboardInterrupt(), capsys)  # Ctrl-C: the user's choice, one line, the shell's 130
+    assert code == 130 and err.startswith("prog: interrupted: ") and err.count("\n") == 1
 
 
 def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
