@@ -155,7 +155,7 @@ def labelled_metrics(summary: dict[str, Any]) -> list[tuple[str, str, Any]]:
             rows.append((key, "model, last step", value))
         elif key.startswith("val_ema/"):
             rows.append((key, "EMA, last step", value))
-        elif key.startswith("best/"):
+        elif key.startswith("best/") and value is not None:  # no best.pt before an epoch ended
             rows.append((key, f"model at epoch {summary.get('best_epoch')} (best.pt)", value))
         elif key in ("status", "epoch", "step", "best_epoch", "num_params"):
             rows.append((key, "", value))

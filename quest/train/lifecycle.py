@@ -222,7 +222,9 @@ def _summary(run: Run, out: Outcome, wall_s: float, resumed: bool, changes: list
     summary = {
         "status": out.status, "diverged_at_step": None, "divergence_reason": None,
         "epoch": st.epoch, "step": st.step, **val, **out.ema_val,
-        "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None, "best_epoch": st.best_epoch,
+        # none before an epoch has ended validated (a run stopped at trainer.max_steps inside its first epoch)
+        "best/val/top1": st.best_top1 if st.best_top1 >= 0 else None,
+        "best_epoch": st.best_epoch if st.best_top1 >= 0 else None,
         "choices": dict(run.choices), "attention": cfg.attention.name, "model": cfg.model.name,
         # the data set it trained on, from the data sets themselves (quest.report tells settings apart by it)
         "data_fingerprint": data_record(run.data_fingerprint),
@@ -265,9 +267,11 @@ def summary_line(summary: dict[str, Any]) -> str:
                   + ("; " + summary["requeue"] if status == REQUEUED and summary.get("requeue") else
                      "; run the same command to resume"))
     else:
-        detail = (f"val top-1 {fmt(summary.get('val/top1'))} (best {fmt(summary.get('best/val/top1'))} at epoch "
-                  f"{summary.get('best_epoch')}, EMA {fmt(summary.get('val_ema/top1'))}) after {summary.get('step')} "
-                  "steps")
+        best_epoch = summary.get("best_epoch")
+        best = (f"best {fmt(summary.get('best/val/top1'))} at epoch {best_epoch}"
+                if isinstance(best_epoch, int) and best_epoch >= 0 else "no best yet: no epoch ended")
+        detail = (f"val top-1 {fmt(summary.get('val/top1'))} ({best}, EMA {fmt(summary.get('val_ema/top1'))}) after "
+                  f"{summary.get('step')} steps")
     return f"run {status} {detail} in {_duration(summary.get('wall_time_s'))}; {where}"
 
 

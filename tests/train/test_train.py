@@ -12,7 +12,7 @@ from PIL import Image
 
 from quest.data import CorruptImageError
 from quest.run.checkpoint import load_checkpoint
-from quest.train import EXIT_DIVERGED, fit
+from quest.train import EXIT_DIVERGED, fit, summary_line
 
 from ..helpers import FAST, compose_cfg
 from ..warm import run_app
@@ -85,7 +85,10 @@ def test_loss_bound_counts_as_divergence(tmp_path):
 
 
 def test_resume_from_another_attention_names_both(tmp_path):
-    fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
+    stopped = fit(compose_cfg(*FAST, "trainer.max_steps=1"), tmp_path)
+    # stopped inside its first epoch: validated, but no epoch ended, so there is no best epoch (not epoch -1)
+    assert stopped["best/val/top1"] is None and stopped["best_epoch"] is None
+    assert "no best yet" in summary_line(stopped) and "epoch -1" not in summary_line(stopped)
     with pytest.raises(ValueError, match=r"attention='quest'.*attention='standard'"):
         fit(compose_cfg(*FAST, "attention=standard"), tmp_path)
 
