@@ -111,17 +111,29 @@ def _cache_paths(root: Path) -> list[Path]:
     return [root / CACHE_NAME, user / f"{key}.json"]
 
 
-def _read_cache(root: Path, fingerprint: str) -> Report | None:
+def _read_cache(root: Path, fingerprint: str, names: set[str]) -> Report | None:
+    """The cached report of the folder whose files (``names``) have ``fingerprint``, when it accounts for exactly
+    those files: every file is a usable image or a problem, so the counts must add up and each problem must be
+    one of them. A cache that does not is not believed (a hand-edited count would be reported as checked)."""
     for path in _cache_paths(root):
         try:
             cached = check_preflight_cache(parse_json(path.read_text()), root, path)
+            if cached.fingerprint != fingerprint:
+                continue
+            stray = next((i for i, p in enumerate(cached.problems) if p.path not in names), None)
+            if stray is not None:
+                raise DamagedFile(path, f"problems[{stray}].path is {cached.problems[stray].path!r}, not one of the "
+                                        f"files of {root}", joined=": ")
+            if cached.images + len(cached.problems) != len(names):
+                raise DamagedFile(path, f"images is {cached.images} beside {len(cached.problems)} problems, where "
+                                        f"{root} holds {len(names)} files (each is a usable image or a problem)",
+                                  joined=": ")
         except DamagedFile as exc:  # a cache is only a shortcut: not believed, the folder is checked again
             log.warning("the pre-flight's cache is not used: %s", exc)
             continue
         except (OSError, ValueError):
             continue
-        if cached.fingerprint == fingerprint:
-            return Report(str(root), cached.images, [Problem(p.path, p.reason) for p in cached.problems], cached=True)
+        return Report(str(root), cached.images, [Problem(p.path, p.reason) for p in cached.problems], cached=True)
     return None
 
 
@@ -150,7 +162,7 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
     root = Path(root).expanduser()
     files = folder_files(root) if files is None else files
     fingerprint = _fingerprint(files)
-    if use_cache and (cached := _read_cache(root, fingerprint)) is not None:
+    if use_cache and (cached := _read_cache(root, fingerprint, {str(f) for f in files})) is not None:
         return cached
     report = Report(str(root))
     names = [str(f) for f in files]

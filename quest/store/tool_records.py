@@ -17,7 +17,7 @@ from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.records import bounded, check_fields, relative_path
 
-__all__ = ["InfoSplit", "ShardInfo", "CappedRecord", "CachedProblem", "PreflightCache", "check_info",
+__all__ = ["CAP_SHORT_SIDE", "InfoSplit", "ShardInfo", "CappedRecord", "CachedProblem", "PreflightCache", "check_info",
            "check_capped", "check_preflight_cache"]
 
 
@@ -37,9 +37,13 @@ class ShardInfo:
     complete: bool = True
 
 
+#: the short sides quest-data cap takes, in pixels: 16 (a 16 px patch) to 65,536 (beyond any image's side)
+CAP_SHORT_SIDE = (16, 65536)
+
+
 @dataclass
 class CappedRecord:
-    short_side: int = field(metadata=bounded(16))
+    short_side: int = field(metadata=bounded(*CAP_SHORT_SIDE))
     quality: int = field(metadata=bounded(1, 100))
     complete: bool = True
     resample: str = ""
@@ -71,6 +75,10 @@ def _require(data: Mapping, keys: tuple[str, ...], source: Any, what: str, where
 def check_info(info: Any, folder: Path, source: Any) -> dict[str, Any]:
     """A shard folder's _info.json, checked (timm's layout; keys it does not declare are left alone)."""
     check_fields(ShardInfo, info, source, folder)  # every filename inside the folder: a shard read and linked
+    classes, count = info.get("classes"), info.get("num_classes")
+    if isinstance(classes, list) and count is not None and count != len(classes):
+        raise DamagedFile(source, f"num_classes is {count}, but classes names {len(classes)}; expected the count of "
+                                  "the classes it names", joined=": ")
     for split, entry in (info.get("splits") or {}).items():
         _require(entry, ("filenames",), source, "the list of the split's shard files", f"splits.{split}")
         for i, length in enumerate(entry.get("shard_lengths", [])):

@@ -40,7 +40,7 @@ from quest.runtime.workers import die_with_parent
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import MANIFEST_NAME, UNRECORDED, Manifest, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
-from quest.store.tool_records import CAPPED_INFO, read_capped
+from quest.store.tool_records import CAP_SHORT_SIDE, CAPPED_INFO, read_capped
 from quest.store.tree import REPLACED, make_dirs, make_link, move_aside, remove_empty_dirs
 
 __all__ = ["cap_image", "cap_folder", "cap_shards"]
@@ -258,8 +258,9 @@ def _check(src: Path, dst: Path, short_side: int, quality: int, given: Path) -> 
         through = f" (it leads to {src})" if given.expanduser().absolute() != src else ""
         raise FileNotFoundError(f"{given}{through} is not a directory; expected an image folder or a directory of "
                                 "shards")
-    if short_side < 16:
-        raise ValueError(f"--short-side must be at least 16 pixels, got {short_side}")
+    low, high = CAP_SHORT_SIDE
+    if not low <= short_side <= high:
+        raise ValueError(f"--short-side must be in {low}..{high} pixels, got {short_side}")
     if not 1 <= quality <= 100:
         raise ValueError(f"--quality must be in 1..100, got {quality}")
     if dst.resolve() == src or src in dst.resolve().parents:

@@ -133,7 +133,8 @@ def test_a_rerun_whose_manifest_names_a_file_outside_its_folder_deletes_nothing(
 
 INFO_FAULTS = (list(faults(ShardInfo)) + list(faults(InfoSplit, "splits.train."))
                + [("splits.train.shard_lengths", [-1]), ("splits.train.filenames", ["../other/toy-train-0.tar"]),
-                  ("splits.train.filenames", ["/data/toy-train-0.tar"]), ("splits.train", {"name": "train"})])
+                  ("splits.train.filenames", ["/data/toy-train-0.tar"]), ("splits.train", {"name": "train"}),
+                  ("num_classes", 10**30), ("num_classes", 3)])  # INFO names 2 classes
 
 
 @pytest.mark.parametrize("path,value", INFO_FAULTS, ids=[f"{f}={v!r}" for f, v in INFO_FAULTS])
@@ -172,8 +173,11 @@ def _cached_folder(tmp: Path) -> tuple[Path, dict]:
     return root, json.loads((root / ".quest-preflight.json").read_text())
 
 
+# the folder of _cached_folder holds 3 files, 2 images and 1 problem: counts that do not add up to its files (the
+# message names images, beside the problems' count)
+COUNT_FAULTS = [("images", 3), ("images", 10**26), ("problems", [])]
 CACHE_FAULTS = list(faults(PreflightCache)) + [("problems", [{"path": "/etc/passwd", "reason": "empty"}]),
-                                               ("problems", [{"reason": "empty"}])]
+                                               ("problems", [{"reason": "empty"}]), *COUNT_FAULTS]
 
 
 @pytest.mark.parametrize("path,value", CACHE_FAULTS, ids=[f"{f}={v!r}" for f, v in CACHE_FAULTS])
@@ -186,4 +190,13 @@ def test_a_preflight_cache_that_does_not_fit_is_not_believed(tmp_path, monkeypat
         where.write_text(json.dumps(planted(cache, path, value)))
     report = check_image_folder_files(root, workers=1)
     assert not report.cached and (report.images, report.problems) == (fresh.images, fresh.problems)
-    assert f": {path}" in caplog.text and "not used" in caplog.text
+    assert f": {'images' if (path, value) in COUNT_FAULTS else path}" in caplog.text and "not used" in caplog.text
+
+
+def test_a_preflight_cache_naming_a_file_the_folder_does_not_hold_is_not_believed(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root, cache = _cached_folder(tmp_path)
+    cache["problems"] = [{"path": str(root / "cat" / "gone.png"), "reason": "empty"}]  # inside, but not a file of it
+    (root / ".quest-preflight.json").write_text(json.dumps(cache))
+    report = check_image_folder_files(root, workers=1)
+    assert not report.cached and report.images == 2 and "problems[0].path" in caplog.text and "not used" in caplog.text
