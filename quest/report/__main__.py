@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from quest.runtime.errors import input_error, program_name
-from quest.store.output_folder import FolderHeld, output_path
+from quest.store.output_folder import FolderHeld, input_path, output_path
 from quest.store.tree import OutputExists
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
@@ -21,7 +21,7 @@ from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_mar
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program_name("quest-report"), description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
+    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", type=input_path,
                         help="directories searched recursively for run directories (summary.json)")
     parser.add_argument("--out", type=output_path, help="also write the tables to this directory (.md and .csv)")
     parser.add_argument("--overwrite", action="store_true",

@@ -24,7 +24,7 @@ from typing import Any
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.extras import require
 from quest.store.files import atomic_write, figure_bytes, save_figure
-from quest.store.output_folder import FolderHeld, holding, output_path
+from quest.store.output_folder import FolderHeld, holding, input_path, output_path
 from quest.store.tree import OutputExists, make_dirs, refuse_present
 
 require("matplotlib", "report", "quest.report.plot")
@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         help="max attention logit and the q/k norms of its pair against step (QUEST paper, Figure A6)",
         description="Plot attention diagnostics from each RUN_DIR/metrics.jsonl; see docs/diagnostics.md.",
     )
-    diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    diag.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=input_path)
     diag.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     diag.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
@@ -266,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     diag.add_argument("--prefix", default="diag/", help="key prefix the run was logged with (default: diag/)")
     perf = commands.add_parser("perf", help="data wait and images/s per device against step (docs/training.md)",
                                description="Plot each RUN_DIR/metrics.jsonl's telemetry (perf/ rows).")
-    perf.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    perf.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=input_path)
     perf.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     perf.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")
@@ -276,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Compare the maps eval=explain wrote (RUN_DIR/eval/<suite>/<checkpoint>-<weights>/"
         "explain_maps.pt); see docs/explain.md.",
     )
-    expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    expl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=input_path)
     expl.add_argument("--out", required=True, type=image_path, help="output image (.png, .pdf, .svg)")
     expl.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (the old file is kept in .replaced/ beside it)")

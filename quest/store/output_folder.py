@@ -47,7 +47,7 @@ from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.tree import move_aside, remove_made_dirs
 
-__all__ = ["FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
+__all__ = ["input_path", "FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
 
 
 class FolderHeld(ValueError):
@@ -96,6 +96,14 @@ class OutputFolder(OwnedDirectory):
         self.claim()
         present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
         return move_aside(self.path, [p for p in present if not (keep_own and self.manifest.owns(p))], label)
+
+
+def input_path(text: str) -> Path:
+    """The argparse type of a path a command reads: never an empty one (an unset shell variable), which would read
+    the working directory, and whatever it holds, as the input."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; expected a path (was it an unset shell variable?)")
+    return Path(text)
 
 
 def output_path(text: str, file: bool = False) -> Path:

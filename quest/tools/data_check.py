@@ -20,7 +20,7 @@ from quest.data.shard_preflight import check_shard_split
 from quest.runtime.errors import input_error, program_name
 from quest.runtime.phase import begin_changes
 from quest.runtime.workers import process_count_problem
-from quest.store.output_folder import output_path
+from quest.store.output_folder import input_path, output_path
 from quest.store.tool_records import read_capped
 
 __all__ = ["check_root", "main", "reason_kind"]
@@ -151,14 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quest-data", description="Data set tools (docs/data.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="run the data pre-flight on an image folder or a shard directory")
-    check.add_argument("root", type=Path)
+    check.add_argument("root", type=input_path)
     check.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
     check.add_argument("--no-cache", action="store_true", help="check again even if the cached result matches")
     check.add_argument("--no-progress", action="store_true")
     check.add_argument("--limit", type=_count, default=50, help="problems listed per split (all are counted)")
     cap = sub.add_parser("cap", help="copy an image folder or shard directory with every image's short side capped "
                          "(faster decoding; it changes the data: docs/data.md)")
-    cap.add_argument("src", type=Path)
+    cap.add_argument("src", type=input_path)
     cap.add_argument("dst", type=output_path)
     cap.add_argument("--short-side", type=int, required=True, help="the largest short side kept, e.g. 256")
     cap.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")

@@ -35,7 +35,7 @@ from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
 from quest.store.damage import DamagedFile
 from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, write_text_atomic
-from quest.store.output_folder import holding, output_path
+from quest.store.output_folder import holding, input_path, output_path
 from quest.store.run_files import read_summary
 from quest.store.tree import refuse_present
 from quest.store.weights_check import check_weights
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="quest-export", description="Export a train.py run as a timm / Hugging Face model folder "
         f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
-    parser.add_argument("source", help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
+    parser.add_argument("source", type=input_path, help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
     parser.add_argument("--out", required=True, type=output_path, help="the folder to write")
     parser.add_argument("--weights", choices=("model", "ema"), default="model",
                         help="the trained model's weights (default: the ones the run's val/top1 was measured on) "

@@ -343,6 +343,12 @@ TOOL_ROWS = [
     Refusal("input_missing", "quest-report", ("{tmp}/no-such-run",), ("{tmp}/no-such-run",), "out", code=2),
     Refusal("input_missing", "quest-plot", ("diagnostics", "{tmp}/no-such-run", "--out", "{target}.png"),
             ("{tmp}/no-such-run",), "out", code=2),
+    # an empty input path (an unset shell variable) would read the working directory as the input
+    *[Refusal("input_empty", program, args, ("is empty", "unset shell variable"), "out", code=2) for program, args in (
+        ("quest-data", ("check", "", "--no-progress")),
+        ("quest-data", ("cap", "", "{target}", "--short-side", "64", "--no-progress")),
+        ("quest-export", ("", "--out", "{tmp}/new/export")), ("quest-report", ("",)),
+        ("quest-plot", ("diagnostics", "", "--out", "{target}.png")))],
     *[tool(f"foreign_{p}", EXPORT, (p,), setup=foreign(p)) for p in ("model.safetensors", "config.json", "README.md")],
     *[tool(f"foreign_{p}", REPORT, (p,), setup=foreign(p)) for p in ("runs.md", "runs.csv")],
     tool("foreign_fig.png", PLOT, ("fig.png",), setup=foreign("fig.png")),
