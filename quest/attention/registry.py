@@ -18,7 +18,8 @@ from quest.config.checks import is_number
 
 from .timm_names import register_timm_name
 
-__all__ = ["register_attention", "get_attention", "list_attentions", "attention_options", "option_problem"]
+__all__ = ["register_attention", "get_attention", "list_attentions", "attention_options", "option_problem",
+           "refuse_code_named_by_file"]
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
 A = TypeVar("A", bound=type)
@@ -60,6 +61,18 @@ def option_problem(cls: type, key: str, value: Any) -> str | None:
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         return None if is_number(value) and value > 0 else "a finite number > 0"
     return None
+
+
+def refuse_code_named_by_file(name: Any, key: str, source: Any, trusted: bool, how: str) -> None:
+    """A file is data: an import path read from it (``key`` of the file ``source``: a checkpoint's
+    ``attention.name: package.module:Class``) names code that building its model would import and run. Unless
+    ``trusted`` (the user named that code, or said to trust the file), a ValueError before anything is imported,
+    saying ``how`` to name it."""
+    if not (isinstance(name, str) and ":" in name) or trusted:
+        return
+    raise ValueError(f"{source} stores {key}={name!r}, an import path: building its model would import the module "
+                     f"{name.partition(':')[0]!r} and run its code, and a file is data, not code. If you trust it "
+                     f"and that module, {how}")
 
 
 def _import_attention(path: str) -> type[nn.Module]:

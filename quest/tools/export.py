@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from quest.attention.registry import refuse_code_named_by_file
 from quest.evaluation.progress import Heartbeat
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.report.markdown import markdown_table
@@ -213,7 +214,7 @@ def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: list[tup
 
 
 def export_run(source: str | Path, out: str | Path, weights: str = "model", overwrite: bool = False,
-               allow_unfinished: bool = False, onnx: bool = False) -> Path:
+               allow_unfinished: bool = False, onnx: bool = False, trust_code: bool = False) -> Path:
     """Write the export of ``source`` (a run directory or checkpoint file) to ``out``; returns ``out``.
 
     ``weights="model"`` takes the trained weights, the ones the run's ``val/top1`` was measured on; ``"ema"`` the
@@ -221,12 +222,13 @@ def export_run(source: str | Path, out: str | Path, weights: str = "model", over
     refused naming its status, unless ``allow_unfinished``. An earlier export in ``out`` is refused (naming its
     files), or with ``overwrite`` moved to ``out/.replaced/<UTC time>/``; other files in ``out`` are left alone.
     ``out`` is held (quest.store.output_folder) for the whole export: a second one into it is refused naming this one.
-    ``onnx``: also ``model.onnx`` (quest.tools.onnx_export), checked with onnxruntime."""
-    return export_checked(source, out, weights, overwrite, allow_unfinished, onnx)[0]
+    ``onnx``: also ``model.onnx`` (quest.tools.onnx_export), checked with onnxruntime. ``trust_code``: build a model
+    whose attention the checkpoint names by import path, importing that module (refused otherwise)."""
+    return export_checked(source, out, weights, overwrite, allow_unfinished, onnx, trust_code)[0]
 
 
-def export_checked(source: str | Path, out: str | Path, weights: str, overwrite: bool,
-                   allow_unfinished: bool, onnx: bool = False) -> tuple[Path, str | None, float | None]:
+def export_checked(source: str | Path, out: str | Path, weights: str, overwrite: bool, allow_unfinished: bool,
+                   onnx: bool = False, trust_code: bool = False) -> tuple[Path, str | None, float | None]:
     """export_run's work; returns the folder, why the run is unfinished (None: finished) and the exported weights'
     validation top-1 (None: not measured), for the command's line."""
     if weights not in ("model", "ema"):
@@ -241,6 +243,9 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
         refuse_present(files, overwrite)
         path = resolve_checkpoint(source)
         ckpt = load_record(path)  # weights_only=True
+        attention = ckpt.config.get("attention")
+        refuse_code_named_by_file(attention.get("name") if isinstance(attention, dict) else None, "attention.name",
+                                  path, trust_code, "pass --trust-code")
         summary = run_summary(path)
         unfinished = unfinished_reason(summary, ckpt, path)
         problems = []  # every one in the one message
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="quest-export", description="Export a train.py run as a timm / Hugging Face model folder "
         f"(config.json naming {ARCHITECTURE}.<attention>, model.safetensors, README.md): docs/interop.md.")
-    parser.add_argument("source", type=input_path, help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
+    parser.add_argument("source", type=input_path,
+                        help="a train.py run directory (its checkpoints/last.pt) or a checkpoint file")
     parser.add_argument("--out", required=True, type=output_path, help="the folder to write")
     parser.add_argument("--weights", choices=("model", "ema"), default="model",
                         help="the trained model's weights (default: the ones the run's val/top1 was measured on) "
@@ -298,10 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="export a run that has not finished, diverged or failed on its data (refused otherwise)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export in --out (its files are kept in --out/.replaced/)")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="export a checkpoint whose attention is an import path (package.module:Class), importing "
+                             "that module: only for a checkpoint and a module you trust (refused otherwise)")
     args = parser.parse_args(argv)
     try:
         out, unfinished, top1 = export_checked(args.source, args.out, args.weights, args.overwrite,
-                                               args.allow_unfinished, args.onnx)
+                                               args.allow_unfinished, args.onnx, args.trust_code)
     except (FileNotFoundError, ValueError, MissingExtra) as exc:  # FolderHeld, OutputExists: ValueErrors
         return input_error(program_name("quest-export"), exc)
     measured = f"validation top-1 {top1:.2f}%" if top1 is not None else "not measured on the validation set"

@@ -84,3 +84,23 @@ def test_best_pt_is_the_best_epochs_model(finished_run, tmp_path):
     out = export_run(finished_run / "checkpoints" / "best.pt", tmp_path / "out")
     config = json.loads((out / "config.json").read_text())
     assert config["quest"]["val_top1"] == summary["best/val/top1"]
+
+
+def test_an_import_path_in_the_checkpoint_is_never_imported_unless_trusted(finished_run, tmp_path, monkeypatch):
+    """A checkpoint is data: an attention named by import path is refused before its module is imported (that
+    module, on the path, would leave a mark), unless --trust-code, which imports it."""
+    mark = tmp_path / "imported"
+    (tmp_path / "quest_export_probe_mod.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = _copy(finished_run, tmp_path)
+    last = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["config"]["attention"]["name"] = ckpt["meta"]["attention"] = "quest_export_probe_mod:Attention"
+    torch.save(ckpt, last)
+    with pytest.raises(ValueError, match=r"attention.name='quest_export_probe_mod:Attention', an import path.*"
+                                         r"--trust-code"):
+        export_run(run, tmp_path / "out")
+    assert not mark.exists() and not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="quest_export_probe_mod"):  # trusted: imported, then found no attention
+        export_run(run, tmp_path / "out", trust_code=True)
+    assert mark.exists()
