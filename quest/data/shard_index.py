@@ -17,13 +17,14 @@ from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.tool_records import check_info
 
-__all__ = ["INFO_NAMES", "IMAGE_EXTS", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
+__all__ = ["INFO_NAMES", "IMAGE_EXTS", "SHARD_PATTERN", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
            "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups",
            "IrregularMember", "first_irregular", "open_tar", "count_samples"]
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # the first one a sample has is its image
-_PATTERN = re.compile(r"[{*?\[]|\.tar$")
+#: what makes a split value a shard pattern rather than a split name (split_files), shared with make_shards
+SHARD_PATTERN = re.compile(r"[{*?\[]|\.tar$")
 
 
 class ShardError(ValueError):
@@ -87,7 +88,7 @@ def info_lengths(info: dict[str, Any]) -> dict[str, int]:
 
 
 def split_files(root: Path, split: str, info: dict[str, Any], info_path: Path | None) -> list[str]:
-    if _PATTERN.search(split):
+    if SHARD_PATTERN.search(split):
         if re.search(r"[*?\[]", split):
             names = sorted(str(p.relative_to(root)) for p in root.glob(split))
             if not names:

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import tarfile
 from functools import partial
@@ -23,11 +24,13 @@ import numpy as np
 
 from quest.data.entries import class_listing
 from quest.data.folder import check_image_folder
-from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, load_info, resolve_shards
+from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand_braces, load_info, resolve_shards
 from quest.evaluation.progress import Progress
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
 from quest.store.output_folder import holding, output_path
+from quest.store.records import path_problem
+from quest.store.tool_records import check_info
 from quest.store.tree import move_aside
 
 log = logging.getLogger(__name__)
@@ -60,16 +63,50 @@ def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, A
     info.setdefault("splits", {}).update(splits)
     info.update(extra)
     path = path or out / INFO_NAMES[0]
+    check_info(info, out, path)  # never a record its reader (load_info) would refuse
     write_text_atomic(path, json.dumps(info, indent=1) + "\n")
     return path
 
 
-def _plain_name(flag: str, value: str) -> None:
+def _is_name(value: str, split: bool = False) -> bool:
     """A part of a shard's file name: a shard is a file of the output folder, and a name with a ``/`` or ``..``
-    would be written elsewhere (a leading dot: a name a cut write's temporary could have)."""
-    if not value or "/" in value or "\0" in value or value.startswith("."):
+    would be written elsewhere (a leading dot: a name a cut write's temporary could have). A ``split`` is also a key
+    of _info.json that data.train_split must be able to name: the reader takes a name with ``{*?[`` or a ``.tar``
+    end for a shard pattern (quest.data.shard_index.split_files), so such a split could never be read by name."""
+    plain = bool(value) and "/" not in value and "\0" not in value and not value.startswith(".")
+    return plain and not (split and SHARD_PATTERN.search(value))
+
+
+SPLIT_RULE = "no '/', not empty, not starting with '.', no '{', '*', '?' or '[', not ending in .tar"
+
+
+def _plain_name(flag: str, value: str) -> None:
+    if flag == "--split" and not _is_name(value, split=True):
+        raise ValueError(f"{flag} {value!r}: expected a plain name for the shard files' names and a split name "
+                         f"data.train_split can name ({SPLIT_RULE}), e.g. train or validation")
+    if not _is_name(value):
         raise ValueError(f"{flag} {value!r}: expected a plain name for the shard files' names (no '/', not empty, "
                          "not starting with '.'), e.g. imagenet1k or train")
+
+
+def _split_folder(src: Path, folder: str) -> None:
+    """A split folder is read from inside the source: one outside it could hold the output folder, whose shards would
+    then become part of the data set (only the source itself is checked against the output)."""
+    if folder == "" or path_problem(folder, "") is not None:
+        raise ValueError(f"--split {folder!r}: expected FOLDER[:NAME] with FOLDER a folder of the source {src}, "
+                         "relative to it and inside it (not empty, no leading '/', no '..'), e.g. train or "
+                         "val:validation")
+
+
+def _split_option(text: str) -> tuple[str, str]:
+    """``--split FOLDER[:NAME]`` -> (folder, name); NAME defaults to FOLDER. An empty side of the ':' is refused:
+    ``:x`` would convert the source folder itself, ``train:`` name a split ``train:``."""
+    folder, colon, name = text.partition(":")
+    if not folder or (colon and not name):
+        raise ValueError(f"--split {text!r}: the {'FOLDER before' if not folder else 'NAME after'} ':' is empty; "
+                         "expected FOLDER[:NAME], a split folder of the source and optionally its split name in "
+                         "_info.json, e.g. train or val:validation")
+    return folder, name if colon else folder
 
 
 def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]], name: str = "shards",
@@ -84,8 +121,17 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     first shard written to the last, and readers refuse the folder meanwhile."""
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    if seed < 0:  # numpy's own refusal names no flag
+        raise ValueError(f"--seed must be 0 or more, got {seed}")
     for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
         _plain_name(flag, value)
+    for folder, _ in splits:
+        _split_folder(src, folder)
+    names = [split for _, split in splits]
+    twice = sorted({split for split in names if names.count(split) > 1})
+    if twice:  # two folders under one name would write the same shard files, the first split lost
+        raise ValueError(f"--split: the split name {twice[0]!r} is given twice; expected FOLDER[:NAME] with a "
+                         "NAME of its own for each folder, e.g. --split train --split val:validation")
     real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
         raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
@@ -103,14 +149,21 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         folder.claim()
         manifest.begin()
         _merge_info(out, {}, {"complete": False})  # before the first shard changes
-        manifest.drop_stale({n: stamp for n, (_, stamp) in planned.items()},
-                            sources={s for s in manifest.sources() if ours.fullmatch(s)})
+        # what became of each recorded shard, judged before drop_stale acts (its count says only "dropped"): a file
+        # somebody deleted was not removed by this run, and one somebody changed is kept in .replaced/, not removed
+        recorded = {s: n for s, n in manifest.sources().items() if ours.fullmatch(s)}
+        missing = {n for n in recorded.values() if not os.path.lexists(out / n)}
+        changed = {n for n in recorded.values() if n not in missing and not manifest.owns(manifest.folder / n)}
+        dropped = manifest.drop_stale({n: stamp for n, (_, stamp) in planned.items()}, sources=set(recorded))
         # shards of these splits the manifest does not list (a kill came before their line, or somebody else's) and
         # partial writes: kept in .replaced/, never deleted
         mine = set(manifest.sources().values())
-        move_aside(out, [path for path in out.iterdir() if path.is_file() and (
+        unrecorded = [path for path in out.iterdir() if path.is_file() and (
             ours.fullmatch(path.name) and path.name not in mine
-            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))], UNRECORDED)
+            or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))]
+        move_aside(out, unrecorded, UNRECORDED)
+        gone = {recorded[s] for s in dropped}
+        summary = _summary(len(gone - missing - changed), len(gone & changed) + len(unrecorded), len(gone & missing))
         # an ImageNet conversion writes about 1,300 shards for many minutes: a line at the first, the last and every
         # 10 s between (a rerun's kept shards count as done at once, so its first ETA is low)
         progress = Progress(f"{TOOL} {out}", len(planned), unit="shard", every_s=10.0, logger=log)
@@ -124,11 +177,20 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
                    for split, shards in lengths.items()}
         for split, entry in written.items():
             log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
-        log.info("this run: %d shards written, %d removed, %d kept from an earlier run (unchanged files)",
-                 manifest.written, manifest.removed, len(planned) - manifest.written)
+        log.info("this run: %d shards written, %s, %d kept from an earlier run (unchanged files)",
+                 manifest.written, summary, len(planned) - manifest.written)
         info = _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
         manifest.note([info])  # on record like the shards: the manifest lists every file the command wrote
         return info
+
+
+def _summary(removed: int, aside: int, missing: int) -> str:
+    """The summary line's middle: shards this run deleted (its own, unchanged since written, that the conversion no
+    longer makes or makes anew), kept in .replaced/ (changed since, or not on record) and found missing (deleted by
+    somebody since: nothing to remove); the last two only when there were any."""
+    return ", ".join([f"{removed} removed", *([f"{aside} moved to .replaced/ (changed since written or not on "
+                                              "record)"] if aside else []),
+                      *([f"{missing} found missing (deleted since written)"] if missing else [])])
 
 
 def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
@@ -169,18 +231,50 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
 
 def write_index(root: Path, splits: dict[str, str]) -> Path:
     """Count the samples of existing shards (``{split: pattern}``) into ``root/_info.json`` (``root`` held meanwhile:
-    a conversion or another index into it is refused)."""
+    a conversion or another index into it is refused). Each split's name and pattern are checked first, and the
+    record is checked as its reader checks it before anything changes."""
+    for split, pattern in splits.items():
+        _check_index_split(root, split, pattern)
     with holding(root, "make_shards index") as folder:
         written = _count_splits(root, splits)
-        info, path = load_info(root)
+        info, existing = load_info(root)
+        info.setdefault("splits", {}).update(written)
+        path = existing or root / INFO_NAMES[0]
+        check_info(info, root, path)  # never a record its reader (load_info, quest-data check) would refuse
         # the splits an _info.json already holds are kept in the new one; the file itself, unless this command
         # wrote it, in .replaced/ too
-        folder.make_room([path] if path is not None else [], keep_own=True)
-        info.setdefault("splits", {}).update(written)
-        path = path or root / INFO_NAMES[0]
+        folder.make_room([existing] if existing is not None else [], keep_own=True)
         write_text_atomic(path, json.dumps(info, indent=1) + "\n")
         folder.manifest.note([path])
         return path
+
+
+INDEX_FORM = "SPLIT=PATTERN, e.g. train='x-train-{000..127}.tar' or validation='x-val-*.tar'"
+
+
+def _index_option(text: str) -> tuple[str, str]:
+    """A ``make_shards index`` argument ``SPLIT=PATTERN`` -> (split, pattern), split at the first ``=``."""
+    split, equals, pattern = text.partition("=")
+    if not equals:
+        raise ValueError(f"make_shards index: {text!r} has no '='; expected {INDEX_FORM}")
+    return split, pattern
+
+
+def _check_index_split(root: Path, split: str, pattern: str) -> None:
+    """The split's name as convert's (:func:`_is_name`); the pattern one the reader takes for a pattern, naming shards
+    inside ``root``: _info.json lists shards by paths relative to its folder, and its reader refuses any outside
+    (a brace's every expansion is checked: ``{..,a}/x.tar`` names ``../x.tar``)."""
+    given = f"make_shards index {root}: {split}={pattern}"
+    if not _is_name(split, split=True):
+        raise ValueError(f"{given}: {split!r} cannot name a split; expected {INDEX_FORM}, with a split name such "
+                         f"as train or validation ({SPLIT_RULE})")
+    if not SHARD_PATTERN.search(pattern):
+        raise ValueError(f"{given}: {pattern!r} is not a shard pattern; expected {INDEX_FORM} (a file name ending in "
+                         ".tar, a {a..b} range, a {x,y} list or a glob)")
+    if any(path_problem(name, "") is not None for name in [pattern, *expand_braces(pattern)]):
+        raise ValueError(f"{given}: the pattern names shards outside {root}; expected {INDEX_FORM}, with PATTERN "
+                         f"relative to {root} and inside it (no leading '/', no '..'): _info.json lists only the "
+                         "shards in its own folder")
 
 
 def _counted(what: str, shards: list[Path]) -> Iterator[Path]:
@@ -216,14 +310,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     conv.add_argument("--seed", type=int, default=0)
     idx = sub.add_parser("index", help="count existing shards into _info.json")
     idx.add_argument("root", type=output_path)
-    idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN")
+    idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN",
+                     help="a split name and a shard pattern relative to ROOT, e.g. train='x-train-*.tar'")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "convert":
-        pairs = [(s.partition(":")[0], s.partition(":")[2] or s) for s in args.split or ["train", "val:validation"]]
+        pairs = [_split_option(s) for s in args.split or ["train", "val:validation"]]
         print(convert_image_folder(args.src, args.out, pairs, args.name, args.shard_size, args.seed))
     else:
-        print(write_index(args.root, dict(s.split("=", 1) for s in args.splits)))
+        pairs = [_index_option(s) for s in args.splits]
+        twice = sorted({split for split, _ in pairs if [p[0] for p in pairs].count(split) > 1})
+        if twice:  # a dict would keep the last pattern without a word
+            raise ValueError(f"make_shards index: the split {twice[0]!r} is given twice; expected {INDEX_FORM}, "
+                             "once per split")
+        print(write_index(args.root, dict(pairs)))
 
 
 if __name__ == "__main__":  # quest's one error path (quest/runtime/errors.py): a bad folder or file is one line, exit 1
