@@ -28,7 +28,7 @@ from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand
 from quest.evaluation.progress import Progress
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
-from quest.store.output_folder import holding, output_path
+from quest.store.output_folder import holding, input_path, output_path
 from quest.store.records import path_problem
 from quest.store.tool_records import check_info
 from quest.store.tree import move_aside
@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m quest.tools.make_shards", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
-    conv.add_argument("src", type=Path, help="the ImageFolder root (holding train/ and val/)")
+    conv.add_argument("src", type=input_path, help="the ImageFolder root (holding train/ and val/)")
     conv.add_argument("out", type=output_path)
     conv.add_argument("--split", action="append", metavar="FOLDER[:NAME]",
                       help="a split folder and its name in _info.json (default: train, val:validation)")

@@ -348,7 +348,7 @@ TOOL_ROWS = [
         ("quest-data", ("check", "", "--no-progress")),
         ("quest-data", ("cap", "", "{target}", "--short-side", "64", "--no-progress")),
         ("quest-export", ("", "--out", "{tmp}/new/export")), ("quest-report", ("",)),
-        ("quest-plot", ("diagnostics", "", "--out", "{target}.png")))],
+        ("quest-plot", ("diagnostics", "", "--out", "{target}.png")), (SHARDS, ("convert", "", "{target}")))],
     *[tool(f"foreign_{p}", EXPORT, (p,), setup=foreign(p)) for p in ("model.safetensors", "config.json", "README.md")],
     *[tool(f"foreign_{p}", REPORT, (p,), setup=foreign(p)) for p in ("runs.md", "runs.csv")],
     tool("foreign_fig.png", PLOT, ("fig.png",), setup=foreign("fig.png")),
