@@ -113,11 +113,25 @@ def inside_folder(path: str | Path, folder: str | Path) -> Path:
                         "to another's: replace the link by a copy of the file, or remove it)")
 
 
+#: the integers a file quest writes can hold: 64 bits, as torch and numpy count (a step, a byte count, a time in ns)
+_INT_RANGE = (-2**63, 2**63 - 1)
+
+
 def parse_json(text: str | bytes) -> Any:
-    """``json.loads``, but JSON nested deeper than Python's decoder goes (``[[[[...``, which no file quest writes
-    holds) is a :class:`json.JSONDecodeError` like any other damage, not a RecursionError (a bug's traceback)."""
+    """``json.loads``, but what no file quest writes holds is a :class:`json.JSONDecodeError` like any other damage,
+    not a bug's traceback further on: JSON nested deeper than Python's decoder goes (``[[[[...``, a RecursionError
+    here), and an integer beyond 64 bits (``10**400``, which Python reads whole and float() then overflows on)."""
+    doc = text.decode(errors="replace") if isinstance(text, bytes) else text
+
+    def integer(digits: str) -> int:
+        # length first: Python refuses to read an integer of over 4,300 digits (a ValueError of its own)
+        if len(digits.lstrip("-")) > 19 or not _INT_RANGE[0] <= int(digits) <= _INT_RANGE[1]:
+            raise json.JSONDecodeError(f"an integer of {len(digits.lstrip('-'))} digits, beyond the 64 bits of any "
+                                       "file quest writes", doc, max(doc.find(digits), 0))
+        return int(digits)
+
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=integer)
     except RecursionError:
         raise json.JSONDecodeError("nested deeper than any file quest writes", str(text[:40]), 0) from None
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -127,7 +128,10 @@ def path_problem(name: Any, where: str, folder: Any = None) -> str | None:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of over 4,300 digits, which Python will not write out
+        return f"{type(value).__name__} of more than 4,300 digits"
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
@@ -237,11 +241,13 @@ def _type_problem(value: Any, hint: Any, where: str) -> str | None:
         return None if value is None else f"{label} is {_describe(value)}, expected null"
     if hint is bool:
         return None if isinstance(value, bool) else f"{label} is {_describe(value)}, expected true or false"
-    if hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return None if ok else f"{label} is {_describe(value)}, expected an integer"
+    if hint is int:  # of 64 bits, as torch and numpy count: a larger one is no value quest writes
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"{label} is {_describe(value)}, expected an integer"
+        return None if -2**63 <= value < 2**63 else f"{label} is {_describe(value)}, expected an integer of 64 bits"
     if hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= sys.float_info.max \
+            and math.isfinite(value)  # an int beyond a float's range would overflow in isfinite
         return None if ok else f"{label} is {_describe(value)}, expected a finite number"
     if hint is str:
         return None if isinstance(value, str) else f"{label} is {_describe(value)}, expected a string"

@@ -89,6 +89,9 @@ def test_appending_first_cuts_a_half_written_last_record(tmp_path_factory, recor
     (b"[]", "holds a JSON list, expected a JSON object"), (b"null", "holds a JSON NoneType"),
     (b"3", "holds a JSON int"), (b'"text"', "holds a JSON str"),
     (b"[" * 200_000, "nested deeper than any file quest writes"),  # Python's decoder: RecursionError, not ValueError
+    # beyond 64 bits: float() overflows on 10**400 later; Python will not read an integer of over 4,300 digits
+    (b'{"val/top1": 1' + b"0" * 400 + b"}", "an integer of 401 digits, beyond the 64 bits"),
+    (b'{"step": ' + b"9" * 5000 + b"}", "an integer of 5000 digits"),
 ])
 def test_a_damaged_record_is_named_with_what_was_expected(tmp_path, content, problem):
     path = tmp_path / "summary.json"
@@ -166,3 +169,19 @@ def test_an_append_cuts_a_half_written_last_line_first(tmp_path):
     with io.open_records(records) as f:
         f.write('{"step": 2}\n')
     assert records.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+
+
+@given(st.integers(min_value=-2**70, max_value=2**70) | st.sampled_from([2**63 - 1, 2**63, -2**63, -2**63 - 1]))
+def test_an_integer_reads_back_exactly_where_it_has_64_bits_and_is_damage_beyond(value):
+    from quest.store.records import field_problem
+
+    text = json.dumps({"config": {"recipe": {"epochs": [value]}}})
+    fits = -2**63 <= value < 2**63
+    if fits:
+        assert io.parse_json(text)["config"]["recipe"]["epochs"] == [value]
+    else:
+        with pytest.raises(json.JSONDecodeError, match="beyond the 64 bits"):
+            io.parse_json(text)
+    # a typed field read from elsewhere (a checkpoint's torch.load) holds the same line, never an OverflowError
+    assert (field_problem(value, int) is None) == fits
+    assert field_problem(value * 10**400, float) is not None or value == 0  # beyond a float: refused, no overflow
