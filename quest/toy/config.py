@@ -10,13 +10,22 @@ from quest.config.checks import DEVICE, process_count
 from quest.config.run_names import register_resolvers
 from quest.store.records import bounded, described, listed, one_of
 
-from .data import ToyDataConfig
+from .data import MAX_SAMPLES, ToyDataConfig, sample_count
 
 #: numpy's and torch's seeds
-_SEEDS = {**bounded(0, 2**32 - 1), **listed(min_length=1), **described("a non-empty list of integers in 0..2**32-1")}
+_SEEDS = {**bounded(0, 2**32 - 1), **listed(min_length=1),
+          **described(f"a non-empty list of integers in 0..{2**32 - 1} (2**32 - 1)")}
 _FRACTION = bounded(0, 1)
 #: a [low, high] range of accuracies; low <= high is a relation, checked by quest.toy.checks
 _RANGE = {**bounded(0, 1), **listed(2), **described("[low, high] with 0 <= low <= high <= 1")}
+# The bounds of what allocates or loops (sizes, widths, epochs) stop a value that would run out of memory or time, or
+# out of what torch can index, before the study starts; the data's sizes: quest.toy.data.
+#: the most epochs: 200 times the paper's 50
+MAX_EPOCHS = 10_000
+#: the widest MLP hidden layer: 200 times A.3's 20
+MAX_HIDDEN = 4096
+#: the most runs per compiled call (more than a chunk has: all of them), bounded as every integer of the config is
+MAX_RUNS_PER_CALL = 2**20
 
 __all__ = ["GridConfig", "ToyModelConfig", "ToyTrainConfig", "OutcomeRules", "PaperOutcomeRules", "VariantConfig",
            "StopRule", "StudyConfig", "ToyConfig", "register_toy_config"]
@@ -33,15 +42,16 @@ class GridConfig:
 
 @dataclass
 class ToyModelConfig:
-    mlp_hidden: int = field(default=20, metadata=bounded(1))  # A.3: the MLP hidden layer has the embedding width
+    mlp_hidden: int = field(default=20, metadata=bounded(1, MAX_HIDDEN))  # A.3: the MLP hidden layer has the embedding width
     # positional embedding ~ truncated N(0, std) as in timm's ViT; [CLS] starts at 0
     embed_init_std: float = field(default=0.02, metadata=bounded(0))
 
 
 @dataclass
 class ToyTrainConfig:
-    epochs: int = field(default=50, metadata=bounded(1))
-    batch_size: int = field(default=32, metadata=bounded(1))
+    epochs: int = field(default=50, metadata=bounded(1, MAX_EPOCHS))
+    # a batch larger than the training set is the whole set
+    batch_size: int = field(default=32, metadata=sample_count())
     # torch.optim.AdamW defaults
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999], metadata={**bounded(0, 1, open_high=True),
                                                                                 **listed(2)})
@@ -113,7 +123,8 @@ class StudyConfig:
     sets; one CSV, one figure, and the training-set size :class:`StopRule` picks."""
 
     name: str = field(default="grid", metadata=one_of("grid", "sensitivity"))
-    train_sizes: List[int] = field(default_factory=list, metadata=bounded(1))
+    train_sizes: List[int] = field(default_factory=list, metadata={**sample_count(), **described(
+        f"a list of integers in 1..{MAX_SAMPLES} (training-set sizes)")})
     test_biased_fractions: List[float] = field(default_factory=list, metadata=bounded(0, 1, **described(
         "a list of fractions in [0, 1]")))
     scale_variants: List[str] = field(default_factory=list)  # names of variants: checked by quest.toy.study
@@ -141,10 +152,11 @@ class ToyConfig:
     workers: Optional[int] = field(default=None, metadata=process_count())
     # torch intra-op threads per worker (they multiply with workers); None: 1 with several workers, else torch's
     threads: Optional[int] = field(default=None, metadata=process_count())
-    # runs per compiled call; None: 50 on a CPU (cache-sized), all on a GPU
-    runs_per_call: Optional[int] = field(default=None, metadata=bounded(1))
-    # training samples whose key norms are recorded after every epoch (Figure 4); 0: none
-    probe_size: int = field(default=256, metadata=bounded(0, **described("an integer >= 0 (0: no key norms recorded)")))
+    # runs per compiled call; None: 50 on a CPU (cache-sized), all on a GPU; more than a chunk's runs: all of them
+    runs_per_call: Optional[int] = field(default=None, metadata=bounded(1, MAX_RUNS_PER_CALL))
+    # training samples whose key norms are recorded after every epoch (Figure 4); 0: none; more than the training set:
+    # all of it
+    probe_size: int = field(default=256, metadata=sample_count(0, "0: no key norms recorded"))
     out_dir: Optional[str] = None  # a path; None: Hydra's run directory
     # seconds between a chunk's progress lines (epoch e/E, elapsed, ETA, chunk k/K); 0: only the line at its end
     log_every_s: float = field(default=10.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))

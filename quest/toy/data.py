@@ -17,23 +17,53 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from quest.config.checks import allowed_words
-from quest.store.records import bounded, fits_declaration
+from quest.store.records import bounded, described, fits_declaration
 
-__all__ = ["ToyDataConfig", "ToySplit", "ToyData", "make_toy_data"]
+__all__ = ["MAX_SAMPLES", "MAX_WIDTH", "MAX_DATA_VALUES", "DATA_VALUES_WORDS", "sample_count", "data_values",
+           "ToyDataConfig", "ToySplit", "ToyData", "make_toy_data"]
+
+# Every size is bounded on its field: a size beyond what torch indexes fails deep inside its sampling, after the
+# study has started, and a large one allocates tensors of samples x tokens x width.
+#: the most samples of a set (training, test, a batch, the probe): 128 times the largest the studies use (8,192)
+MAX_SAMPLES = 2**20
+#: the most tokens, real values and classes of a sample: far beyond the paper's 20 tokens of 10 + 10 values
+MAX_WIDTH = 1024
+#: the most numbers a data realisation may hold (:func:`data_values`): 4 GiB of float32, where the bounds of its
+#: fields alone would allow terabytes
+MAX_DATA_VALUES = 2**30
+#: what :func:`data_values` counts, in a refusal's words
+DATA_VALUES_WORDS = "(train_size + test_size) x seq_len x (real_dim + num_classes)"
+
+
+def sample_count(low: int = 1, words: str = "samples") -> dict[str, Any]:
+    """Field metadata of a number of samples: ``low``..:data:`MAX_SAMPLES`."""
+    return bounded(low, MAX_SAMPLES, **described(f"an integer in {low}..{MAX_SAMPLES} ({words})"))
+
+
+def _width(words: str) -> dict[str, Any]:
+    return bounded(1, MAX_WIDTH, **described(f"an integer in 1..{MAX_WIDTH} ({words})"))
+
+
+def data_values(data: Mapping[str, Any], train_size: int | None = None) -> int:
+    """The numbers of one data realisation of the data config ``data`` (its fields; ``train_size`` in place of its
+    own): what :data:`MAX_DATA_VALUES` bounds."""
+    n = data["train_size"] if train_size is None else train_size
+    return (n + data["test_size"]) * data["seq_len"] * (data["real_dim"] + data["num_classes"])
 
 
 @dataclass
 class ToyDataConfig:
-    seq_len: int = field(default=20, metadata=bounded(1))  # data tokens; the model adds a [CLS] token
-    real_dim: int = field(default=10, metadata=bounded(1))
-    num_classes: int = field(default=10, metadata=bounded(1))
-    train_size: int = field(default=768, metadata=bounded(1))
-    test_size: int = field(default=1024, metadata=bounded(1))
+    seq_len: int = field(default=20, metadata=_width("data tokens"))  # data tokens; the model adds a [CLS] token
+    real_dim: int = field(default=10, metadata=_width("real values per token"))
+    num_classes: int = field(default=10, metadata=_width("classes"))
+    train_size: int = field(default=768, metadata=sample_count())
+    test_size: int = field(default=1024, metadata=sample_count())
     pos_mean: float = 10.0  # mu_l (A.3): any position, the draws are clamped to the sequence
     pos_std: float = field(default=2.0, metadata=bounded(0, open_low=True))  # sigma_l (A.3)
     biased_fraction: float = field(default=0.5, metadata=bounded(0, 1))  # p of the Bernoulli u (section 2.2)
@@ -48,6 +78,9 @@ class ToyDataConfig:
             if not fits_declaration(getattr(self, f.name), hints[f.name], f.metadata):
                 raise ValueError(f"toy data: {f.name} must be {allowed_words(hints[f.name], f.metadata)}, got "
                                  f"{getattr(self, f.name)!r}")
+        values = data_values(dataclasses.asdict(self))
+        if values > MAX_DATA_VALUES:
+            raise ValueError(f"toy data: {DATA_VALUES_WORDS} is {values:,}, more than {MAX_DATA_VALUES:,}")
 
     @property
     def dim(self) -> int:

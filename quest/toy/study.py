@@ -3,17 +3,16 @@
 Work is done in chunks of one (formulation, training-set size, data realisation): every (lr, weight decay,
 initialisation) of the grid trains at once (quest.toy.batched). Each finished chunk is written atomically to
 ``<out>/chunks/``; a rerun with the same config skips finished chunks, so an interrupted study resumes where it
-stopped. Chunks train in ``workers`` processes side by side (one per CPU core by default): this process and
-``workers - 1`` spawned ones (quest.toy.workers). Outcomes are derived from the stored accuracies when results are
-aggregated, under this project's rules and under the paper's ranges.
+stopped (a chunk is believed back only once every field is checked: quest.toy.chunks). Chunks train in ``workers``
+processes side by side (one per CPU core by default): this process and ``workers - 1`` spawned ones
+(quest.toy.workers). Outcomes are derived from the stored accuracies when results are aggregated, under this
+project's rules and under the paper's ranges.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -31,8 +30,10 @@ from quest.runtime.workers import die_with_parent
 from quest.store.files import atomic_write, write_csv_atomic, write_json_atomic
 from quest.store.output_folder import OutputFolder, holding
 
-from .batched import RunSpec, train_chunk
+from .batched import train_chunk
 from .checks import check_toy_config
+from .chunks import ChunkTask, chunk_of, grid_runs, read_chunk
+from .chunks import fingerprint as chunk_fingerprint
 from .compiled import resolve_toy_device
 from .config import OutcomeRules, PaperOutcomeRules, StopRule
 from .data import ToyDataConfig, make_toy_data
@@ -55,40 +56,16 @@ RUN_FIELDS = ["attention", "lr", "weight_decay", "data_seed", "init_seed", "trai
               "outcome", "paper_outcome"]
 
 
-# --- chunks ----------------------------------------------------------------------------------------------------
+# --- chunks (quest.toy.chunks) -----------------------------------------------------------------------------------
 
 
-ENGINE_VERSION = 2  # part of every chunk's fingerprint: chunks of the engine before (vmap, version 1) are refused
-
-
-def _fingerprint(cfg: Mapping[str, Any], data: Mapping[str, Any], spec: Mapping[str, Any], tests: Sequence[float]) -> str:
-    keys = {k: cfg[k] for k in ("grid", "model", "train")} | {
-        "data": data, "variant": {k: spec[k] for k in ("attention", "param_init", "frozen")}, "tests": list(tests),
-        "probe_size": cfg["probe_size"], "engine": ENGINE_VERSION}
-    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Task:
-    name: str  # attention or variant name: the "attention" column of the outputs
-    spec: dict
-    data: dict  # ToyDataConfig fields (train_size of this chunk)
-    tests: tuple  # biased fractions of the extra test sets (sensitivity), () for the grid
-    data_seed: int
-    path: str
-    fingerprint: str
-    position: str = ""  # "chunk k/K" of the chunks this command trains, for progress lines
-
-
-def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
+def _train_task(cfg: Mapping[str, Any], task: ChunkTask) -> dict[str, Any]:
     """Train one chunk and write it to ``task.path``; the chunk's rows carry accuracies, not outcomes."""
     # a chunk trains for minutes: a line every log_every_s seconds (by time only: the chunk's end has its own line),
     # its elapsed time counted from here, the data's and the models' building included
     progress = Progress(f"{task.name}, n={task.data['train_size']}, data {task.data_seed}", cfg["train"]["epochs"],
                         unit="epoch", every_s=cfg.get("log_every_s", 10.0), nested=True, logger=log)
-    g = cfg["grid"]
-    specs = [RunSpec(float(lr), float(wd), int(s))
-             for lr, wd, s in itertools.product(g["lrs"], g["weight_decays"], g["init_seeds"])]
+    specs = grid_runs(cfg["grid"])
     data_cfg = ToyDataConfig(**task.data)
     data = make_toy_data(data_cfg, task.data_seed)
     tests = {"test": data.test}
@@ -107,17 +84,7 @@ def _train_task(cfg: Mapping[str, Any], task: _Task) -> dict[str, Any]:
         param_init=task.spec["param_init"], frozen=task.spec["frozen"],
         on_epoch=lambda epoch: progress.update(extra=task.position),
     )
-    rows = []
-    for i, spec in enumerate(specs):
-        row = {"attention": task.name, "lr": spec.lr, "weight_decay": spec.weight_decay, "data_seed": task.data_seed,
-               "init_seed": spec.init_seed, "train_size": data_cfg.train_size,
-               "train_acc": round(res.train_acc[i].item(), 6), "test_acc": round(res.test_acc[i].item(), 6)}
-        for fraction in task.tests:
-            row[test_key(fraction)] = round(res.test_accs[test_key(fraction)][i].item(), 6)
-        row["final_train_loss"] = round(res.final_loss[i].item(), 6)
-        rows.append(row)
-    chunk = {"fingerprint": task.fingerprint, "rows": rows, "key_norms": res.key_norms,
-             "seconds": time.perf_counter() - start, "phases": res.seconds}
+    chunk = chunk_of(task, specs, res, time.perf_counter() - start)
     atomic_write(Path(task.path), lambda f: torch.save(chunk, f))
     return chunk
 
@@ -140,7 +107,7 @@ def _worker_init(cfg: Mapping[str, Any], threads: int | None, records: Any) -> N
         pass
 
 
-def _worker_seconds(task: _Task) -> float:
+def _worker_seconds(task: ChunkTask) -> float:
     return _train_task(_WORKER_CFG, task)["seconds"]
 
 
@@ -153,7 +120,7 @@ def _default_workers(cfg: Mapping[str, Any]) -> int:
         return os.cpu_count() or 1
 
 
-def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -> None:
+def _execute(cfg: Mapping[str, Any], tasks: list[ChunkTask], folder: OutputFolder) -> None:
     """Train the chunks of ``tasks`` that are not on disk yet in ``workers`` processes: this one and a pool of
     ``workers - 1`` (quest.toy.workers); each chunk is recorded in ``folder``'s record once written."""
     todo = []
@@ -171,7 +138,7 @@ def _execute(cfg: Mapping[str, Any], tasks: list[_Task], folder: OutputFolder) -
     threads = cfg.get("threads") or (1 if workers > 1 else None)
     start = time.perf_counter()
 
-    def done(i: int, task: _Task, seconds: float) -> None:
+    def done(i: int, task: ChunkTask, seconds: float) -> None:
         folder.manifest.note([task.path])  # a rerun reuses only the chunks on this record
         elapsed = time.perf_counter() - start
         log.info("%s, n=%d, data %d: trained in %.1f s [%d/%d chunks, %.0f s elapsed, about %.0f s to go]",
@@ -221,11 +188,11 @@ def _check(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"toy study: device={device} but torch sees no CUDA device")
 
 
-def _load_rows(cfg: Mapping[str, Any], tasks: list[_Task]) -> tuple[list[dict], dict[str, list], dict[str, float]]:
+def _load_rows(cfg: Mapping[str, Any], tasks: list[ChunkTask]) -> tuple[list[dict], dict[str, list], dict[str, float]]:
     rules, paper = OutcomeRules(**cfg["outcome"]), PaperOutcomeRules(**cfg["paper_outcome"])
     rows, key_norms, timings = [], {}, {}
     for t in tasks:
-        chunk = torch.load(t.path, weights_only=True)
+        chunk = read_chunk(t, cfg)  # every field checked: a chunk trained before, or by a worker
         chunk_rows = [{**r, "outcome": classify(r["train_acc"], r["test_acc"], rules),
                        "paper_outcome": classify_paper(r["train_acc"], r["test_acc"], paper)} for r in chunk["rows"]]
         log.info("%s, n=%d, data %d: %d runs (%.1f s): %s", t.name, t.data["train_size"], t.data_seed, len(chunk_rows),
@@ -271,20 +238,16 @@ GRID_FILES = ("runs.csv", "success_rates.csv", "key_norms.pt", "study.json", "su
 SENSITIVITY_FILES = ("runs.csv", "sensitivity.csv", "sensitivity.json", "sensitivity.png")
 
 
-def _make_room(folder: OutputFolder, tasks: list[_Task], files: Sequence[str],
+def _make_room(cfg: Mapping[str, Any], folder: OutputFolder, tasks: list[ChunkTask], files: Sequence[str],
                accepted: Callable[[], None] | None) -> None:
-    """The last check, then the first change: a chunk the study's record says it wrote, of another config, is
-    refused (the folder as it was); then the study's chunks and files that its record says it wrote stay (reused,
-    or replaced in place), and anything else in their places is moved to .replaced/, never deleted or taken for a
-    chunk."""
+    """The last check, then the first change: a chunk the study's record says it wrote that is damaged or of another
+    config is refused (the folder as it was; quest.toy.chunks.read_chunk); then the study's chunks and files that its
+    record says it wrote stay (reused, or replaced in place), and anything else in their places is moved to
+    .replaced/, never deleted or taken for a chunk."""
     for t in tasks:
         path = Path(t.path)
         if folder.manifest.owns(path):  # reused by _execute (another file in its place is moved aside below)
-            fingerprint = torch.load(path, weights_only=True)["fingerprint"]
-            if fingerprint != t.fingerprint:
-                raise ValueError(
-                    f"{path} holds results of a different toy config (fingerprint {fingerprint}, this config "
-                    f"{t.fingerprint}); use another output directory (hydra.run.dir=... or out_dir=...)")
+            read_chunk(t, cfg)
     kept = folder.make_room([Path(t.path) for t in tasks] + [folder.path / name for name in files], keep_own=True)
     if kept is not None:
         log.warning("files this study did not write were in the places of its outputs: moved to %s", kept)
@@ -297,17 +260,17 @@ def _note(folder: OutputFolder, files: Sequence[str]) -> None:
 
 
 def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: Sequence[int],
-                tests: Sequence[float], per_size_dir: bool) -> list[_Task]:
+                tests: Sequence[float], per_size_dir: bool) -> list[ChunkTask]:
     tasks = []
     for name in names:
         spec = variant_spec(cfg, name)
         for size in sizes:
             data = {**cfg["data"], "train_size": int(size)}
             ToyDataConfig(**data)  # checked before anything trains
-            fingerprint = _fingerprint(cfg, data, spec, tests)
+            fingerprint = chunk_fingerprint(cfg, data, spec, tests)
             for seed in cfg["grid"]["data_seeds"]:
                 sub = out / "chunks" / (f"n{size}" if per_size_dir else "")
-                tasks.append(_Task(name, spec, data, tuple(tests), int(seed), str(sub / f"{name}-data{seed}.pt"),
+                tasks.append(ChunkTask(name, spec, data, tuple(tests), int(seed), str(sub / f"{name}-data{seed}.pt"),
                                    fingerprint))
     return tasks
 
@@ -315,7 +278,7 @@ def _grid_tasks(cfg: Mapping[str, Any], out: Path, names: Sequence[str], sizes: 
 def _run_grid(cfg: Mapping[str, Any], folder: OutputFolder, accepted: Callable[[], None] | None) -> dict[str, Any]:
     out = folder.path
     tasks = _grid_tasks(cfg, out, cfg["attentions"], [cfg["data"]["train_size"]], (), per_size_dir=False)
-    _make_room(folder, tasks, GRID_FILES, accepted)
+    _make_room(cfg, folder, tasks, GRID_FILES, accepted)
     wall = time.perf_counter()
     _execute(cfg, tasks, folder)
     rows, key_norms, timings = _load_rows(cfg, tasks)
@@ -352,7 +315,7 @@ def _run_sensitivity(cfg: Mapping[str, Any], folder: OutputFolder,
     names = list(dict.fromkeys(list(cfg["attentions"]) + list(st["scale_variants"])))
     fractions = [float(f) for f in st["test_biased_fractions"]]
     tasks = _grid_tasks(cfg, out, names, st["train_sizes"], fractions, per_size_dir=True)
-    _make_room(folder, tasks, SENSITIVITY_FILES, accepted)
+    _make_room(cfg, folder, tasks, SENSITIVITY_FILES, accepted)
     wall = time.perf_counter()
     _execute(cfg, tasks, folder)
     rows, _, timings = _load_rows(cfg, tasks)

@@ -85,8 +85,9 @@ def test_test_set_carries_no_bias_by_default_and_seeds_differ(big_data):
 def test_bad_data_config_is_refused():
     with pytest.raises(ValueError, match=r"biased_fraction must be in \[0, 1\]"):
         ToyDataConfig(biased_fraction=1.5)
-    with pytest.raises(ValueError, match="train_size must be a positive integer"):
-        ToyDataConfig(train_size=0)
+    for size in (0, 2**20 + 1, 10**20):  # 10**20: past what torch indexes
+        with pytest.raises(ValueError, match=r"train_size must be an integer in 1\.\.1048576"):
+            ToyDataConfig(train_size=size)
 
 
 # --- model -------------------------------------------------------------------------------------------------------
