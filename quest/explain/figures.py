@@ -13,6 +13,8 @@ from quest.runtime.extras import require
 from quest.store.files import save_figure
 from quest.store.tree import make_dirs
 
+from .maps_file import read_maps
+
 __all__ = ["DPI", "compare_figure", "compare_runs", "explanation_grid", "grid_figure"]
 
 DPI = 110  # of the saved grids
@@ -68,14 +70,15 @@ def grid_figure(images: torch.Tensor, columns: Sequence[tuple[str, torch.Tensor]
 
 
 def load_maps(run_dir: str | Path, suite: str | None = None) -> tuple[Path, dict]:
-    """A run's ``eval/<suite>/<checkpoint>-<weights>/explain_maps.pt`` (``last-model`` first), loaded safely."""
+    """A run's ``eval/<suite>/<checkpoint>-<weights>/explain_maps.pt`` (``last-model`` first), loaded safely and
+    checked (:class:`~quest.store.damage.DamagedFile` naming the file and the field)."""
     run_dir = Path(run_dir)
     found = sorted(run_dir.glob(f"eval/{suite or '*'}/*/explain_maps.pt"),
                    key=lambda p: (p.parent.name != "last-model", str(p)))
     if not found:
         raise FileNotFoundError(f"{run_dir}: no eval/{suite or '<suite>'}/<checkpoint>-<weights>/explain_maps.pt; run "
                                 f"python eval.py checkpoint={run_dir}/checkpoints/last.pt eval=explain first")
-    return found[0], torch.load(found[0], weights_only=True)
+    return found[0], read_maps(found[0])  # every field checked (quest.explain.maps_file)
 
 
 def compare_runs(run_dirs: Sequence[str | Path], out: str | Path, method: str = "agcam",

@@ -18,6 +18,20 @@ from quest.store.tree import OutputExists
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
 
+#: --decimals' range: a float64 holds about 16 significant digits; more decimals print digits no run measured
+MAX_DECIMALS = 12
+
+
+def _decimals(text: str) -> int:
+    """argparse type of ``--decimals``: an integer in 0..MAX_DECIMALS."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..{MAX_DECIMALS}, got {text!r}") from None
+    if not 0 <= value <= MAX_DECIMALS:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..{MAX_DECIMALS}, got {value}")
+    return value
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program_name("quest-report"), description=__doc__.splitlines()[0])
@@ -40,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int,
                         help="classes of the data set, for the lr sensitivity's loss0 = ln(C) (default: "
                         "data.num_classes of .hydra/config.yaml)")
-    parser.add_argument("--decimals", type=int, default=2, help="decimals of accuracies (losses get one more)")
+    parser.add_argument("--decimals", type=_decimals, default=2,
+                        help=f"decimals of accuracies, 0..{MAX_DECIMALS} (losses get one more; default: 2)")
     return parser
 
 
@@ -52,8 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.num_classes is not None and args.num_classes < 2:
             raise ReportInputError(f"--num-classes must be at least 2, got {args.num_classes}")
-        if args.decimals < 0:
-            raise ReportInputError(f"--decimals must be 0 or more, got {args.decimals}")
         report = build_report(load_runs(args.sweep_dirs), metrics=metrics, by=by, primary=args.primary,
                               include_stopped=args.include_stopped, num_classes=args.num_classes,
                               decimals=args.decimals)

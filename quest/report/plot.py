@@ -309,7 +309,7 @@ def _figure(args: argparse.Namespace) -> tuple[Any, int]:
     if args.command == "explain":
         from quest.explain.figures import DPI, compare_figure
 
-        try:
+        try:  # every run's file read and checked before any is drawn (quest.explain.maps_file)
             return compare_figure(args.run_dirs, args.method, args.suite), DPI
         except (FileNotFoundError, ValueError) as err:
             raise PlotInputError(str(err)) from err

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from quest.store.files import write_text_atomic
 from quest.store.output_folder import holding
 from quest.store.tree import refuse_present
 
-from .markdown import markdown_table
+from .markdown import markdown_table, md_text
 from .runs import PERF_METRICS, RunResult
 from .stats import lower_is_better, mean_std
 from .tables import LR_KEYS, Report, Row
@@ -24,9 +25,20 @@ def _fmt_value(value: Any) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value:g}"
-    if isinstance(value, tuple):
-        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, (tuple, list, dict)):
+        return json.dumps(value, default=str)
+    if isinstance(value, str) and _looks_typed(value):
+        return json.dumps(value)  # the text "0.002" quoted, never shown as the number 0.002
     return str(value)
+
+
+def _looks_typed(text: str) -> bool:
+    """Whether ``text`` would read as a number, a boolean or null when shown bare."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return text.strip().lower() in ("nan", "inf", "-inf", "none")
+    return True
 
 
 def _decimals(metric: str, decimals: int) -> int:
@@ -68,7 +80,7 @@ def runs_markdown(report: Report) -> str:
     row_key_cols = ["attention"] if "attention" in report.keys else [k for k in report.keys]
     for context, rows in report.tables():
         if "attention" in report.keys:
-            lines += [f"### {_context_title(context)}", ""]
+            lines += [f"### {md_text(_context_title(context))}", ""]
         header = [*row_key_cols, "n", *report.metrics, f"p ({report.primary})", "notes"]
         body = [[*(_fmt_value(row.keys[k]) for k in row_key_cols), str(row.n),
                  *(_cell(row, m, report.decimals) for m in report.metrics),
@@ -76,7 +88,10 @@ def runs_markdown(report: Report) -> str:
         lines += markdown_table(header, body) + [""]
     if report.unmatched:
         lines += ["Runs without summary.json that match no row (not counted):", ""]
-        lines += [f"- {r.path}" for r in report.unmatched] + [""]
+        lines += [f"- {md_text(r.path)}" for r in report.unmatched] + [""]
+    if report.left_out:
+        lines += ["Runs left out (their files cannot be believed; not counted):", ""]
+        lines += [f"- {md_text(why)}" for why in report.left_out] + [""]
     return "\n".join(lines)
 
 
@@ -146,7 +161,7 @@ def lr_markdown(report: Report) -> str:
              "(the cross-entropy of a uniform prediction) and loss* = the smallest loss of the sweep.", ""]
     for sweep in report.sweeps:
         s = sweep.sensitivity
-        lines += [f"### {_context_title(sweep.keys)}", ""]
+        lines += [f"### {md_text(_context_title(sweep.keys))}", ""]
         body = []
         for lr, runs in sweep.runs_at.items():
             top1, loss = _lr_point(runs, d)

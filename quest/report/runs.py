@@ -20,13 +20,25 @@ from quest.store.run_files import checked_run_record, checked_summary
 
 log = logging.getLogger("quest.report")
 
-__all__ = ["ReportInputError", "RunResult", "load_runs", "flatten", "number"]
-
-log = logging.getLogger("quest.report")
+__all__ = ["ReportInputError", "RunLeftOut", "Runs", "RunResult", "load_runs", "flatten", "number"]
 
 
 class ReportInputError(ValueError):
     """Input that cannot be reported on; the message names the path or option and what was expected."""
+
+
+class RunLeftOut(ReportInputError):
+    """A run the report notes and leaves out (a config value of the wrong type for its key, a summary.json that is
+    not a file): the message names the file and the key."""
+
+
+class Runs(list):
+    """The runs :func:`load_runs` found, and ``left_out``: one line per run noted and left out, naming its file and
+    why (shown under the report's tables)."""
+
+    def __init__(self, runs: Sequence["RunResult"] = (), left_out: Sequence[str] = ()):
+        super().__init__(runs)
+        self.left_out = list(left_out)
 
 
 #: the telemetry shown beside the accuracy (summary.json's ``perf``: time-weighted means, the memory's maximum)
@@ -120,6 +132,7 @@ def _read_config(run_dir: Path) -> dict[str, Any] | None:
     if record.is_file():
         config = _read_json(record, "the run record written by train.py", checked_run_record).get("config")
         if isinstance(config, dict):
+            _check_config(config, record)
             return flatten(config)
     path = _own(run_dir, run_dir / ".hydra" / "config.yaml")
     if not path.is_file():
@@ -138,6 +151,24 @@ def _read_config(run_dir: Path) -> dict[str, Any] | None:
     except Exception:  # an interpolation that needs Hydra's runtime: compare the unresolved text instead
         tree = OmegaConf.to_container(cfg, resolve=False)
     return flatten(tree)
+
+
+def _check_config(config: dict[str, Any], path: Path) -> None:
+    """Refuse (:class:`RunLeftOut`) a config whose value has the wrong type or range for its key as
+    quest.config.schema declares it (``recipe.lr`` the string "0.002", or nan): the report would group by a value the
+    run never trained with."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from quest.config.checks import declared_problems
+    from quest.config.schema import TrainConfig
+
+    try:
+        problems = declared_problems(OmegaConf.create(config), TrainConfig)
+    except (OmegaConfBaseException, ValueError, TypeError) as exc:  # a value OmegaConf cannot hold
+        raise RunLeftOut(f"{path}: config: cannot be read as a config ({exc})") from None
+    if problems:
+        raise RunLeftOut(f"{path}: config.{problems[0].strip()}")
 
 
 def _eval_suffix(target: dict[str, Any]) -> str:
@@ -239,6 +270,9 @@ def _load_run(run_dir: Path) -> RunResult:
     summary_path = _own(run_dir, run_dir / "summary.json")
     _own(run_dir, run_dir / "metrics.jsonl")  # it tells an unfinished run: the run's own, as the others
     config = _read_config(run_dir)
+    if summary_path.exists() and not summary_path.is_file():
+        kind = "a directory" if summary_path.is_dir() else "not a regular file"
+        raise RunLeftOut(f"{summary_path}: is {kind}, expected the run summary file written by train.py")
     if not summary_path.is_file():
         return RunResult(run_dir, "incomplete", {}, config, {})
     raw = _read_json(summary_path, "the run summary written by train.py", checked_summary)
@@ -261,9 +295,15 @@ def _run_files(sweep: Path, name: str) -> list[Path]:
     <run>/.replaced/, submitit's logs). A directory removed while this walks is passed over (os.walk ignores it;
     Path.rglob raised FileNotFoundError)."""
     found = []
-    for folder, subdirs, files in os.walk(sweep):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        if name in files:
+    seen: set[str] = set()  # folders reached, by their real path: a link back up is walked once
+    for folder, subdirs, files in os.walk(sweep, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subdirs[:] = []
+            continue
+        seen.add(real)
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != name)
+        if name in files or (Path(folder) / name).is_dir():  # a folder of the name: noted, never passed over
             found.append(Path(folder) / name)
     return found
 
@@ -290,12 +330,15 @@ def _load_or_skip(run_dir: Path) -> RunResult | None:
     return None
 
 
-def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
-    """Every run under the sweep directories (recursively): each directory with summary.json, and each with
-    metrics.jsonl but no summary.json yet (incomplete: running, or killed before the end)."""
+def load_runs(sweep_dirs: Sequence[str | Path]) -> Runs:
+    """Every run under the sweep directories (recursively, a linked run directory followed): each directory with
+    summary.json, and each with metrics.jsonl but no summary.json yet (incomplete: running, or killed before the end).
+    A run whose files the report cannot believe as its setting (:class:`RunLeftOut`) is noted in ``left_out`` and
+    left out, with a warning."""
     if not sweep_dirs:
         raise ReportInputError("no sweep directories given")
     runs: dict[Path, RunResult] = {}
+    left_out: list[str] = []
     for sweep in map(Path, sweep_dirs):
         expected = "a sweep directory holding run directories written by train.py, each with summary.json"
         if not sweep.is_dir():
@@ -309,9 +352,14 @@ def load_runs(sweep_dirs: Sequence[str | Path]) -> list[RunResult]:
             raise ReportInputError(f"{sweep}: no summary.json under it (expected {expected}){more}")
         for run_dir in sorted(finished | unfinished):
             if run_dir.resolve() not in runs:  # overlapping arguments: each run once
-                run = _load_or_skip(run_dir)
+                try:
+                    run = _load_or_skip(run_dir)
+                except RunLeftOut as exc:
+                    log.warning("%s; the run is left out of the report", exc)
+                    left_out.append(str(exc))
+                    continue
                 if run is not None:
                     runs[run_dir.resolve()] = run
-    return list(runs.values())
+    return Runs(runs.values(), left_out)
 
 

@@ -94,9 +94,24 @@ def value_of(r: RunResult, key: str) -> Any:
     return data_set(r) if key == DATA_SET else r.value(key)
 
 
-def hashable(value: Any) -> Any:
-    """``value`` as a dict key: a mapping or list as its JSON text."""
-    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value
+def _canonical(value: Any) -> Any:
+    """``value`` in one form per meaning: a number as a float (the int 1 and the float 1.0 are one lr), a tuple as a
+    list, a mapping's keys as text; a string stays a string (the text "0.002" is not the number 0.002)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    return f"<{type(value).__name__}> {value}"
+
+
+def hashable(value: Any) -> str:
+    """``value`` as a dict key, in its canonical, typed form (:func:`_canonical`) as JSON text: every value, nested
+    mappings and lists included, hashes, and two values are one setting only when they are of one kind and equal."""
+    return json.dumps(_canonical(value), sort_keys=True)
 
 
 def setting(r: RunResult, fallback: tuple[str, ...]) -> dict[str, Any]:

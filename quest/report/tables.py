@@ -167,6 +167,7 @@ class Report:
     sweeps: list[LRSweep]
     unmatched: list[RunResult]  # incomplete runs that match no row
     decimals: int = 2
+    left_out: list[str] = field(default_factory=list)  # runs noted and left out (quest.report.runs.Runs), with why
 
     def tables(self) -> list[tuple[dict[str, Any], list[Row]]]:
         """(context, rows) per table: rows that differ only in the formulation are compared with each other (all
@@ -284,7 +285,8 @@ def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None
     the best row of each table, and the lr sensitivity of every lr sweep."""
     finished = [r for r in runs if r.status != "incomplete"]
     if not finished:
-        raise ReportInputError("no run with summary.json to report on")
+        left = "".join(f"; left out: {why}" for why in getattr(runs, "left_out", []))
+        raise ReportInputError(f"no run with summary.json to report on{left}")
     keys = list(by) if by else row_keys(runs)
     for key in keys:
         if all(value_of(r, key) is None for r in finished):
@@ -317,7 +319,7 @@ def build_report(runs: Sequence[RunResult], metrics: Sequence[str] | None = None
     ordered = sorted(rows.values(), key=lambda row: (
         [(0, 0, "") if k == "attention" else _sort_key(row.keys[k]) for k in keys],
         _attention_sort(row.keys.get("attention"))))
-    report = Report(keys, chosen, primary, ordered, [], unmatched, decimals)
+    report = Report(keys, chosen, primary, ordered, [], unmatched, decimals, list(getattr(runs, "left_out", [])))
     for _, table_rows in report.tables():
         _welch_vs_best(table_rows, primary)
     report.sweeps = _lr_sweeps(ordered, num_classes)

@@ -141,8 +141,11 @@ def type_name(hint: Any) -> str:
         return "null"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(type_name(a) for a in typing.get_args(hint))
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin is typing.Literal:  # "the string 'nan'": beside "a finite number", a float NaN reads as allowed
+        choices = typing.get_args(hint)
+        kind = "the string " if all(isinstance(a, str) for a in choices) else ""
+        return (f"{kind}{choices[0]!r}" if len(choices) == 1 else
+                f"one of {kind.replace('string', 'strings')}" + ", ".join(repr(a) for a in choices))
     if origin in (list, tuple):
         item = typing.get_args(hint)[0]
         plural = {int: "integers", float: "finite numbers", str: "strings", bool: "booleans"}
