@@ -15,6 +15,7 @@ from quest.attention.elliptical import ESTIMATORS
 from quest.store.records import bounded, described, listed, one_of
 
 from .attack_space import SPACES, AttackSpace
+from .settings import BATCH_SIZE, EVAL_SEED, ITERATIONS, SAMPLE_COUNT
 from .spsa import ESTIMATE_AT as SPSA_ESTIMATE_AT
 
 __all__ = ["ATTACKS", "LABELS", "SOURCES", "AUTOATTACK_VERSIONS", "SCORE_PRECISIONS", "AdversarialConfig",
@@ -44,7 +45,7 @@ class FGSMConfig:
     # L-inf radii, each a result (1/255 = 0.00392)
     eps: List[float] = field(default_factory=lambda: [ONE_OVER_255], metadata=BUDGETS)
     # None: adversarial.max_samples; else a smaller evenly spaced subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
 
 
 @dataclass
@@ -53,12 +54,13 @@ class PGDConfig:
 
     # L-inf radii, each a result (1/255 = 0.00392)
     eps: List[float] = field(default_factory=lambda: [ONE_OVER_255], metadata=BUDGETS)
-    steps: int = field(default=20, metadata=bounded(1))  # PGD iterations
+    steps: int = field(default=20, metadata=ITERATIONS)  # PGD iterations
     # a fraction of eps (Elliptical-attention protocol: 0.15 * eps)
-    step_size: float = field(default=0.15, metadata=bounded(0, open_low=True))
+    step_size: float = field(default=0.15, metadata=bounded(0, 1, open_low=True, **described(
+        "in (0, 1] (a fraction of eps)")))
     random_start: bool = True  # start from a uniform point in the eps-ball
     # None: adversarial.max_samples; else a smaller evenly spaced subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
 
 
 @dataclass
@@ -66,17 +68,17 @@ class SPSAConfig:
     """SPSA: a gradient-free attack (gradient estimated by random perturbations)."""
 
     eps: List[float] = field(default_factory=lambda: [0.1], metadata=BUDGETS)  # L-inf radii, each a result
-    lr: float = field(default=0.01, metadata=bounded(0, open_low=True))  # Adam
-    delta: float = field(default=0.01, metadata=bounded(0, open_low=True))  # finite-difference perturbation size
-    nb_sample: int = field(default=128, metadata=bounded(1))  # perturbations per gradient estimate
-    nb_iter: int = field(default=40, metadata=bounded(1))  # SPSA iterations
+    lr: float = field(default=0.01, metadata=bounded(0, 1, open_low=True))  # Adam
+    delta: float = field(default=0.01, metadata=bounded(0, 1, open_low=True))  # finite-difference perturbation size
+    nb_sample: int = field(default=128, metadata=ITERATIONS)  # perturbations per gradient estimate
+    nb_iter: int = field(default=40, metadata=ITERATIONS)  # SPSA iterations
     random_start: bool = True  # uniform in the eps-ball, as cleverhans' SPSA (the authors' code) starts
     # iterate: the gradient estimated at x + perturbation (the algorithm); cleverhans_torch: at 2x, where cleverhans'
     # torch SPSA and the authors' copy of it estimate it (quest/evaluation/spsa.py)
     estimate_at: str = field(default="iterate", metadata=one_of(*SPSA_ESTIMATE_AT))
-    max_batch_size: int = field(default=256, metadata=bounded(1))  # model inputs per forward while estimating the gradient
+    max_batch_size: int = field(default=256, metadata=BATCH_SIZE)  # model inputs per forward while estimating the gradient
     # None: adversarial.max_samples; else a smaller evenly spaced subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
 
 
 @dataclass
@@ -91,7 +93,7 @@ class AutoAttackConfig:
     norm: str = field(default="Linf", metadata=one_of("Linf", **described(
         "Linf (the suite's budgets and its max_linf are l_inf)")))
     # None: adversarial.max_samples; else a smaller evenly spaced subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
 
 
 @dataclass
@@ -117,9 +119,9 @@ class AdversarialConfig:
     # the authors' engine.py; CUDA only: on CPU, where fp16 autocast is slow, it scores in fp32 and says so)
     score_precision: str = field(default="fp32", metadata=one_of(*SCORE_PRECISIONS))
     # None: the whole val split; else an evenly spaced fixed subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
-    batch_size: Optional[int] = field(default=None, metadata=bounded(1))  # None: eval.batch_size
-    seed: int = field(default=0, metadata=bounded(0))  # seed of the attacks' randomness
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
+    batch_size: Optional[int] = field(default=None, metadata=BATCH_SIZE)  # None: eval.batch_size
+    seed: int = field(default=0, metadata=EVAL_SEED)  # seed of the attacks' randomness
     fgsm: FGSMConfig = field(default_factory=FGSMConfig)
     pgd: PGDConfig = field(default_factory=PGDConfig)
     spsa: SPSAConfig = field(default_factory=SPSAConfig)

@@ -23,7 +23,20 @@ from quest.store.records import bounded, described, one_of
 # transform must be deterministic
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 
-__all__ = ["INTERPOLATIONS", "RootsConfig", "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
+# Every number of eval.* has an upper bound declared on its field, checked before any work: a typo's 10**20 fails at
+# start naming the key, not mid-run ("Stop argument for islice() must be None or an integer") after the results
+# directory was written. The declarations every section shares:
+#: a batch of images per process (eval.batch_size, a section's batch_size, SPSA's max_batch_size)
+BATCH_SIZE = bounded(1, 65536, **described("an integer in 1..65536 (images per process)"))
+#: an evenly spaced subset of a split (max_samples); more than a split holds is the whole split
+SAMPLE_COUNT = bounded(1, 2**31 - 1, **described("an integer in 1..2**31-1 (null: the whole split)"))
+#: an attack's iterations or its samples per gradient estimate (PGD's steps, SPSA's nb_iter and nb_sample)
+ITERATIONS = bounded(1, 100_000, **described("an integer in 1..100000"))
+#: the seed of an evaluation's randomness: numpy's seeds, as trainer.seed (quest.config.schema.SEED)
+EVAL_SEED = bounded(0, 2**32 - 1, **described("an integer in 0..2**32-1 (numpy's seeds)"))
+
+__all__ = ["INTERPOLATIONS", "BATCH_SIZE", "SAMPLE_COUNT", "ITERATIONS", "EVAL_SEED", "RootsConfig",
+           "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
            "EvalConfigBase", "evaluated_name", "default_eval_dir"]
 
 
@@ -50,16 +63,18 @@ class EvalSettingsBase:
     device: str = field(default="auto", metadata=DEVICE)  # auto | cpu | cuda | cuda:N
     # autocast of the forward passes (attacks always run in fp32); fp16 needs CUDA (quest.evaluation.checks)
     precision: str = field(default="fp32", metadata=one_of(*PRECISIONS))
-    batch_size: int = field(default=128, metadata=bounded(1))  # per process
+    batch_size: int = field(default=128, metadata=BATCH_SIZE)  # per process
     # DataLoader worker processes and intra-op threads, bounded as data.num_workers and trainer.torch_threads (a
     # typo's 10**12 workers forks until memory runs out)
     num_workers: int = field(default=0, metadata=process_count(0))
     torch_threads: Optional[int] = field(default=None, metadata=process_count())  # None: torch's default
     # progress lines (quest.eval logger): first and last batch of each pass, every log_every_n-th batch (cell of a
     # corruption grid) when > 0, and whenever log_every_s seconds have passed since the last line when > 0
-    log_every_n: int = field(default=0, metadata=bounded(0, **described("an integer >= 0 (0: off)")))
+    log_every_n: int = field(default=0, metadata=bounded(
+        0, 2**31 - 1, **described("an integer in 0..2**31-1 (0: off)")))
     # seconds between progress lines (0: off)
-    log_every_s: float = field(default=10.0, metadata=bounded(0, **described(">= 0 seconds (0: off)")))
+    log_every_s: float = field(default=10.0, metadata=bounded(
+        0, 86400, **described("in [0, 86400] seconds (0: off)")))
     # None: the training recipe's (checkpoint) or timm's pretrained config
     crop_pct: Optional[float] = field(default=None, metadata=CROP_FRACTION)
     interpolation: Optional[str] = field(default=None, metadata=one_of(*INTERPOLATIONS))  # None: likewise

@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 from omegaconf import DictConfig, OmegaConf
 
+from quest.attention.registry import refuse_code_named_by_file
+from quest.config.checks import ConfigError
 from quest.config.schema import DataConfig
 from quest.data import get_dataset
 from quest.models import create_model
@@ -27,10 +29,15 @@ from .settings import EvalAttentionConfig, EvalModelConfig, evaluated_name
 
 log = logging.getLogger("quest.eval")
 
-__all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "check_stored_code", "CODE_KEYS"]
+__all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "check_stored_code", "CODE_KEYS",
+           "check_stored_config", "READ_KEYS"]
 
 #: keys of a stored config that can name code (an import path ``package.module:Class``): quest/attention/registry.py
 CODE_KEYS = ("attention.name",)
+#: the keys of a checkpoint's config that evaluation reads besides the model's own (model.*, attention.*): each must
+#: be there; its value is checked with every other by its train.py declaration (check_stored_config)
+READ_KEYS = ("model.name", "attention.name", "data.name", "data.num_classes", "data.mean", "data.std",
+             "recipe.crop_pct", "recipe.eval_interpolation")
 
 
 @dataclass
@@ -77,19 +84,61 @@ def input_size_problem(key: str, value: Any, model_size: int) -> str | None:
 def check_stored_code(stored: DictConfig, cfg: DictConfig, path: Path) -> None:
     """A checkpoint is data: an import path in its config (``attention.name: package.module:Class``) names code
     that is imported only when the user asked for it (``trust_code=true``, or ``attention=<that path>``); refused
-    before anything is imported."""
+    before anything is imported (quest.attention.registry.refuse_code_named_by_file, as quest-export's)."""
     for key in CODE_KEYS:
         value = OmegaConf.select(stored, key)
-        if not (isinstance(value, str) and ":" in value):
-            continue
-        if cfg.trust_code or OmegaConf.select(cfg, key) == value:
+        named = OmegaConf.select(cfg, key) == value
+        refuse_code_named_by_file(value, key, f"checkpoint={path}", cfg.trust_code or named,
+                                  f"name it yourself: attention={value} (or trust_code=true)")
+        if isinstance(value, str) and ":" in value:
             log.warning("checkpoint=%s: importing %s=%s (%s)", path, key, value,
                         "trust_code=true" if cfg.trust_code else "named on the command line")
-            continue
-        module = value.partition(":")[0]
-        raise ValueError(f"checkpoint={path} stores {key}={value!r}, an import path: building its model would import "
-                         f"the module {module!r} and run its code, and a checkpoint is data, not code. If you trust "
-                         f"this checkpoint and that module, name it yourself: attention={value} (or trust_code=true)")
+
+
+def check_stored_config(stored: DictConfig, path: Path) -> None:
+    """A checkpoint's config is a train.py config, read back from a file: every value is checked against the
+    declaration train.py's own checks use (quest.config.schema, the data set's settings; quest.config.checks
+    .declared_problems), the keys evaluation reads are there, and the model and attention names are known, before
+    anything is built from it; a ConfigError with one line per problem, each naming the file and the field."""
+    from quest.config.checks import declared_problems
+    from quest.config.schema import TrainConfig
+    from quest.data.registry import list_datasets
+
+    problems = [f"  {key} is missing" for key in READ_KEYS if OmegaConf.select(stored, key, default="???") == "???"]
+    problems += declared_problems(stored, TrainConfig)
+    name = OmegaConf.select(stored, "data.name")
+    if isinstance(name, str) and name in list_datasets() and OmegaConf.is_dict(stored.data):
+        seen = set(problems)  # the data set's own settings (a subclass of DataConfig) add its own keys' declarations
+        problems += [p for p in declared_problems(stored.data, get_dataset(name).settings, "data.") if p not in seen]
+    elif name is not None and "  data.name is missing" not in problems:
+        problems.append(f"  data.name must be one of {', '.join(list_datasets())}, got {name!r}")
+    if not problems:
+        problems += _names_problems(stored)
+    if problems:
+        lines = [f"checkpoint={path}: config.{p.strip()}" for p in problems]
+        raise ConfigError("\n".join(lines) + " (a damaged or hand-edited checkpoint: train.py would refuse this config; "
+                          "use another checkpoint, e.g. checkpoints/best.pt)")
+
+
+def _names_problems(stored: DictConfig) -> list[str]:
+    """model.name a timm model and attention.name (with its options) a formulation, as train.py checks them
+    (quest.train.checks): an import path was judged already (check_stored_code)."""
+    import timm
+
+    from quest.attention import get_attention
+
+    problems = []
+    if not timm.models.is_model(stored.model.name):
+        problems.append(f"  model.name must be a timm model name, got {stored.model.name!r}")
+    options = OmegaConf.select(stored, "attention.options", default=None)
+    if options is not None and not OmegaConf.is_dict(options):
+        return problems + [f"  attention.options must be a mapping, got {options!r}"]
+    try:
+        get_attention(stored.attention.name, **(OmegaConf.to_container(options, resolve=True) if options else {}))
+    except (ValueError, TypeError) as exc:
+        key = "attention.options" if " option" in str(exc) else "attention.name"
+        problems.append(f"  {key} is invalid ({exc}), got {OmegaConf.select(stored, key)!r}")
+    return problems
 
 
 def _eval_transform_overrides(settings: DictConfig, crop_pct: float, interpolation: str) -> tuple[float, str]:
@@ -166,6 +215,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
                          f"{stored.attention.name!r}: checkpoint= rebuilds the model from its own config (name its "
                          "attention only to trust an import path)")
     check_stored_code(stored, cfg, path)  # before anything the stored config names is built
+    check_stored_config(stored, path)  # every value train.py declares, before anything is built from them
     settings = cfg.eval
     if settings.use_ema:
         if ckpt.ema is None:

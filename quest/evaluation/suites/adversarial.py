@@ -13,6 +13,7 @@ settings and their meaning: quest.evaluation.adversarial_protocol.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -148,8 +149,14 @@ def _data_name(run: EvalRun, section: Any) -> str:
 
 def _inputs(run: EvalRun, section: Any, name: str = "adversarial") -> list[Input]:
     """The images attacked: ImageNet val or the configured data set's val split."""
-    if section.source == "imagenet_val":
-        return [val_input(run)]
+    if section.source == "imagenet_val":  # a 1000-class ImageNet classifier too: judged with the data, up front
+        found = val_input(run)
+
+        def check() -> Any:
+            require_imagenet_classifier(run, f"eval.{name}.source=imagenet_val")
+            return found.check()
+
+        return [dataclasses.replace(found, check=check)]
     return data_input(run, name)
 
 

@@ -20,6 +20,7 @@ from ..context import EvalRun, SubsetLogits, classify, fixed_subset
 from ..imagenet_data import LAYOUTS, V2_DIR, ImageList, imagenet_wnids, require_dir, subset_classes, v2_samples, wnid_samples
 from ..inputs import Input, data_input, listed
 from ..kinds import register_evaluation
+from ..settings import SAMPLE_COUNT
 from ..transforms import describe, eval_transform
 
 __all__ = ["ClassificationSet", "imagenet_val", "imagenet_v2", "imagenet_a", "imagenet_r", "clean", "val_samples",
@@ -56,7 +57,7 @@ class CleanConfig:
     """Top-1 / top-5 on the configured data set's val split."""
 
     # None: the whole val split; else an evenly spaced fixed subset
-    max_samples: Optional[int] = field(default=None, metadata=records.bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
 
 
 def require_imagenet_classifier(run: EvalRun, what: str) -> None:

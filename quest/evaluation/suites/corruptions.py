@@ -20,6 +20,7 @@ from ..corruption_fns import corrupt, sample_seed
 from ..inputs import data_input
 from ..kinds import register_evaluation
 from ..mce import IMAGENET_C_CORRUPTIONS, IMAGENET_C_EXTRA, corruption_summary
+from ..settings import EVAL_SEED, SAMPLE_COUNT
 from ..transforms import describe, split_eval_transform
 from .classification import val_split
 
@@ -48,10 +49,10 @@ class CorruptionsConfig(CorruptionGridConfig):
     """Corruptions computed on the fly (imagecorruptions) on the configured data set's val split."""
 
     # None: the whole val split; else an evenly spaced fixed subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
     # each sample's corruption randomness is seeded from (seed, corruption, severity, index), through numpy's
     # SeedSequence, which takes non-negative integers only
-    seed: int = field(default=0, metadata=bounded(0))
+    seed: int = field(default=0, metadata=EVAL_SEED)
 
 
 class CorruptedDataset(Dataset):

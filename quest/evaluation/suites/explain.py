@@ -8,6 +8,7 @@ Sources: the checkpoint's own data set when it has boxes (``data=digits_canvas``
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -31,6 +32,7 @@ from ..context import EvalRun, evenly_spaced, shard_batches
 from ..inputs import Input, data_input
 from ..kinds import register_evaluation
 from ..progress import Inner
+from ..settings import BATCH_SIZE, SAMPLE_COUNT
 from ..transforms import describe, eval_transform
 from .classification import val_input, val_samples, val_split
 
@@ -64,12 +66,13 @@ class ExplainConfig:
     # imagenet_val: a folder of ILSVRC2012_val_*.xml or a LOC_val_solution.csv (a path; required there, _check)
     boxes: Optional[str] = None
     # None: every image; else an evenly spaced fixed subset
-    max_samples: Optional[int] = field(default=None, metadata=bounded(1))
+    max_samples: Optional[int] = field(default=None, metadata=SAMPLE_COUNT)
     # None: eval.batch_size (AG-CAM keeps every layer's attention for backward)
-    batch_size: Optional[int] = field(default=None, metadata=bounded(1))
+    batch_size: Optional[int] = field(default=None, metadata=BATCH_SIZE)
     # the first N images of the subset in the figure and in explain_maps.pt
-    figure_images: int = field(default=8, metadata=bounded(0))
-    figure_indices: Optional[List[int]] = field(default=None, metadata=bounded(0))  # or these data-set indices
+    figure_images: int = field(default=8, metadata=bounded(0, 256, **described("an integer in 0..256 (0: no figure)")))
+    figure_indices: Optional[List[int]] = field(default=None, metadata=bounded(0, 2**31 - 1, **described(
+        "a list of data-set indices, each in 0..2**31-1")))  # or these data-set indices
 
 
 def _check(c: Checks, key: str) -> None:
@@ -118,15 +121,20 @@ def _geometry(run: EvalRun, section: Any) -> tuple[Callable, Callable[[np.ndarra
     return eval_transform(t), lambda b, size: resize_crop_boxes(b, size, t.img_size, t.crop_pct)
 
 
-def _dataset(run: EvalRun, section: Any):
-    transform, map_boxes = _geometry(run, section)
-    if section.source == "imagenet_val":
-        return _ImageNetBoxes(val_samples(run), BoxSource(section.boxes), transform, map_boxes), transform
-    dataset = val_split(run, transform, "explain")
+def _require_boxes(run: EvalRun, dataset: Any) -> Any:
+    """``dataset``, which must have bounding boxes (checked with the suite's inputs, before any evaluation runs)."""
     if not hasattr(dataset, "boxes"):
         raise ValueError(f"explain: data={run.target.data.name} has no bounding boxes; use data=digits_canvas (or "
                          "another data set with boxes), or eval.explain.source=imagenet_val with eval.roots.val and "
                          "eval.explain.boxes")
+    return dataset
+
+
+def _dataset(run: EvalRun, section: Any):
+    transform, map_boxes = _geometry(run, section)
+    if section.source == "imagenet_val":
+        return _ImageNetBoxes(val_samples(run), BoxSource(section.boxes), transform, map_boxes), transform
+    dataset = _require_boxes(run, val_split(run, transform, "explain"))
     size = dataset.boxes_frame  # (width, height) of the image its boxes' coordinates are in
     boxed = _Mapped(dataset, lambda i: map_boxes(dataset.boxes(i), size))
     return boxed, transform
@@ -197,10 +205,22 @@ def _figure(run: EvalRun, section: Any, dataset, indices: list[int], model) -> d
 
 
 def _inputs(run: EvalRun, section: Any) -> list[Input]:
-    """The images explained and their boxes: ImageNet val with eval.explain.boxes, or the configured data set."""
+    """The images explained and their boxes: ImageNet val with eval.explain.boxes, or the configured data set, which
+    must have boxes; and a model the [CLS]-row methods apply to. Each checked before the suite's first evaluation."""
+    def boxes() -> Any:
+        check_explainable(run.model)  # the model's requirement, judged with the data's
+        return BoxSource(section.boxes)
+
     if section.source == "imagenet_val":
-        return [val_input(run), Input("eval.explain.boxes", str(section.boxes), lambda: BoxSource(section.boxes))]
-    return data_input(run, "explain")
+        return [val_input(run), Input("eval.explain.boxes", str(section.boxes), boxes)]
+    def with_boxes(read: Callable[[], Any]) -> Callable[[], Any]:
+        def check() -> Any:
+            dataset = _require_boxes(run, read())
+            check_explainable(run.model)
+            return dataset
+        return check
+
+    return [dataclasses.replace(item, check=with_boxes(item.check)) for item in data_input(run, "explain")]
 
 
 def _needs(section: Any) -> list[tuple[str, str, str]]:
