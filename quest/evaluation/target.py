@@ -16,10 +16,10 @@ from quest.config.checks import ConfigError
 from quest.config.schema import DataConfig
 from quest.data import get_dataset
 from quest.models import create_model
-from quest.run.checkpoint import CheckpointRecordError, load_record
+from quest.run.checkpoint import load_record
 from quest.run.outputs import wandb_group
 from quest.store.files import file_sha256
-from quest.store.torch_files import checkpoint_problem, damaged_member, inspect_torch_file, state_dict_of, weights_problem
+from quest.store.torch_files import inspect_torch_file, state_dict_of, weights_problem
 from quest.store.weights_check import check_weights
 from quest.train.builders import build_model, resolve_img_size
 
@@ -199,16 +199,7 @@ def _from_checkpoint(cfg: DictConfig) -> EvalTarget:
         raise IsADirectoryError(f"checkpoint={path} is a directory; pass a checkpoint file"
                                 + (f", e.g. {path / found[0]} (found: {', '.join(found)})" if found
                                    else " such as <run>/checkpoints/last.pt"))
-    try:
-        ckpt = load_record(path)
-    except CheckpointRecordError:  # a quest checkpoint, but not one this quest reads: the error names the keys
-        raise
-    except ValueError as exc:  # not loadable, or loadable but not a train.py checkpoint: say which case it is
-        raise ValueError(checkpoint_problem(path)) from exc
-    bad = damaged_member(path)
-    if bad is not None:
-        raise ValueError(f"checkpoint={path} is truncated or corrupt (zip member {bad} fails its CRC check: torch "
-                         "would load its damaged bytes as they are); copy it again from where it was written")
+    ckpt = load_record(path)  # one line for a file that is not a whole quest checkpoint, saying which case it is
     stored = OmegaConf.create(ckpt.config)
     if cfg.attention.name and cfg.attention.name != stored.attention.name:
         raise ValueError(f"attention={cfg.attention.name} but checkpoint={path} was trained with attention "

@@ -86,32 +86,27 @@ def replace_with_link(source: Path, target: Path) -> None:
         raise _write_error(target, exc) from exc
 
 
-def load_record(path: str | Path, map_location: str | torch.device = "cpu") -> CheckpointRecord:
-    """The record in ``path``, loaded with ``weights_only=True``; ValueError when it is not a quest checkpoint,
-    CheckpointRecordError when it is one this quest cannot read (naming the keys and versions)."""
-    path = Path(path)
+def load_record(path: str | Path, map_location: str | torch.device = "cpu",
+                option: str = "checkpoint") -> CheckpointRecord:
+    """The record in ``path``, loaded with ``weights_only=True``, for every reader of a checkpoint (resume, eval.py's
+    ``checkpoint=``, ``trainer.init_from=``, quest-export): a missing file or a directory (OSError) or a file that is
+    not a whole quest checkpoint (ValueError: text, a plain state_dict, a pickled module, a cut or corrupt file, as
+    quest.store.torch_files tells them apart) refused in one line naming ``<option>=path`` and saying which case it
+    is; CheckpointRecordError when it is one this quest cannot read (naming the keys and versions)."""
+    path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot load checkpoint {path}: {exc}") from exc
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a quest checkpoint (expected format {FORMAT!r})")
-    return CheckpointRecord.from_dict(upgrade_checkpoint(ckpt), path)  # older layouts: quest.store.compat
+        raise FileNotFoundError(f"{option}={path} " + ("is a directory; pass a checkpoint file such as "
+                                "<run>/checkpoints/last.pt" if path.is_dir() else "does not exist"))
+    found = inspect_torch_file(path)  # every member's CRC checked: torch.load would read damaged bytes as they are
+    if found.kind != "quest_checkpoint":
+        raise ValueError(checkpoint_problem(path, found, option=option))
+    obj = found.obj if str(map_location) == "cpu" else torch.load(path, map_location=map_location, weights_only=True)
+    return CheckpointRecord.from_dict(upgrade_checkpoint(obj), path)
 
 
 def read_init_from(path: str | Path) -> CheckpointRecord:
-    """The checkpoint ``trainer.init_from=path`` names; a missing file or a directory (OSError) or a file of another
-    kind (ValueError: text, a plain state_dict, a damaged file) refused in one line saying which case it is."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"trainer.init_from={path} " + ("is a directory; pass a checkpoint file such as "
-                                "<run>/checkpoints/last.pt" if path.is_dir() else "does not exist"))
-    found = inspect_torch_file(path)
-    if found.kind != "quest_checkpoint":
-        raise ValueError(checkpoint_problem(path, found, option="trainer.init_from"))
-    return CheckpointRecord.from_dict(upgrade_checkpoint(found.obj), path)
+    """The checkpoint ``trainer.init_from=path`` names (:func:`load_record`'s checks, named by that key)."""
+    return load_record(path, option="trainer.init_from")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -135,27 +135,33 @@ def inspect_torch_file(path: str | Path) -> TorchFile:
     return TorchFile("not_torch", _describe_bytes(head))
 
 
+def _given(option: str, path: Path) -> str:
+    """How the file was given: ``<option>=path``, or the path alone for a command's argument (``option`` empty)."""
+    return f"{option}={path}" if option else str(path)
+
+
 def _train_py(option: str) -> str:
-    return (f"{option}= takes a checkpoint written by train.py (<run>/checkpoints/last.pt or best.pt, format "
-            f"{FORMAT})")
+    return (f"{f'{option}= takes' if option else 'Expected'} a checkpoint written by train.py (<run>/checkpoints/"
+            f"last.pt or best.pt, format {FORMAT})")
 
 
 def _problem(option: str, path: Path, found: TorchFile) -> str | None:
     """The message for the cases ``checkpoint=`` and ``weights=`` share (the file is not a usable torch file)."""
     if found.kind in ("empty", "not_torch"):
-        return f"{option}={path} is not a torch checkpoint file: {found.detail}"
+        return f"{_given(option, path)} is not a torch checkpoint file: {found.detail}"
     if found.kind == "truncated":
-        return (f"{option}={path} is truncated or corrupt ({found.detail}); copy it again from where it was "
+        return (f"{_given(option, path)} is truncated or corrupt ({found.detail}); copy it again from where it was "
                 "written (train.py writes its checkpoints atomically, so a run's own file is whole)")
     if found.kind == "unsafe":
-        return (f"{option}={path} cannot be loaded safely: {found.detail}. quest loads tensors and plain "
+        return (f"{_given(option, path)} cannot be loaded safely: {found.detail}. quest loads tensors and plain "
                 "containers only")
     return None
 
 
 def checkpoint_problem(path: str | Path, found: TorchFile | None = None, option: str = "checkpoint") -> str:
     """Why ``<option>=path`` (an existing file that is not a whole train.py checkpoint) cannot be used, and what to
-    do: ``checkpoint=`` of eval.py, ``trainer.init_from=`` of train.py."""
+    do: ``checkpoint=`` of eval.py, ``trainer.init_from=`` of train.py, a command's argument (``option`` empty:
+    quest-export's run)."""
     path = Path(path)
     found = found or inspect_torch_file(path)
     common = _problem(option, path, found)
@@ -164,9 +170,10 @@ def checkpoint_problem(path: str | Path, found: TorchFile | None = None, option:
         return common if found.kind == "truncated" else f"{common}. {_train_py(option)}"
     if found.kind == "state_dict":
         instead = (f"pass it as weights={path} with model=<timm name> attention=<name>" if option == "checkpoint"
-                   else f"start from it with model.pretrained={path} instead")
-        return f"{option}={path} is a plain state_dict ({found.detail}): {instead}"
-    return f"{option}={path} is a torch file of another kind ({found.detail}). {_train_py(option)}"
+                   else f"start from it with model.pretrained={path} instead" if option else
+                   "a state_dict has no run to export; it loads in timm as it is")
+        return f"{_given(option, path)} is a plain state_dict ({found.detail}): {instead}"
+    return f"{_given(option, path)} is a torch file of another kind ({found.detail}). {_train_py(option)}"
 
 
 def weights_problem(path: str | Path, found: TorchFile | None = None, option: str = "weights") -> str | None:
@@ -179,12 +186,12 @@ def weights_problem(path: str | Path, found: TorchFile | None = None, option: st
     if found.kind == "quest_checkpoint":
         instead = (f"pass checkpoint={path} instead of weights= (and no model=)" if option == "weights" else
                    f"start from its weights with trainer.init_from={path} instead")
-        return f"{option}={path} is a quest checkpoint: {instead}"
+        return f"{_given(option, path)} is a quest checkpoint: {instead}"
     common = _problem(option, path, found)
     if common is not None:
         return common if found.kind == "truncated" else \
             f"{common}. {option}= takes a state_dict saved with torch.save(model.state_dict(), path)"
-    return f"{option}={path} is not a state_dict (a dict of tensors): {found.detail}"
+    return f"{_given(option, path)} is not a state_dict (a dict of tensors): {found.detail}"
 
 
 def damaged_member(path: str | Path) -> str | None:

@@ -242,7 +242,7 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
     with holding(out, "quest-export", transient=True) as folder:
         refuse_present(files, overwrite)
         path = resolve_checkpoint(source)
-        ckpt = load_record(path)  # weights_only=True
+        ckpt = load_record(path, option="")  # weights_only=True; the file named as given, with what it is
         attention = ckpt.config.get("attention")
         refuse_code_named_by_file(attention.get("name") if isinstance(attention, dict) else None, "attention.name",
                                   path, trust_code, "pass --trust-code")

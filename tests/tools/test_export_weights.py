@@ -104,3 +104,29 @@ def test_an_import_path_in_the_checkpoint_is_never_imported_unless_trusted(finis
     with pytest.raises(ValueError, match="quest_export_probe_mod"):  # trusted: imported, then found no attention
         export_run(run, tmp_path / "out", trust_code=True)
     assert mark.exists()
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("text", "is not a torch checkpoint file: it looks like a text file"),
+    ("pickle", "is not a torch checkpoint file: it is a Python pickle"),
+    ("module", "cannot be loaded safely: it holds pickled Python objects"),
+    ("cut", "is truncated or corrupt"),
+])
+def test_a_file_that_is_no_checkpoint_is_named_with_what_it_is(finished_run, tmp_path, kind, says):
+    """quest-export reads a checkpoint as every reader does (quest.run.checkpoint.load_record): one line saying
+    which case the file is, as eval.py's checkpoint= does, not torch's own message."""
+    import pickle
+
+    path = tmp_path / f"{kind}.pt"
+    if kind == "text":
+        path.write_text("hello\n")
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"a": 1}))
+    elif kind == "module":
+        torch.save(torch.nn.Linear(2, 2), path)
+    else:
+        path.write_bytes((finished_run / "checkpoints" / "last.pt").read_bytes()[:100_000])
+    with pytest.raises(ValueError) as refused:
+        export_run(path, tmp_path / "out")
+    assert str(refused.value).startswith(f"{path} {says}") and "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
