@@ -37,7 +37,7 @@ from quest.store.tree import REPLACED
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES"]
+__all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES", "run_holding"]
 
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
@@ -166,6 +166,17 @@ def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) 
                       "set):\n  " + "\n  ".join(parts))
 
 
+def run_holding(path: str | Path) -> Path | None:
+    """The run directory ``path`` is, or lies inside (a folder holding run.json beside checkpoints/, metrics.jsonl
+    or .hydra/), else None; ``path`` as given, a link on the way followed."""
+    path = Path(os.path.abspath(path))
+    for folder in (path, *path.parents):
+        if (folder / "run.json").is_file() and any(
+                (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra")):
+            return folder
+    return None
+
+
 class DirectoryInUse(UserError, RuntimeError):
     """Another process holds the run directory's lock."""
 
@@ -179,14 +190,10 @@ class RunDirectory(OwnedDirectory):
         return any((self.path / name).exists() for name in ("checkpoints/last.pt", "summary.json", "metrics.jsonl"))
 
     def enclosing_run(self) -> Path | None:
-        """The run directory this one would lie inside (a folder above it holding run.json beside checkpoints/,
-        metrics.jsonl or .hydra/), else None: a run inside another's checkpoints/ or eval/ would be moved with that
-        folder when the other run is replaced, and one anywhere inside it mixes two runs' files in one tree."""
-        for folder in Path(os.path.abspath(self.path)).parents:  # as given: a link on the way is followed
-            if (folder / "run.json").is_file() and any(
-                    (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra")):
-                return folder
-        return None
+        """The run directory this one would lie inside, else None: a run inside another's checkpoints/ or eval/ would
+        be moved with that folder when the other run is replaced, and one anywhere inside it mixes two runs' files in
+        one tree."""
+        return run_holding(self.path.parent) if self.path.parent != self.path else None
 
     def record(self) -> dict[str, Any] | None:
         """run.json, or None when it is missing or damaged (not JSON, or a field of the wrong type: quest.store.run_files; a

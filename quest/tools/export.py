@@ -32,6 +32,7 @@ from quest.evaluation.progress import Heartbeat
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
+from quest.run.directory import run_holding
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
 from quest.store.damage import DamagedFile
@@ -236,6 +237,10 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
     if onnx:
         require_onnx()  # before any work
     out = Path(out).expanduser()
+    inside = run_holding(out)  # an export folder is handed on whole: never a run's folder, whose lock it would take
+    if inside is not None:
+        raise ValueError(f"--out {out} lies in the run directory {inside}; give the export a folder of its own "
+                         f"(e.g. {inside.parent / (inside.name + '-export')})")
     files = [out / WEIGHTS_FILE, out / "config.json", out / "README.md"] + ([out / ONNX_FILE] if onnx else [])
     # held from the first look at the folder to the last file: a second export into it is refused at once, never
     # interleaved with this one (quest.store.output_folder)

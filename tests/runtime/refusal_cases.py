@@ -343,6 +343,9 @@ TOOL_ROWS = [
     Refusal("input_missing", "quest-report", ("{tmp}/no-such-run",), ("{tmp}/no-such-run",), "out", code=2),
     Refusal("input_missing", "quest-plot", ("diagnostics", "{tmp}/no-such-run", "--out", "{target}.png"),
             ("{tmp}/no-such-run",), "out", code=2),
+    # an export folder inside a run's (its own, or its checkpoints/): the export would take the run's lock file
+    *[Refusal("out_in_a_run", "quest-export", ("{run}", "--out", out), ("lies in the run directory",), "out", code=2)
+      for out in ("{run}", "{run}/checkpoints/export")],
     # an empty input path (an unset shell variable) would read the working directory as the input
     *[Refusal("input_empty", program, args, ("is empty", "unset shell variable"), "out", code=2) for program, args in (
         ("quest-data", ("check", "", "--no-progress")),
