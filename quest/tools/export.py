@@ -36,7 +36,7 @@ from quest.run.directory import run_holding
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
 from quest.store.damage import DamagedFile
-from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, write_text_atomic
+from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, parse_json, write_text_atomic
 from quest.store.output_folder import holding, input_path, output_path
 from quest.store.run_files import read_summary
 from quest.store.tree import refuse_present
@@ -120,10 +120,15 @@ def _version() -> str:
 FINISHED = ("completed", "stopped")  # stopped: trainer.max_steps reached, a finished run by design
 
 
+def _run_dir(path: Path) -> Path:
+    """The run directory a checkpoint sits in (``<run>/checkpoints/last.pt``), or its own folder."""
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
 def run_summary(path: Path) -> dict[str, Any]:
     """summary.json of the run directory a checkpoint sits in, every field checked (quest.store.run_files), or {} when
     there is none."""
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    run_dir = _run_dir(path)
     summary = run_dir / "summary.json"
     try:
         record = read_summary(inside_folder(summary, run_dir))  # never another run's, through a link
@@ -164,11 +169,31 @@ def labelled_metrics(summary: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
-def exported_top1(summary: dict[str, Any], weights: str, path: Path) -> float | None:
-    """The validation top-1 of the exported weights, when the run measured it."""
+def _recorded_top1(ckpt: CheckpointRecord, path: Path) -> float | None:
+    """The model's validation top-1 as the checkpoint itself recorded it: best.pt's best, or the last validation row
+    of the metrics it saw at its own step (None where it holds none: the EMA's is in summary.json only)."""
     if path.name == "best.pt":
-        return summary.get("best/val/top1") if weights == "model" else None
-    return summary.get("val/top1" if weights == "model" else "val_ema/top1")
+        return ckpt.state.get("best_top1")
+    rows = [parse_json(line) for line in (ckpt.metrics_text or "").splitlines() if line.strip()]
+    vals = [r.get("val/top1") for r in rows if isinstance(r, dict) and r.get("step") == ckpt.state.get("step")
+            and isinstance(r.get("val/top1"), (int, float))]
+    return vals[-1] if vals else None
+
+
+def exported_top1(summary: dict[str, Any], weights: str, path: Path, ckpt: CheckpointRecord) -> float | None:
+    """The validation top-1 of the exported weights, when the run measured it. summary.json's figure for the model's
+    weights must be the one the checkpoint recorded: a summary edited, or another run's, is refused, not claimed."""
+    if path.name == "best.pt":
+        claimed = summary.get("best/val/top1") if weights == "model" else None
+    else:
+        claimed = summary.get("val/top1" if weights == "model" else "val_ema/top1")
+    recorded = _recorded_top1(ckpt, path) if weights == "model" else None
+    if claimed is not None and recorded is not None and abs(claimed - recorded) > 1e-6:
+        key = "best/val/top1" if path.name == "best.pt" else "val/top1"
+        raise ValueError(f"{_run_dir(path) / 'summary.json'} says {key} {claimed:g}, but {path} recorded "
+                         f"{recorded:g} for these weights: the summary was edited or is another run's, and the model "
+                         "card would claim a figure nobody measured")
+    return claimed
 
 
 def model_card(config: dict[str, Any], ckpt: CheckpointRecord, metrics: list[tuple[str, str, Any]],
@@ -270,7 +295,7 @@ def export_checked(source: str | Path, out: str | Path, weights: str, overwrite:
 
         tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         config = export_config(ckpt, model, weights, path)
-        top1 = exported_top1(summary, weights, path) if not unfinished else None
+        top1 = exported_top1(summary, weights, path, ckpt) if not unfinished else None
         config["quest"].update({"run_status": summary.get("status"), "val_top1": top1})
         serialized = None
         if onnx:  # checked before anything in the folder changes: a failed check leaves the earlier export in place

@@ -5,6 +5,7 @@ unless --allow-unfinished."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -129,4 +130,17 @@ def test_a_file_that_is_no_checkpoint_is_named_with_what_it_is(finished_run, tmp
     with pytest.raises(ValueError) as refused:
         export_run(path, tmp_path / "out")
     assert str(refused.value).startswith(f"{path} {says}") and "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("checkpoint, key", [("last.pt", "val/top1"), ("best.pt", "best/val/top1")])
+def test_a_summary_whose_top1_the_checkpoint_did_not_record_is_refused(finished_run, tmp_path, checkpoint, key):
+    """The model card's figure is the one the checkpoint recorded (its last validation row at its step, best.pt's
+    best): a summary.json edited to a plausible 99 is refused, not claimed."""
+    run = _copy(finished_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    summary[key] = 99.0
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=rf"says {re.escape(key)} 99, but .*{checkpoint} recorded"):
+        export_run(run / "checkpoints" / checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
