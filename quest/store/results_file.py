@@ -65,6 +65,28 @@ METRIC_RULES: dict[str, tuple[Any, tuple[float | None, float | None]]] = {
 }
 
 
+#: a percentage and the count it is made of, out of ``n`` (every suite writes 100 * count / n)
+_FROM_COUNTS = (("top1", "correct"), ("top5", "top5_correct"))
+
+
+def _counts_problem(scores: Mapping, where: str) -> str | None:
+    """Where ``scores`` holds ``n`` and the counts its percentages come from, they must agree: a figure edited by
+    hand (top1 99 of 70 correct in 360) would be reported as measured."""
+    n = scores.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    for rate, count in _FROM_COUNTS:
+        value, counted = scores.get(rate), scores.get(count)
+        if not isinstance(counted, int) or isinstance(counted, bool):
+            continue
+        if counted > n:
+            return f"{where}.{count} is {counted}, more than {where}.n {n}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value - 100 * counted / n) > 1e-9 * 100:
+            return (f"{where}.{rate} is {value!r}, but {counted} of {n} is {100 * counted / n!r}; expected the "
+                    f"percentage its counts make")
+    return None
+
+
 def _metric_problem(value: Any, where: str) -> str | None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
@@ -73,6 +95,7 @@ def _metric_problem(value: Any, where: str) -> str | None:
                        else _metric_problem(inner, f"{where}.{key}"))
             if problem:
                 return problem
+        return _counts_problem(value, where)
     elif isinstance(value, list):
         for i, inner in enumerate(value):
             problem = _metric_problem(inner, f"{where}[{i}]")
