@@ -166,6 +166,9 @@ def _leaf_problem(key: str, value: Any, hint: Any, metadata: Mapping[str, Any]) 
     numbers = value if isinstance(value, list) else [value]
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         return f"  {key} must be a finite number (not nan, inf or -inf), got {value!r}"
+    unbounded = bound_ends(metadata.get("bounds", (None, None)))[1] is None  # else its words give the end
+    if unbounded and any(isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63 for v in numbers):
+        return f"  {key} must be {allowed_words(hint, metadata)} that fits in 64 bits, got {value!r}"
     optional = value is not None and unwrap_optional(hint) is not hint
     return f"  {key} must be {allowed_words(hint, metadata)}{' (or null)' if optional else ''}, got {value!r}"
 

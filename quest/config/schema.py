@@ -19,7 +19,7 @@ from omegaconf import II, MISSING
 
 from quest.config.checks import DEVICE, MATMUL_PRECISIONS, PRECISIONS, ConfigError, process_count
 from quest.data.config import CROP_FRACTION, DataConfig, image_size  # the keys every data set has (docs/data.md)
-from quest.store.records import bounded, described, listed, one_of
+from quest.store.records import SEED_RANGE, bounded, described, listed, one_of
 
 #: attention.fused: quest.attention.fused_check.MODES, written out here because that module imports torch, which
 #: --help and tab completion must not wait for (tests/config/test_declared_bounds.py holds the two equal)
@@ -35,7 +35,7 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 #: a rate that must stay below 1 (a momentum, a drop rate, an EMA decay)
 BELOW_ONE = bounded(0, 1, open_high=True)
 #: numpy's seeds
-SEED = bounded(0, 2**32 - 1, **described("an integer in 0..2**32-1 (numpy's seeds)"))
+SEED = bounded(*SEED_RANGE, **described("an integer in 0..2**32-1 (numpy's seeds)"))
 #: RandomResizedCrop's ranges; min <= max is a relation between the two values (quest.train.checks)
 SCALE = {**bounded(0, 1, open_low=True), **listed(2), **described("[min, max] with 0 < min <= max <= 1")}
 RATIO = {**bounded(0, open_low=True), **listed(2), **described("[min, max] with 0 < min <= max")}

@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 from omegaconf import MISSING
 
 from quest.runtime.workers import process_count
-from quest.store.records import bounded, described, listed, one_of
+from quest.store.records import SEED_RANGE, bounded, described, listed, one_of
 
 __all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size", "CROP_FRACTION"]
 
@@ -67,7 +67,7 @@ class DataConfig:
     val_split: str = "val"  # the split validated on (a folder's name or a shard pattern: no range)
     # class-balanced subset of the training set (paper Table A2)
     subset_fraction: float = field(default=1.0, metadata={**TRAINING_ONLY, **bounded(0, 1, open_low=True)})
-    subset_seed: int = field(default=0, metadata={**TRAINING_ONLY, **bounded(0)})  # seed of the subset_fraction draw
+    subset_seed: int = field(default=0, metadata={**TRAINING_ONLY, **bounded(*SEED_RANGE)})  # seed of the subset_fraction draw
     # error | skip: what to do with an unreadable image in an image folder
     bad_images: str = field(default="error", metadata=one_of("error", "skip"))
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable

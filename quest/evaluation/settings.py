@@ -17,7 +17,7 @@ from omegaconf import MISSING
 from quest.config.checks import DEVICE, PRECISIONS, process_count
 from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 from quest.data.config import CROP_FRACTION
-from quest.store.records import bounded, described, one_of
+from quest.store.records import SEED_RANGE, bounded, described, one_of
 
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
 # transform must be deterministic
@@ -33,7 +33,7 @@ SAMPLE_COUNT = bounded(1, 2**31 - 1, **described("an integer in 1..2**31-1 (null
 #: an attack's iterations or its samples per gradient estimate (PGD's steps, SPSA's nb_iter and nb_sample)
 ITERATIONS = bounded(1, 100_000, **described("an integer in 1..100000"))
 #: the seed of an evaluation's randomness: numpy's seeds, as trainer.seed (quest.config.schema.SEED)
-EVAL_SEED = bounded(0, 2**32 - 1, **described("an integer in 0..2**32-1 (numpy's seeds)"))
+EVAL_SEED = bounded(*SEED_RANGE, **described("an integer in 0..2**32-1 (numpy's seeds)"))
 
 __all__ = ["INTERPOLATIONS", "BATCH_SIZE", "SAMPLE_COUNT", "ITERATIONS", "EVAL_SEED", "RootsConfig",
            "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",

@@ -42,7 +42,7 @@ from quest.store.damage import DamagedFile
 
 __all__ = ["bounded", "one_of", "listed", "described", "fits_declaration", "type_name", "unwrap_optional",
            "bound_ends", "record", "stored_as", "relative_path", "matching", "key_of", "path_problem", "check_fields",
-           "check_record", "field_problem", "Number"]
+           "check_record", "field_problem", "Number", "SEED_RANGE"]
 
 # the folder a checked file's paths must stay inside, named in the message (set by check_fields for the records
 # nested in the file too, which the type checks reach without it)
@@ -87,6 +87,10 @@ def stored_as(key: str, **metadata: Any) -> dict[str, Any]:
     """Field metadata: the field's key in the file is ``key`` (``field(metadata=stored_as("val/top1",
     **bounded(0, 100)))``), for keys that are not Python names."""
     return {"key": key, **metadata}
+
+
+#: numpy's seeds (and torch's, which take them): every seed a config or a record holds
+SEED_RANGE = (0, 2**32 - 1)
 
 
 def relative_path(**metadata: Any) -> dict[str, Any]:

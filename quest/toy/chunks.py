@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 import torch
 
 from quest.store.damage import DamagedFile
-from quest.store.records import bounded, check_record, described, field_problem, key_of, matching, record
+from quest.store.records import SEED_RANGE, bounded, check_record, described, field_problem, key_of, matching, record
 from quest.store.torch_files import inspect_torch_file
 
 from .batched import ChunkResult, RunSpec
@@ -82,8 +82,8 @@ class ChunkRow:
     attention: str
     lr: float = dataclasses.field(metadata=bounded(0, open_low=True))
     weight_decay: float = dataclasses.field(metadata=bounded(0))
-    data_seed: int = dataclasses.field(metadata=bounded(0, 2**32 - 1))
-    init_seed: int = dataclasses.field(metadata=bounded(0, 2**32 - 1))
+    data_seed: int = dataclasses.field(metadata=bounded(*SEED_RANGE))
+    init_seed: int = dataclasses.field(metadata=bounded(*SEED_RANGE))
     train_size: int = dataclasses.field(metadata=bounded(1, MAX_SAMPLES))
     train_acc: float = dataclasses.field(metadata=ACCURACY)
     test_acc: float = dataclasses.field(metadata=ACCURACY)

@@ -8,12 +8,12 @@ from hydra.core.config_store import ConfigStore
 
 from quest.config.checks import DEVICE, process_count
 from quest.config.run_names import register_resolvers
-from quest.store.records import bounded, described, listed, one_of
+from quest.store.records import SEED_RANGE, bounded, described, listed, one_of
 
 from .data import MAX_SAMPLES, ToyDataConfig, sample_count
 
 #: numpy's and torch's seeds
-_SEEDS = {**bounded(0, 2**32 - 1), **listed(min_length=1),
+_SEEDS = {**bounded(*SEED_RANGE), **listed(min_length=1),
           **described(f"a non-empty list of integers in 0..{2**32 - 1} (2**32 - 1)")}
 _FRACTION = bounded(0, 1)
 #: a [low, high] range of accuracies; low <= high is a relation, checked by quest.toy.checks

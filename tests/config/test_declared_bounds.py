@@ -160,6 +160,8 @@ def _outside_numbers(kind: Any, f: dataclasses.Field) -> list[Any]:
         found.append(low if open_low else (low - 1 if kind is int else math.nextafter(low, -math.inf)))
     if high is not None:
         found.append(high if open_high else (high + 1 if kind is int else math.nextafter(high, math.inf)))
+    elif kind is int:  # an integer without a declared end still ends at 64 bits, as torch and numpy count
+        found.append(2**63)
     return [float(v) if kind is float else v for v in found]
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from quest.store.records import bounded
+from quest.store.records import SEED_RANGE, bounded
 
 from ..config import DataConfig
 from ..kinds import register_dataset
@@ -21,7 +21,7 @@ class DigitsData(DataConfig):
     """data=digits: the held-out share and the seed of the fixed train/val split."""
 
     val_fraction: float = field(default=0.2, metadata=bounded(0, 1, open_low=True, open_high=True))  # held-out share
-    split_seed: int = field(default=0, metadata=bounded(0))  # the fixed train/val split
+    split_seed: int = field(default=0, metadata=bounded(*SEED_RANGE))  # the fixed train/val split
 
 
 @register_dataset("digits", DigitsData, num_classes=10, reads_root=False)
