@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterable
 from PIL import Image
 
 from quest.runtime.phase import after_checks
-from quest.runtime.workers import die_with_parent
+from quest.runtime.workers import worker_pool
 from quest.store.damage import DamagedFile
 from quest.store.files import parse_json
 from quest.store.tool_records import check_preflight_cache
@@ -168,7 +167,7 @@ def check_image_folder_files(root: str | Path, workers: int | None = None, use_c
     names = [str(f) for f in files]
     workers = workers or min(8, os.cpu_count() or 1)
     if workers > 1 and len(names) > 64:
-        with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
+        with worker_pool(workers) as pool:
             results: Iterable = pool.map(check_file, names, chunksize=64)
             results = list(progress(results, len(names)) if progress else results)
     else:

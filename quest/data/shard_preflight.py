@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from quest.runtime.workers import die_with_parent
+from quest.runtime.workers import worker_pool
 
 from .preflight import Problem, Report
 from .shard_index import IMAGE_EXTS, IrregularMember, info_lengths, load_info, sample_groups, split_files
@@ -119,7 +118,7 @@ def check_shard_split(root: str | Path, split: str, num_classes: int | None = No
     workers = workers or min(8, os.cpu_count() or 1)
     report = Report(str(root))
     if workers > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(min(workers, len(tasks)), initializer=die_with_parent) as pool:
+        with worker_pool(min(workers, len(tasks))) as pool:
             results: Iterable = pool.map(_check, tasks)
             results = list(progress(results, len(tasks)) if progress else results)
     else:

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -36,7 +35,7 @@ from PIL import Image
 
 from quest.data.entries import class_folders
 from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
-from quest.runtime.workers import die_with_parent
+from quest.runtime.workers import worker_pool
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import MANIFEST_NAME, UNRECORDED, Manifest, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
@@ -85,7 +84,7 @@ def _run(jobs: Sequence[Any], work: Callable[[Any], Any], workers: int,
          progress: Callable[[Iterable, int], Iterable] | None) -> Iterator[tuple[Any, Any]]:
     """(job, result) in job order, each as soon as it is done, so that the caller records it before the next."""
     if workers > 1 and len(jobs) > 16:
-        with ProcessPoolExecutor(workers, initializer=die_with_parent) as pool:
+        with worker_pool(workers) as pool:
             results: Iterable = pool.map(work, jobs, chunksize=16)
             yield from zip(jobs, progress(results, len(jobs)) if progress else results)
         return
