@@ -15,9 +15,9 @@ from typing import Any, List, Optional
 from omegaconf import MISSING
 
 from quest.config.checks import DEVICE, PRECISIONS, process_count
-from quest.config.schema import AttentionConfig, DataConfig, LoggerConfig, ModelConfig
+from quest.config.schema import SEED, AttentionConfig, DataConfig, LoggerConfig, ModelConfig
 from quest.data.config import CROP_FRACTION
-from quest.store.records import SEED_RANGE, bounded, described, one_of
+from quest.store.records import bounded, described, one_of
 
 # the modes timm's eval transform accepts (timm.data.transforms.str_to_interp_mode), 'random' excluded: an eval
 # transform must be deterministic
@@ -32,8 +32,8 @@ BATCH_SIZE = bounded(1, 65536, **described("an integer in 1..65536 (images per p
 SAMPLE_COUNT = bounded(1, 2**31 - 1, **described("an integer in 1..2**31-1 (null: the whole split)"))
 #: an attack's iterations or its samples per gradient estimate (PGD's steps, SPSA's nb_iter and nb_sample)
 ITERATIONS = bounded(1, 100_000, **described("an integer in 1..100000"))
-#: the seed of an evaluation's randomness: numpy's seeds, as trainer.seed (quest.config.schema.SEED)
-EVAL_SEED = bounded(*SEED_RANGE, **described("an integer in 0..2**32-1 (numpy's seeds)"))
+#: the seed of an evaluation's randomness: the one declaration of a seed, trainer.seed's (quest.config.schema.SEED)
+EVAL_SEED = SEED
 
 __all__ = ["INTERPOLATIONS", "BATCH_SIZE", "SAMPLE_COUNT", "ITERATIONS", "EVAL_SEED", "RootsConfig",
            "EvalSettingsBase", "RESERVED_KEYS", "EvalModelConfig", "EvalAttentionConfig",
