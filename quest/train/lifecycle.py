@@ -110,7 +110,8 @@ def _accept(directory: RunDirectory, plan: Plan, provenance: dict[str, str], con
 
 def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx: DistContext,
          provenance: dict[str, str]) -> dict[str, Any]:
-    run_dir, tr = directory.path, cfg.trainer
+    run_dir = directory.path
+    tr = cfg.trainer
     ran = set_matmul_precision(tr.matmul_precision)  # every start sets it: a process's earlier run left its own
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
