@@ -323,9 +323,15 @@ def test_readme_quickstart_sequence(tmp_path):
     quickstart = tmp_path / "runs" / "digits" / "vit_pico-quest-light-seed0"
     summary = json.loads((quickstart / "summary.json").read_text())
     got = (f"{summary['val/top1']:.1f}", f"{summary['val_ema/top1']:.1f}")
-    for doc in ("README.md", "docs/getting-started.md"):  # the figures they give are the command's, to their digits
-        said = re.search(r"(\d+\.\d)% validation top-1 \(EMA (\d+\.\d)%", " ".join((ROOT / doc).read_text().split()))
-        assert summary["status"] == "completed" and said and (said[1], said[2]) == got, (doc, got, summary)
+    assert summary["status"] == "completed" and summary["val/top1"] >= 95.0, summary
+    # the figures the docs give are the command's, to their digits, for the instruction set torch's CPU kernels use
+    # here (float32 sums round differently per set); on a set they do not give (no vector unit, ARM) only the above
+    kernels = {"AVX512": "AVX-512", "AVX2": "AVX2"}.get(torch.backends.cpu.get_cpu_capability())
+    for doc in ("README.md", "docs/getting-started.md"):
+        said = dict((m[3], (m[1], m[2])) for m in re.finditer(
+            r"(\d+\.\d)% validation top-1 \(EMA (\d+\.\d)%\) on (AVX-512|AVX2)", " ".join((ROOT / doc).read_text().split())))
+        assert set(said) == {"AVX-512", "AVX2"}, (doc, said)
+        assert kernels is None or said[kernels] == got, (doc, kernels, got, summary)
     again = run("train.py")  # the same command: reported, not retrained
     assert "already holds this finished run" in again.stdout + again.stderr
     assert json.loads((quickstart / "summary.json").read_text()) == summary
