@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None, *, in_process: bool = False, compile_bac
     ``started``: when the budget began on time.perf_counter's clock (the command line: before its imports; None:
     now, as a caller in a longer process wants)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: every code path, in seconds")
     parser.add_argument("--out", required=True, help="folder for gpu_check.jsonl, gpu_check.json and gpu_check.md")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per row (default 20; smoke 2)")

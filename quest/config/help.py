@@ -2,8 +2,9 @@
 
 A key's description is, in this order: ``field(metadata={"doc": "..."})``; the comment on the field's line(s) in the
 schema dataclass (``batch_size: int = 64  # per process``); the comment lines right above the field; for a field that
-holds a dataclass, that class's docstring. tests/config/test_config_help.py fails for a schema key with none of these, so a new
-key cannot arrive undocumented. Only the standard library, hydra and omegaconf are imported here: --help answers
+holds a dataclass, the first paragraph of that class's docstring (quest.runtime.errors.doc_summary).
+tests/config/test_config_help.py fails for a schema key with none of these, so a new key cannot arrive undocumented.
+Only the standard library, hydra, omegaconf and quest's own light modules are imported here: --help answers
 without importing torch for quest-train.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from quest.config.checks import allowed_words, dataclass_of
+from quest.runtime.errors import doc_summary
 
 __all__ = ["DOC", "key_docs", "field_doc", "app_help", "data_set_settings", "data_set_keys"]
 
@@ -73,7 +75,7 @@ def field_doc(cls: type, name: str) -> str:
                 return text
     nested = dataclass_of(typing.get_type_hints(cls).get(name))
     if nested is not None and nested.__doc__ and not nested.__doc__.startswith(f"{nested.__name__}("):
-        return inspect.cleandoc(nested.__doc__).split("\n\n")[0].replace("\n", " ")
+        return doc_summary(nested.__doc__)
     return ""
 
 

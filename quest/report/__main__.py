@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from quest.runtime.errors import input_error, program_name
+from quest.runtime.errors import doc_summary, input_error, program_name
 from quest.store.output_folder import FolderHeld, input_path, output_path
 from quest.store.tree import OutputExists
 
@@ -34,7 +34,7 @@ def _decimals(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=program_name("quest-report"), description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name("quest-report"), description=doc_summary(__doc__))
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", type=input_path,
                         help="directories searched recursively for run directories (summary.json)")
     parser.add_argument("--out", type=output_path, help="also write the tables to this directory (.md and .csv)")

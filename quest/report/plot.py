@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quest.runtime.errors import input_error, program_name
+from quest.runtime.errors import doc_summary, input_error, program_name
 from quest.runtime.extras import require
 from quest.store.files import atomic_write, figure_bytes, save_figure
 from quest.store.output_folder import FolderHeld, holding, input_path, output_path
@@ -240,7 +240,7 @@ def image_path(text: str) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=program_name("quest-plot"), description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name("quest-plot"), description=doc_summary(__doc__))
     commands = parser.add_subparsers(dest="command", required=True)
     diag = commands.add_parser(
         "diagnostics",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import os
 import re
 import shutil
@@ -36,7 +37,7 @@ from pathlib import Path
 from quest.runtime.phase import command_phases
 
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "EXIT_INTERRUPTED", "input_error", "is_user_error",
-           "out_of_memory", "describe", "escaping_stdout", "reporting_errors", "program_name", "every_rank",
+           "out_of_memory", "describe", "escaping_stdout", "reporting_errors", "program_name", "doc_summary", "every_rank",
            "joined_group", "print_error"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
@@ -149,6 +150,17 @@ def program_name(default: str) -> str:
         return default
     parts = module.parts[:-1] if module.name == "__main__" else module.parts
     return "python -m " + ".".join(parts)
+
+
+def doc_summary(doc: str | None) -> str:
+    """The first paragraph of a docstring as one line of plain text: a command's ``--help`` description (beside
+    :func:`program_name`, its ``prog``) and a config key's (quest.config.help). The whole paragraph, never its first
+    source line, which ends wherever the source was wrapped (quest-plot's ended 'perf: the'); reST's ``literal`` and
+    :role:`target` marks dropped, which argparse would print as they are."""
+    if not doc:
+        return ""
+    text = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    return re.sub(r":[\w:]+:`~?([^`]*)`", r"\1", text).replace("``", "")
 
 
 #: the environment variable holding whether the user asked for tracebacks (HYDRA_FULL_ERROR=1) when quest's app set
