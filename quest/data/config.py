@@ -14,7 +14,8 @@ from omegaconf import MISSING
 from quest.runtime.workers import process_count
 from quest.store.records import SEED_RANGE, bounded, described, listed, one_of
 
-__all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size", "CROP_FRACTION"]
+__all__ = ["DataConfig", "need_root", "TRAINING_ONLY", "training_only_keys", "MAX_IMG_SIZE", "image_size", "CROP_FRACTION",
+           "BAD_IMAGES"]
 
 #: the largest input side accepted: at 4096 px a ViT with 16 px patches has 65,536 tokens, whose attention matrix
 #: alone takes 16 GiB per head in fp32; a larger value is a typo, which would fail deep inside the model's
@@ -45,6 +46,10 @@ _STD = {**bounded(0, 1, open_low=True), **listed(3), **described(
 TRAINING_ONLY = {"training_only": True}
 
 
+#: what a data set does with an image that does not decode: refuse naming it, or leave it out and count it
+BAD_IMAGES = ("error", "skip")
+
+
 @dataclass
 class DataConfig:
     """The data=<option> group: the data set, its splits and loaders. Each data set's own options are the fields of
@@ -69,7 +74,7 @@ class DataConfig:
     subset_fraction: float = field(default=1.0, metadata={**TRAINING_ONLY, **bounded(0, 1, open_low=True)})
     subset_seed: int = field(default=0, metadata={**TRAINING_ONLY, **bounded(*SEED_RANGE)})  # seed of the subset_fraction draw
     # error | skip: what to do with an unreadable image in an image folder
-    bad_images: str = field(default="error", metadata=one_of("error", "skip"))
+    bad_images: str = field(default="error", metadata=one_of(*BAD_IMAGES))
     # bad_images=skip: the run fails (status bad_data) when more than this share of a split's images is unreadable
     max_skipped_fraction: float = field(default=0.01, metadata=bounded(0, 1))  # docs/data.md
     preflight: bool = True  # image folders: decode every file; shards: read every header (docs/data.md)

@@ -11,6 +11,7 @@ from torchvision.datasets import ImageFolder
 
 from quest.runtime.errors import UserError
 
+from .config import BAD_IMAGES
 from .entries import image_samples, is_hidden
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class SafeImageFolder(ImageFolder):
 
     def __init__(self, root: str | Path, transform: Callable | None = None, bad_images: str = "error",
                  loader: Callable[[str], Any] | None = None):
-        if bad_images not in ("error", "skip"):
-            raise ValueError(f"data.bad_images must be 'error' or 'skip', got {bad_images!r}")
+        if bad_images not in BAD_IMAGES:
+            raise ValueError(f"data.bad_images must be one of {', '.join(BAD_IMAGES)}, got {bad_images!r}")
         super().__init__(str(root), transform=transform, **({"loader": loader} if loader is not None else {}))
         self.bad_images = bad_images
 

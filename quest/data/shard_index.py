@@ -19,7 +19,7 @@ from quest.store.tool_records import check_info
 
 __all__ = ["INFO_NAMES", "IMAGE_EXTS", "SHARD_PATTERN", "ShardError", "Shard", "expand_braces", "load_info", "require_complete",
            "info_lengths", "split_files", "resolve_shards", "shard_num_classes", "key_ext", "sample_groups",
-           "IrregularMember", "first_irregular", "open_tar", "count_samples"]
+           "IrregularMember", "open_tar", "count_samples"]
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's reader looks for both
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # the first one a sample has is its image
@@ -178,12 +178,6 @@ class IrregularMember(ShardError):
                                           "holds only regular files <key>.<ext> (python -m quest.tools.make_shards "
                                           "writes them so)")
         super().__init__(f"shard {shard}: {self.reason}")
-
-
-def first_irregular(path: Path) -> IrregularMember | None:
-    """The first member of the tar file at ``path`` that is not a regular file (headers only), else None."""
-    with open_tar(path) as tar:
-        return next((IrregularMember(str(path), m) for m in tar if not m.isfile()), None)
 
 
 def sample_groups(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:

@@ -92,7 +92,10 @@ def check_shard(path: str, stated: int | None = None, num_classes: int | None = 
             problems.append(Problem(path, exc.reason))
             return samples, problems
         except (tarfile.TarError, OSError, EOFError) as exc:
-            problems.append(Problem(path, f"cut short or damaged after {samples} samples, after {last} ({exc})"))
+            # the last header read names where: the member whose data runs past the end, or the one before a damaged
+            # header (``last``, the end of the last whole sample, is further back when the first sample is cut)
+            at = f"member {tar.members[-1].name}" if tar.members else last
+            problems.append(Problem(path, f"cut short or damaged after {samples} samples, after {at} ({exc})"))
             return samples, problems
     if not whole:
         problems.append(Problem(path, f"cut short or damaged: after {samples} samples ({last}) the file has no tar "

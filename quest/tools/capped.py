@@ -34,7 +34,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from PIL import Image
 
 from quest.data.entries import class_folders
-from quest.data.shard_index import IMAGE_EXTS, first_irregular, load_info, require_complete
+from quest.data.folder import CorruptImageError
+from quest.data.shard_index import IMAGE_EXTS, ShardError, load_info, require_complete
+from quest.data.shard_preflight import check_shard_split
 from quest.runtime.workers import worker_pool
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import MANIFEST_NAME, UNRECORDED, Manifest, file_stamp, remove_unrecorded
@@ -176,11 +178,16 @@ def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
 
 
 def _cap_shard(job: tuple[str, str], short_side: int, quality: int) -> str | None:
+    """Write one capped shard: None, or why it could not be, naming the shard and the member (a full disk is not a
+    reason: it stops the copy)."""
     src, dst = Path(job[0]), Path(job[1])
+    at = "its first member"  # where reading stopped, for the reason: the member being capped
 
     def write(f) -> None:
+        nonlocal at
         with tarfile.open(src) as tar_in, tarfile.open(fileobj=f, mode="w") as tar_out:
             for member in tar_in:
+                at = f"member {member.name}"
                 data = tar_in.extractfile(member).read() if member.isfile() else b""
                 name = member.name
                 if member.isfile() and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
@@ -193,8 +200,9 @@ def _cap_shard(job: tuple[str, str], short_side: int, quality: int) -> str | Non
 
     try:
         atomic_write(dst, write)
-    except (ValueError, tarfile.TarError) as exc:
-        return f"{src.name}: {exc}"
+    except (ValueError, tarfile.TarError, EOFError) as exc:
+        # an image member that does not decode (cap_image), or a shard changed since _check_shards read its headers
+        return f"{src}: {at}: {exc}"
     return None
 
 
@@ -219,9 +227,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     gone = [n for n in names if not (src / n).is_file()]
     if gone:
         raise FileNotFoundError(f"{info_path} lists shards that do not exist: {', '.join(gone[:5])}")
-    for name in names:  # every shard reader refuses such a member: the copy would check clean without it
-        if (irregular := first_irregular(src / name)) is not None:
-            raise irregular
+    _check_shards(src, info, splits, workers)
     stamps = {n: file_stamp(src / n) for n in names}
     links = {n: src / n for s in known if s not in splits for n in known[s].get("filenames", [])}
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
@@ -240,14 +246,30 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             else:
                 problems.append(reason)
         manifest.close()
-        if problems:
-            raise ValueError(f"{len(problems)} shard(s) could not be capped (run again after fixing them): "
-                             + "; ".join(problems[:5]))
+        if problems:  # found by decoding, which is the copy's work: the shards capped are kept for the rerun
+            raise CorruptImageError(f"{len(problems)} shard(s) could not be capped: " + "; ".join(problems[:5])
+                                    + (" ..." if len(problems) > 5 else "") + "; expected image members Pillow "
+                                    f"decodes; {dst} stays marked incomplete: fix or rewrite these shards and run the "
+                                    "same command again, which redoes only them")
         write_text_atomic(dst / info_path.name, info_path.read_text())
         capped = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
             known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
         manifest.note([dst / info_path.name, dst / CAPPED_INFO])
     return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
+
+
+def _check_shards(src: Path, info: dict[str, Any], splits: Sequence[str], workers: int) -> None:
+    """Every shard to cap read header by header as a training run's pre-flight reads it (quest.data.shard_preflight:
+    a cut-short or damaged shard, a member that is not a regular file, a bad label, a count that differs from
+    _info.json), before the copy is begun: each problem names the shard and the member, and the copy, which keeps
+    _info.json, would be refused by every reader for the same reason."""
+    num_classes = info.get("num_classes") or (len(info["classes"]) if info.get("classes") else None)
+    problems = [p for split in splits for p in check_shard_split(src, split, num_classes, workers).problems]
+    if problems:
+        raise ShardError(f"{len(problems)} problem(s) in the shards to cap, found before anything was written: "
+                         + "; ".join(f"{p.path}: {p.reason}" for p in problems[:5])
+                         + (" ..." if len(problems) > 5 else "") + f"; expected shards a run reads (quest-data check "
+                         f"{src} lists every problem; python -m quest.tools.make_shards writes such shards)")
 
 
 def _check(src: Path, dst: Path, short_side: int, quality: int, given: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
 from quest.data.entries import LayoutError
+from quest.data.folder import CorruptImageError
 from quest.data.preflight import Problem, Report, check_image_folder_files, folder_files
 from quest.data.shard_index import info_lengths, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
@@ -186,6 +187,9 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
         manifest = (cap_shards if _is_shard_dir(args.src) else cap_folder)(args.src, args.dst, **kwargs)
     except (FileNotFoundError, ValueError) as exc:
         return input_error(program_name("quest-data") + " cap", exc)
+    except CorruptImageError as exc:  # shards whose image members did not decode, each named: some could not be read
+        input_error(program_name("quest-data") + " cap", exc)
+        return 1
     unreadable = 0
     for split, counts in manifest["splits"].items():
         problems = counts.get("unreadable", {})

@@ -1,10 +1,12 @@
-"""Writing tar shards for ``data=imagenet_wds`` (quest/data/shards.py; docs/distributed.md, "Sharded input"):
+"""Write tar shards for ``data=imagenet_wds`` from an image folder (``convert``), or count shards written elsewhere
+into their _info.json (``index``); docs/distributed.md, "Sharded input".
 
     python -m quest.tools.make_shards convert /datasets/imagenet /datasets/imagenet-wds --name imagenet1k
     python -m quest.tools.make_shards index /datasets/x train='x-train-{000..127}.tar' validation='x-val-*.tar'
 
-``convert``: an ImageFolder to shuffled shards and their _info.json (run again, it redoes exactly the shards whose
-files changed: docs/data.md, "Running a data tool again"); ``index``: count existing shards into one.
+``convert``: an ImageFolder to shuffled shards and their _info.json, every image decoded first (``--bad-images``:
+docs/data.md, "Unreadable images when converting to shards"; run again, it redoes exactly the shards whose files
+changed: docs/data.md, "Running a data tool again"); ``index``: count existing shards into one.
 """
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 import numpy as np
 
+from quest.data.config import BAD_IMAGES
 from quest.data.entries import class_listing
-from quest.data.folder import check_image_folder
+from quest.data.folder import CorruptImageError, check_image_folder
+from quest.data.preflight import check_image_folder_files, left_out_record
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand_braces, load_info, resolve_shards
 from quest.evaluation.progress import Progress
+from quest.runtime.errors import doc_summary
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
 from quest.store.output_folder import holding, input_path, output_path
@@ -110,10 +115,13 @@ def _split_option(text: str) -> tuple[str, str]:
 
 
 def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]], name: str = "shards",
-                         shard_size: int = 1000, seed: int = 0) -> Path:
+                         shard_size: int = 1000, seed: int = 0, bad_images: str = "error") -> Path:
     """ImageFolder ``src/<folder>/<class>/<image>`` -> ``out/<name>-<split>-NNNN.tar`` + ``_info.json``. Samples
     are shuffled (``seed``) before sharding so that every shard mixes the classes: reading shuffles only the shard
     order and windows of consecutive samples. Class index = sorted class-folder order, as ImageFolder.
+
+    Every image is decoded before the first shard is written (:func:`_usable`); one that does not decode refuses
+    the conversion (``bad_images="error"``) or is left out and recorded in its split's ``left_out`` (``"skip"``).
 
     Run again, it follows the source: a shard is kept when the files it is made of (names, sizes, modification
     times, labels) and the settings are unchanged, written again otherwise, and shards of these splits that the
@@ -123,6 +131,9 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
     if seed < 0:  # numpy's own refusal names no flag
         raise ValueError(f"--seed must be 0 or more, got {seed}")
+    if bad_images not in BAD_IMAGES:
+        raise ValueError(f"--bad-images must be one of {', '.join(BAD_IMAGES)} (data.bad_images' values), got "
+                         f"{bad_images!r}")
     for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
         _plain_name(flag, value)
     for folder, _ in splits:
@@ -135,7 +146,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
         raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
-    planned, lengths, classes = _plan(src, splits, name, shard_size, seed)
+    planned, lengths, classes, left_out = _plan(src, splits, name, shard_size, seed, bad_images)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
     with holding(out, TOOL) as folder, folder.manifest as manifest:  # held: a second conversion is refused
@@ -173,7 +184,8 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
                 manifest.record(shard, shard, stamp)
             progress.update(extra=lambda: f"{manifest.written} written")
         written = {split: {"name": split, "num_samples": sum(n for _, n in shards),
-                           "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards]}
+                           "shard_lengths": [n for _, n in shards], "filenames": [f for f, _ in shards],
+                           **({"left_out": left_out[split]} if split in left_out else {})}
                    for split, shards in lengths.items()}
         for split, entry in written.items():
             log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
@@ -193,13 +205,15 @@ def _summary(removed: int, aside: int, missing: int) -> str:
                       *([f"{missing} found missing (deleted since written)"] if missing else [])])
 
 
-def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int
-          ) -> tuple[dict[str, tuple[Callable[[BinaryIO], None], str]], dict[str, list[tuple[str, int]]], list[str]]:
+def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: int, seed: int, bad_images: str
+          ) -> tuple[dict[str, tuple[Callable[[BinaryIO], None], str]], dict[str, list[tuple[str, int]]], list[str],
+                     dict[str, dict[str, Any]]]:
     """Every shard of the conversion, before anything is written: its name -> (its writer, the stamp of what it is
-    made of); each split's shards (name, sample count); the classes."""
+    made of); each split's shards (name, sample count); the classes; each split's record of the images left out."""
     classes: list[str] | None = None
     planned: dict[str, tuple[Callable[[BinaryIO], None], str]] = {}
     lengths: dict[str, list[tuple[str, int]]] = {}
+    left_out: dict[str, dict[str, Any]] = {}
     for folder, split in splits:
         root = check_image_folder(src / folder, f"convert {src / folder}")
         log.info("%s: listing %s", split, root)  # a million files take a while on a network disk
@@ -212,6 +226,9 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
                  if p.is_file() and p.suffix[1:].lower() in IMAGE_EXTS]
         if not items:
             raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_EXTS)})")
+        items, record = _usable(root, split, items, bad_images)  # in listing order: the pre-flight's cache key
+        if record is not None:
+            left_out[split] = record
         items = [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
         count = -(-len(items) // shard_size)
         log.info("%s: %d images from %s, %d shard(s) of at most %d; reading their sizes and times", split, len(items),
@@ -226,7 +243,31 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
             shard = f"{name}-{split}-{k:0{width}d}.tar"
             planned[shard] = (partial(_write_shard, part, root), digest.hexdigest())
             lengths[split].append((shard, len(part)))
-    return planned, lengths, classes or []
+    return planned, lengths, classes or [], left_out
+
+
+def _usable(root: Path, split: str, items: list[tuple[Path, int]], bad_images: str
+            ) -> tuple[list[tuple[Path, int]], dict[str, Any] | None]:
+    """The images of ``items`` that a reader can use, and the record of those left out (None: none was). Each is
+    decoded whole, as the pre-flight does (quest.data.preflight.check_file; cached like it): Pillow's verify() passes
+    a truncated JPEG, and a shard holding one would fail only when a run draws it. ``error`` refuses the conversion
+    naming the files, before any change; ``skip`` leaves them out, logged and returned for _info.json."""
+    log.info("%s: decoding its %d images to check them", split, len(items))
+    report = check_image_folder_files(root, files=[path for path, _ in items])
+    if not report.problems:
+        log.info("%s: all %d images decode%s", split, report.images,
+                 " (the pre-flight's cached result: unchanged files)" if report.cached else "")
+        return items, None
+    named = "; ".join(f"{p.path}: {p.reason}" for p in report.problems[:5]) + (" ..." if len(report.problems) > 5 else "")
+    found = f"{len(report.problems)} of the {len(items)} images of split {split!r} ({root}) are not usable ({named})"
+    if bad_images == "error" or report.images == 0:
+        fix = ("fix or remove them, or give --bad-images skip to leave them out" if bad_images == "error" else
+               "none would be left: fix or remove them")
+        raise CorruptImageError(f"{TOOL}: {found}; expected images Pillow decodes whole to 8-bit RGB: {fix}")
+    log.warning("%s: %s: left out (--bad-images skip), recorded in _info.json splits.%s.left_out", split, found, split)
+    bad, record = report.bad_paths(), left_out_record(report, len(items))
+    record["first"] = [os.path.abspath(path) for path in record["first"]]  # _info.json outlives the working folder
+    return [(path, target) for path, target in items if str(path) not in bad], record
 
 
 def write_index(root: Path, splits: dict[str, str]) -> Path:
@@ -298,7 +339,7 @@ def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m quest.tools.make_shards", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m quest.tools.make_shards", description=doc_summary(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
     conv.add_argument("src", type=input_path, help="the ImageFolder root (holding train/ and val/)")
@@ -308,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k")
     conv.add_argument("--shard-size", type=int, default=1000)
     conv.add_argument("--seed", type=int, default=0)
+    conv.add_argument("--bad-images", choices=BAD_IMAGES, default="error",
+                      help="an image that does not decode: error refuses the conversion naming it (default), skip "
+                           "leaves it out, recorded in _info.json (data.bad_images' policy)")
     idx = sub.add_parser("index", help="count existing shards into _info.json")
     idx.add_argument("root", type=output_path)
     idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN",
@@ -316,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "convert":
         pairs = [_split_option(s) for s in args.split or ["train", "val:validation"]]
-        print(convert_image_folder(args.src, args.out, pairs, args.name, args.shard_size, args.seed))
+        print(convert_image_folder(args.src, args.out, pairs, args.name, args.shard_size, args.seed, args.bad_images))
     else:
         pairs = [_index_option(s) for s in args.splits]
         twice = sorted({split for split, _ in pairs if [p[0] for p in pairs].count(split) > 1})

@@ -8,6 +8,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -134,3 +135,57 @@ def test_a_run_on_a_capped_copy_says_so(tmp_path):
                               "trainer.epochs=1", "data.pipeline=split"), tmp_path / "run")
     assert summary["status"] == "completed"
     assert "storage: image folder capped at short side 64 (quest-data cap" in summary["train_input"]
+
+
+def _replace_member(shard: Path, pick, payload: Callable[[bytes], bytes]) -> str:
+    """Rewrite ``shard`` with the first image member that ``pick(name)`` selects holding ``payload(its bytes)``; its
+    name."""
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]
+    name = next(m.name for m, _ in members if m.name.endswith(".jpg") and pick(m.name))
+    with tarfile.open(shard, "w") as tar:
+        for member, data in members:
+            data = payload(data) if member.name == name else data
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return name
+
+
+def test_a_shard_member_that_does_not_decode_is_named_with_its_shard_and_the_rerun_redoes_only_that_shard(
+        tmp_path, capsys):
+    from quest.tools.make_shards import convert_image_folder
+
+    convert_image_folder(_folder(tmp_path / "src"), tmp_path / "shards", [("train", "train")], shard_size=3)
+    shards = sorted((tmp_path / "shards").glob("*.tar"))
+    kept = {p: p.read_bytes() for p in shards[:2]}
+    garbage = _replace_member(shards[0], lambda n: True, lambda data: b"not an image")
+    cut = _replace_member(shards[1], lambda n: "big" in n, lambda data: data[: len(data) // 2])  # above the cap
+    argv = ["cap", str(tmp_path / "shards"), str(tmp_path / "dst"), "--short-side", "64", "--no-progress"]
+    assert quest_data(argv) == 1  # some could not be read
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("quest-data cap: error: 2 shard(s) could not be capped: "), err
+    assert f"{shards[0].resolve()}: member {garbage}: not a readable image" in err[0]
+    assert f"{shards[1].resolve()}: member {cut}: not a readable image (image file is truncated" in err[0]
+    assert "stays marked incomplete" in err[0]
+    with pytest.raises(ValueError, match="complete: false"):  # nothing reads the unfinished copy
+        read_capped(tmp_path / "dst")
+    for shard, data in kept.items():  # the two shards fixed: the rerun redoes them, the third is kept
+        shard.write_bytes(data)
+    assert quest_data(argv) == 0
+    assert "this run: 2 written, 0 removed, 1 kept from an earlier run" in capsys.readouterr().out
+
+
+def test_a_damaged_shard_is_refused_in_one_line_naming_it_and_its_member_before_the_copy_is_begun(tmp_path, capsys):
+    from quest.tools.make_shards import convert_image_folder
+
+    convert_image_folder(_folder(tmp_path / "src"), tmp_path / "shards", [("train", "train")], shard_size=3)
+    shard = sorted((tmp_path / "shards").glob("*.tar"))[0]
+    with tarfile.open(shard) as tar:
+        first, second = tar.getmembers()[:2]
+    shard.write_bytes(shard.read_bytes()[: second.offset_data + 10])  # cut inside the second member's data
+    assert quest_data(["cap", str(tmp_path / "shards"), str(tmp_path / "dst"), "--short-side", "64",
+                       "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "found before anything was written" in err[0], err
+    assert f"{shard.resolve()}: cut short or damaged after 0 samples, after member {second.name}" in err[0]
+    assert not (tmp_path / "dst").exists()

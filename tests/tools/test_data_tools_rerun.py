@@ -16,12 +16,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from quest.data.folder import CorruptImageError
 from quest.data.shard_index import ShardError, resolve_shards
 from quest.store.manifest import MANIFEST_NAME
 from quest.store.tool_records import read_capped
 from quest.tools.capped import cap_folder, cap_shards
 from quest.tools.data_check import check_root
 from quest.tools.make_shards import convert_image_folder
+
+from ..tree_state import tree_state
 
 CAP = 32  # the short side kept: a 48 x 40 image is resized, a 20 x 16 one copied byte for byte
 CHANGES = ("none", "modify", "add", "delete", "unreadable", "grow", "drop class")
@@ -188,8 +191,9 @@ def _stop_writes(monkeypatch, module, n: int | None) -> None:
     monkeypatch.setattr(module, "atomic_write", write)
 
 
-def _convert(src: Path, out: Path) -> Path:
-    return convert_image_folder(src, out, [("train", "train"), ("val", "val")], name="toy", shard_size=2)
+def _convert(src: Path, out: Path, bad_images: str = "error") -> Path:
+    return convert_image_folder(src, out, [("train", "train"), ("val", "val")], name="toy", shard_size=2,
+                                bad_images=bad_images)
 
 
 @pytest.mark.parametrize("change", CHANGES)
@@ -214,8 +218,14 @@ def test_converting_to_shards_again_after_any_interruption_and_any_change_equals
         monkeypatch.undo()
         before = _inodes(out)
         _change(src, change)
-        _convert(src, out)
-        _convert(src, tmp_path / f"fresh{k}")
+        if change == "unreadable":  # refused before any change (docs/data.md); --bad-images skip leaves it out
+            held = tree_state(out)
+            with pytest.raises(CorruptImageError, match="c1/a.JPEG: not an image Pillow can open"):
+                _convert(src, out)
+            assert tree_state(out) == held
+        bad_images = "skip" if change == "unreadable" else "error"
+        _convert(src, out, bad_images)
+        _convert(src, tmp_path / f"fresh{k}", bad_images)
         assert _tree(out) == _tree(tmp_path / f"fresh{k}"), (stop, fault)
         _check_aside(out, stop, fault, ".toy-train-0001.tar.k2j3h4.tmp")
         if stop is None and change in ("none", "modify"):  # the same samples: only the shard holding c0/a is redone
