@@ -3,6 +3,7 @@ files moved, copied, linked and removed, and what a command replaces kept in ``.
 (nothing is deleted), with the refusal of outputs already present."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Iterable
@@ -12,11 +13,19 @@ from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 
 __all__ = ["OutputExists", "refuse_present", "REPLACED", "replaced_dir", "make_dirs", "remove", "remove_empty_dirs",
-           "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside"]
+           "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside", "MoveAsideError"]
 
 
 class OutputExists(ValueError):
     """A command would replace files it finds in place (quest.runtime.errors counts a ValueError as the user's)."""
+
+
+class MoveAsideError(OSError):
+    """A file a command would replace could not be moved into ``.replaced/``; what :func:`move_aside` had moved
+    is back in place (an OSError: the user's to resolve, quest.runtime.errors)."""
+
+    def __str__(self) -> str:  # the message already says the system's words: no "[Errno 1]" before it
+        return self.strerror or super().__str__()
 
 
 def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--overwrite") -> list[Path]:
@@ -90,11 +99,34 @@ def remove_empty_dirs(top: str | Path, keep_top: bool) -> None:
 
 def move(source: str | Path, target: str | Path) -> Path:
     """``source`` moved to ``target`` (its folder made): a rename within a file system (a link stays a link), a copy
-    and removal across them."""
-    target = Path(target)
+    and removal across them. A failure leaves ``source`` where it was and nothing at ``target``; only a folder copied
+    across file systems whose removal then fails part way stays copied whole at ``target``."""
+    source, target = Path(source), Path(target)
     may_change(source)
     make_dirs(target.parent)
-    shutil.move(str(source), target)
+    try:
+        os.rename(source, target)
+        return target
+    except OSError as exc:
+        # a refused rename (a file that may not move: chattr +i, a folder this user cannot write, a mount point) is
+        # not retried as a copy: shutil.move's copy would land at target and the removal of source fail the same way
+        if exc.errno != errno.EXDEV:
+            raise
+    if source.is_dir() and not source.is_symlink():
+        try:
+            shutil.copytree(source, target, symlinks=True)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)  # source untouched: no partial copy stays
+            raise
+        shutil.rmtree(source)  # what it removed is in the whole copy at target
+        return target
+    try:
+        shutil.copy2(source, target, follow_symlinks=False)
+        os.unlink(source)
+    except BaseException:
+        if os.path.lexists(source):  # whole (an unlink is all or nothing): the copy goes; else the copy is all there is
+            target.unlink(missing_ok=True)
+        raise
     return target
 
 
@@ -153,13 +185,42 @@ def remove_made_dirs(made: Iterable[str | Path]) -> None:
 def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
     """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``, each under its path
     relative to ``folder`` (its name when outside it: two files of one name in different sub-folders never meet);
-    it, or None when none existed. The one way quest's runs, evaluations and tools keep what they replace."""
+    it, or None when none existed. The one way quest's runs, evaluations and tools keep what they replace.
+
+    All or nothing: when one cannot be moved, those already moved are put back and the folders made for them
+    removed (``.replaced/`` too when this call made it), and :class:`MoveAsideError` says which file and why, so that a
+    command refused there replaces nothing and leaves no copy behind."""
     present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
     if not present:
         return None
+    root = Path(folder) / REPLACED
+    made = [] if root.exists() or root.is_symlink() else [root]
     dest = replaced_dir(folder, label)
+    moved: list[tuple[Path, Path]] = []
     for path in present:
         rel = path.relative_to(folder) if path.is_relative_to(folder) else Path(path.name)
-        move(path, dest / rel)
+        try:
+            moved.append((path, move(path, dest / rel)))
+        except OSError as exc:
+            raise _put_back(moved, dest, made, (path, dest / rel), exc) from exc
     return dest
 
+
+def _put_back(moved: list[tuple[Path, Path]], dest: Path, made: list[Path], failed: tuple[Path, Path],
+              exc: OSError) -> MoveAsideError:
+    """Undo a :func:`move_aside` whose move ``failed`` (source, target): the error, in one line, saying what is
+    where."""
+    stuck = []
+    for source, target in reversed(moved):
+        try:
+            move(target, source)
+        except OSError:  # said in the message: the file is whole, only where it is kept differs
+            stuck.append(f"{source} is kept as {target}")
+    source, target = failed
+    if target.exists() or target.is_symlink():  # a folder copied across file systems, its removal failed part way
+        stuck.append(f"{source} is partly removed and kept whole as {target}")
+    remove_empty_dirs(dest, keep_top=False)
+    remove_made_dirs(made)  # .replaced/ itself, when this call made it and it holds nothing
+    after = "; ".join(stuck) if stuck else "nothing was replaced"
+    return MoveAsideError(exc.errno, f"cannot replace {source}: it could not be moved into {dest.parent} "
+                                     f"({exc.strerror or exc}); {after}")

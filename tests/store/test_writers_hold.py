@@ -27,6 +27,7 @@ from PIL import Image
 from quest.evaluation import register_eval_configs, run_evaluation
 from quest.report.__main__ import main as report_main
 from quest.report.plot import main as plot_main
+from quest.runtime.errors import EXIT_ERROR, reporting_errors
 from quest.store.locks import lock_file
 from quest.store.tree import REPLACED
 from quest.tools.capped import cap_folder
@@ -35,6 +36,8 @@ from quest.tools.make_shards import convert_image_folder, write_index
 from quest.train import fit
 
 from ..helpers import CONFIGS, FAST, compose_cfg, eval_cfg
+from ..tree_state import tree_state
+from .test_move_aside import refuse_moving
 
 register_eval_configs()
 
@@ -198,6 +201,22 @@ def test_an_export_rerun_with_overwrite_keeps_the_previous_export(inputs, tmp_pa
     assert {p: _kept(out)[p] for p in first} == first
     assert hashlib.sha256((out / "model.safetensors").read_bytes()).digest() == \
         hashlib.sha256(first["model.safetensors"]).digest()  # the same run: the same weights, written again
+
+
+def test_an_export_over_a_file_that_cannot_be_moved_aside_changes_nothing(inputs, tmp_path, monkeypatch, capsys):
+    """quest-export --overwrite where config.json cannot be moved (chattr +i): model.safetensors, moved before it,
+    is put back, .replaced/ holds nothing new, and the refusal is one line (quest.store.tree.move_aside)."""
+    out = tmp_path / "out"
+    assert export_main([str(inputs["run"]), "--out", str(out)]) == 0
+    before = tree_state(out)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # tests/conftest.py's: the line as a user sees it
+    refuse_moving(monkeypatch, out / "config.json", unlink=True)
+    with pytest.raises(SystemExit) as exit_, reporting_errors("quest-export"):
+        export_main([str(inputs["run"]), "--out", str(out), "--overwrite"])
+    monkeypatch.undo()
+    assert exit_.value.code == EXIT_ERROR and tree_state(out) == before
+    assert capsys.readouterr().err == (f"quest-export: error: cannot replace {out / 'config.json'}: it could not be "
+                                       f"moved into {out / REPLACED} (Operation not permitted); nothing was replaced\n")
 
 
 def test_training_removes_only_the_temporaries_its_own_writes_name(tmp_path):
