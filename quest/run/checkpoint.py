@@ -20,7 +20,7 @@ import torch
 from quest.runtime.distributed import DistContext, gather_objects
 from quest.store.compat import upgrade_checkpoint
 from quest.store.files import atomic_write
-from quest.store.torch_files import FORMAT, checkpoint_problem, inspect_torch_file
+from quest.store.torch_files import FORMAT, checkpoint_problem, inspect_torch_file, load_weights_only
 from quest.store.tree import remove, same_file_as
 from quest.store.weights_check import check_weights
 
@@ -100,7 +100,7 @@ def load_record(path: str | Path, map_location: str | torch.device = "cpu",
     found = inspect_torch_file(path)  # every member's CRC checked: torch.load would read damaged bytes as they are
     if found.kind != "quest_checkpoint":
         raise ValueError(checkpoint_problem(path, found, option=option))
-    obj = found.obj if str(map_location) == "cpu" else torch.load(path, map_location=map_location, weights_only=True)
+    obj = found.obj if str(map_location) == "cpu" else load_weights_only(path, map_location)
     return CheckpointRecord.from_dict(upgrade_checkpoint(obj), path)
 
 

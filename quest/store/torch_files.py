@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FORMAT", "ZIP_MAGIC", "TorchFile", "inspect_torch_file", "state_dict_of", "checkpoint_problem",
-           "weights_problem", "damaged_member"]
+__all__ = ["FORMAT", "ZIP_MAGIC", "PROTOCOL_WARNING", "TorchFile", "inspect_torch_file", "load_weights_only",
+           "state_dict_of", "checkpoint_problem", "weights_problem", "damaged_member"]
 
 #: the "format" entry of every checkpoint train.py writes (quest.run.checkpoint)
 FORMAT = "quest-checkpoint-v1"
@@ -27,6 +27,8 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default (zip) format since torch 1.6
 # torch's legacy format starts with its magic number pickled with protocol 2
 LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."
 PICKLE_PROTO = 0x80  # the first opcode of a pickle of protocol >= 2
+#: the start of torch.load's warning about a pickle protocol other than torch.save's (load_weights_only)
+PROTOCOL_WARNING = r"Detected pickle protocol \d+ in the checkpoint"
 
 
 @dataclass
@@ -62,11 +64,18 @@ def _describe_bytes(head: bytes) -> str:
            "torch's legacy format"
 
 
+def load_weights_only(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` without torch's UserWarning about the file's pickle protocol, which it
+    gives before trying a file pickled with another protocol than its own (a foreign pickle, most often one it then
+    refuses): the refusal, in quest's one line, says what the user needs. Every other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PROTOCOL_WARNING, category=UserWarning)
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def _load(path: Path) -> tuple[Any, Exception | None]:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # pickle-protocol and similar warnings add nothing to the diagnosis
-            return torch.load(path, map_location="cpu", weights_only=True), None
+        return load_weights_only(path), None
     except Exception as exc:  # noqa: BLE001 (every failure is classified below)
         return None, exc
 
@@ -78,6 +87,14 @@ def _first_line(exc: Exception) -> str:
 
 def _failed_load(exc: Exception, layout: str) -> TorchFile:
     text = str(exc)
+    operand = re.search(r"Unsupported operand (\d+)", text)
+    if operand is not None:
+        # an instruction of pickle protocol 4 or 5 (149 is FRAME, the first of every such pickle): torch.save(...,
+        # pickle_protocol=4), which torch's weights-only reader cannot read, whatever the file holds
+        return TorchFile("unsafe", f"it was written with a pickle protocol above 3 (torch.save(..., "
+                                   f"pickle_protocol=4 or 5); pickle opcode {operand.group(1)}), which "
+                                   "torch.load(weights_only=True) cannot read: save it again with torch.save's default "
+                                   "protocol")
     if "Weights only load failed" in text:
         # torch's message is a page of advice; the line that matters names the refused class
         match = re.search(r"Unsupported global: GLOBAL (\S+)", text)

@@ -3,6 +3,7 @@ plain state_dict (the only case that suggests weights=), a torch file of another
 from __future__ import annotations
 
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from quest.evaluation import run_evaluation
-from quest.run.checkpoint import load_checkpoint
+from quest.run.checkpoint import load_checkpoint, load_record
 from quest.store.torch_files import inspect_torch_file
 from quest.train import fit
 
@@ -141,6 +142,40 @@ def test_a_pickled_module_is_refused_as_unsafe(tmp_path):
     message = _checkpoint(tmp_path, tmp_path / "module.pt")
     assert "cannot be loaded safely: it holds pickled Python objects (torch.nn.modules.linear.Linear), e.g. a whole " \
            "model saved with torch.save(model)" in message and "weights=" not in message
+
+
+@pytest.mark.parametrize("obj", ["module", "state_dict"])
+def test_a_file_pickled_with_protocol_4_is_refused_naming_the_protocol_in_quests_line_alone(tmp_path, recwarn, obj):
+    # torch.load warns about the protocol before it refuses the file, whose first instruction (FRAME) its weights-only
+    # reader does not know, whatever the file holds: the refusal names the protocol, not pickled objects
+    torch.save(nn.Linear(2, 2) if obj == "module" else {"w": torch.ones(2)}, tmp_path / "p4.pt", pickle_protocol=4)
+    message = _checkpoint(tmp_path, tmp_path / "p4.pt")
+    assert "cannot be loaded safely: it was written with a pickle protocol above 3" in message
+    assert "opcode 149" in message and "pickled Python objects" not in message
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
+@pytest.mark.parametrize("device", [False, True])  # the reader's two loads: the inspection's, then another device's
+def test_a_checkpoint_pickled_with_another_protocol_loads_without_torchs_warning(tmp_path, last_pt, recwarn, device):
+    torch.save(load_checkpoint(last_pt), tmp_path / "p3.pt", pickle_protocol=3)  # one torch.load reads, and warns of
+    map_location = (lambda storage, _: storage) if device else "cpu"  # not "cpu": load_record loads it again
+    assert load_record(tmp_path / "p3.pt", map_location=map_location).to_dict()["format"] == "quest-checkpoint-v1"
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
+def test_only_the_pickle_protocol_warning_is_silenced(tmp_path, monkeypatch):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "state.pt")
+    real_load = torch.load
+
+    def load(*args, **kwargs):
+        warnings.warn("Detected pickle protocol 4 in the checkpoint, which was not the default", UserWarning)
+        warnings.warn("another warning torch may give", UserWarning)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.warns(UserWarning) as record:
+        assert inspect_torch_file(tmp_path / "state.pt").kind == "state_dict"
+    assert [str(w.message) for w in record] == ["another warning torch may give"]
 
 
 def test_a_directory_names_the_checkpoints_inside(tmp_path, last_pt):
