@@ -45,7 +45,7 @@ from quest.store.locks import LockHeld, holder_text
 from quest.store.made_dirs import output_dir_problem
 from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
-from quest.store.tree import move_aside, remove_made_dirs
+from quest.store.tree import move_aside, remove_made_dirs, replaced_problem
 
 __all__ = ["input_path", "FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
 
@@ -152,6 +152,10 @@ def holding(path: str | Path, command: str, output: str | None = None,
                          f"{'folder' if output is None else 'file'}") from None
     try:
         folder.manifest  # a damaged manifest is refused now, before any change, not after the outputs are written
+        # and a .replaced/ that cannot keep what the command moves aside (a link, a file): a tool that finds it only
+        # when it replaces something has already begun its changes (_info.json marked incomplete)
+        if output is None and (problem := replaced_problem(folder.path)) is not None:
+            raise problem
         yield folder
     finally:
         claimed = folder.claimed

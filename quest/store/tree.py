@@ -12,8 +12,8 @@ from pathlib import Path
 from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 
-__all__ = ["OutputExists", "refuse_present", "REPLACED", "replaced_dir", "make_dirs", "remove", "remove_empty_dirs",
-           "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside", "MoveAsideError"]
+__all__ = ["OutputExists", "refuse_present", "REPLACED", "replaced_problem", "replaced_dir", "make_dirs", "remove",
+           "remove_empty_dirs", "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside", "MoveAsideError"]
 
 
 class OutputExists(ValueError):
@@ -45,6 +45,17 @@ def refuse_present(paths: Iterable[str | Path], overwrite: bool, flag: str = "--
 REPLACED = ".replaced"
 
 
+def replaced_problem(folder: str | Path) -> DamagedFile | None:
+    """Why ``folder/.replaced`` cannot keep what a command replaces (a link: what is kept would leave the folder; a
+    file), or None: a command that may move files aside asks before its first change (quest.store.output_folder)."""
+    root = Path(folder) / REPLACED
+    if not (root.is_symlink() or (root.exists() and not root.is_dir())):
+        return None
+    kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
+    return DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command replaces",
+                       "Move it away; quest makes the folder again")
+
+
 def replaced_dir(folder: str | Path, label: str = "") -> Path:
     """A new ``folder/.replaced/<UTC time>[-label]/`` (made), for what a command is about to replace;
     :class:`DamagedFile` when ``.replaced`` is a link (what is kept would leave the folder) or a file."""
@@ -52,10 +63,9 @@ def replaced_dir(folder: str | Path, label: str = "") -> Path:
 
     root = Path(folder) / REPLACED
     may_change(root)
-    if root.is_symlink() or (root.exists() and not root.is_dir()):  # what is kept stays in the folder
-        kind = f"a symbolic link to {os.readlink(root)}" if root.is_symlink() else "not a directory"
-        raise DamagedFile(root, f"{kind}, expected the folder inside {folder} where quest keeps what a command "
-                                "replaces", "Move it away; quest makes the folder again")
+    problem = replaced_problem(folder)
+    if problem is not None:
+        raise problem
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     # two replacements within one tick of a coarse clock: the second gets a count, never the first one's folder
     n = 1

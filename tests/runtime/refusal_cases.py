@@ -105,6 +105,19 @@ def foreign(place: str) -> Callable[[Scene], None]:
     return setup
 
 
+def replaced_unusable(kind: str) -> Callable[[Scene], None]:
+    """``{target}/.replaced`` is a file, or a link to a folder outside: nothing the command moves aside could be kept
+    there, which it must find before its first change (a data tool used to mark its output incomplete first)."""
+    def setup(scene: Scene) -> None:
+        path = scene.target / ".replaced"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "file":
+            path.write_bytes(FOREIGN)
+        else:
+            path.symlink_to(scene.tmp)
+    return setup
+
+
 def _first_image(folder: Path) -> str:
     found = sorted((folder / "train").rglob("*.png")) if (folder / "train").is_dir() else []
     return str(found[0].relative_to(folder)) if found else "train/cat/0.png"
@@ -363,6 +376,11 @@ TOOL_ROWS = [
     Refusal("foreign_eval_results.json", E, ("checkpoint={run}/checkpoints/last.pt", "eval=clean",
                                              "eval.clean.max_samples=40", "hydra.run.dir={target}"),
             ("{target}",), "out", setup=foreign("eval_results.json")),
+    # an output in the way that would be moved aside, and .replaced/ unusable: refused before any change
+    *[tool(f"replaced_is_a_{kind}", command, (".replaced",), more=more, setup=steps(foreign(place), replaced_unusable(kind)))
+      for kind in ("file", "link") for command, place, more in (
+          (CAP, "train/cat/0.png", ()), (CONVERT, "toy-train-0000.tar", ()), (EXPORT, "config.json", OVERWRITE),
+          (REPORT, "runs.md", OVERWRITE))],
     tool("in_use", EXPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
     tool("onnx_missing_extra", EXPORT, ("quest[onnx]",), more=("--onnx",), setup=without("onnxruntime")),
     tool("onnx_in_use", EXPORT, (HOLDER,), more=("--onnx", "--overwrite"), setup=hold(".lock")),
