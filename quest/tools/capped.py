@@ -224,7 +224,9 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         raise FileNotFoundError(f"{info_path} has no split {missing[0]!r} (its splits: {sorted(known)})")
     splits = sorted(set(splits))
     names = sorted({n for s in splits for n in known[s].get("filenames", [])})
-    gone = [n for n in names if not (src / n).is_file()]
+    # the shards of every split, those linked as they are too: a link to a missing one would leave the copy, marked
+    # complete, failing quest-data check
+    gone = sorted({n for s in known for n in known[s].get("filenames", []) if not (src / n).is_file()})
     if gone:
         raise FileNotFoundError(f"{info_path} lists shards that do not exist: {', '.join(gone[:5])}")
     _check_shards(src, info, splits, workers)

@@ -77,7 +77,7 @@ def test_the_copy_caps_train_links_val_names_unreadable_files_and_writes_its_rec
     assert not (dst / "train" / "c1" / "broken.JPEG").exists()
     assert capped["splits"]["train"]["images"] == 8
     assert list(capped["splits"]["train"]["unreadable"]) == [str(src.resolve() / "train" / "c1" / "broken.JPEG")]
-    assert capped.pop("this_run") == {"kept": 0, "written": 8, "removed": 0}
+    assert capped.pop("this_run") == {"kept": 0, "written": 8, "removed": 0, "moved": 0}
     assert read_capped(dst) == json.loads((dst / CAPPED_INFO).read_text()) == capped
     assert capped["short_side"] == 64 and capped["quality"] == 90 and capped["linked"] == ["val"]
 
@@ -189,3 +189,18 @@ def test_a_damaged_shard_is_refused_in_one_line_naming_it_and_its_member_before_
     assert len(err) == 1 and "found before anything was written" in err[0], err
     assert f"{shard.resolve()}: cut short or damaged after 0 samples, after member {second.name}" in err[0]
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("split", ["train", "val"])  # capped, or linked as it is
+def test_a_shard_listed_in_info_but_missing_is_refused_before_the_copy_whichever_split(tmp_path, capsys, split):
+    from quest.tools.make_shards import convert_image_folder
+
+    convert_image_folder(_folder(tmp_path / "src"), tmp_path / "shards", [("train", "train"), ("val", "val")],
+                         shard_size=3)
+    gone = sorted((tmp_path / "shards").glob(f"*-{split}-*.tar"))[-1]
+    gone.unlink()
+    assert quest_data(["cap", str(tmp_path / "shards"), str(tmp_path / "dst"), "--short-side", "64",
+                       "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lists shards that do not exist" in err[0] and gone.name in err[0], err
+    assert not (tmp_path / "dst").exists()  # a link to the missing shard would have made a copy marked complete
