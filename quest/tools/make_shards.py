@@ -222,8 +222,9 @@ def _plan(src: Path, splits: Sequence[tuple[str, str]], name: str, shard_size: i
         if classes is not None and found != classes:
             raise ValueError(f"{root} has other class folders than the first split: {sorted(set(found) ^ set(classes))}")
         classes = found
-        items = [(p, i) for i, (_, files) in enumerate(listing) for p in files
-                 if p.is_file() and p.suffix[1:].lower() in IMAGE_EXTS]
+        # every file the data set would read, a dangling link or a FIFO too: the decode below judges each as the
+        # pre-flight does, so none is left out unsaid
+        items = [(p, i) for i, (_, files) in enumerate(listing) for p in files if p.suffix[1:].lower() in IMAGE_EXTS]
         if not items:
             raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_EXTS)})")
         items, record = _usable(root, split, items, bad_images)  # in listing order: the pre-flight's cache key
@@ -341,19 +342,25 @@ def _count_splits(root: Path, splits: dict[str, str]) -> dict[str, dict[str, Any
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m quest.tools.make_shards", description=doc_summary(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
-    conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json")
+    conv = sub.add_parser("convert", help="an ImageFolder to tar shards and _info.json",
+                          description="Pack an ImageFolder into shuffled tar shards and their _info.json. Every image "
+                          "is decoded first (the training pre-flight's check, whose cache .quest-preflight.json goes "
+                          "into each split folder, or ~/.cache/quest/preflight/ where that cannot be written); run "
+                          "again, it redoes only the shards whose images changed.")
     conv.add_argument("src", type=input_path, help="the ImageFolder root (holding train/ and val/)")
-    conv.add_argument("out", type=output_path)
+    conv.add_argument("out", type=output_path, help="the folder the shards and _info.json go into")
     conv.add_argument("--split", action="append", metavar="FOLDER[:NAME]",
                       help="a split folder and its name in _info.json (default: train, val:validation)")
-    conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k")
-    conv.add_argument("--shard-size", type=int, default=1000)
-    conv.add_argument("--seed", type=int, default=0)
+    conv.add_argument("--name", default="shards", help="shard file prefix, e.g. imagenet1k (default: shards)")
+    conv.add_argument("--shard-size", type=int, default=1000, help="samples a shard (default: 1000)")
+    conv.add_argument("--seed", type=int, default=0, help="seed of the shuffle before sharding (default: 0)")
     conv.add_argument("--bad-images", choices=BAD_IMAGES, default="error",
                       help="an image that does not decode: error refuses the conversion naming it (default), skip "
                            "leaves it out, recorded in _info.json (data.bad_images' policy)")
-    idx = sub.add_parser("index", help="count existing shards into _info.json")
-    idx.add_argument("root", type=output_path)
+    idx = sub.add_parser("index", help="count existing shards into _info.json",
+                         description="Count the samples of shards written elsewhere into ROOT/_info.json, so that "
+                         "data=imagenet_wds can read them.")
+    idx.add_argument("root", type=output_path, help="the folder holding the shards")
     idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN",
                      help="a split name and a shard pattern relative to ROOT, e.g. train='x-train-*.tar'")
     args = parser.parse_args(argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import tarfile
 from pathlib import Path
 
@@ -110,3 +111,18 @@ def test_skip_refuses_a_split_none_of_whose_images_decodes_and_a_bad_value_is_re
     with pytest.raises(ValueError, match="--bad-images must be one of error, skip"):
         convert_image_folder(src, tmp_path / "out", [("train", "train")], bad_images="ignore")
     assert not (tmp_path / "out").exists()
+
+
+def test_entries_that_are_not_regular_files_get_the_pre_flight_s_verdict_not_silence(tmp_path):
+    """A link to a missing file and a FIFO named as images: what the data set would list, which the pre-flight
+    (quest-data check) counts as problems; convert used to drop them unsaid (``is_file()``)."""
+    src = _source(tmp_path / "src", {})
+    os.symlink(tmp_path / "gone.jpg", src / "train" / "c0" / "dangling.jpg")
+    os.mkfifo(src / "train" / "c1" / "fifo.jpg")
+    with pytest.raises(CorruptImageError, match=r"2 of the 6 images of split 'train'") as refused:
+        convert_image_folder(src, tmp_path / "out", [("train", "train")], name="toy")
+    assert "dangling.jpg" in str(refused.value) and "fifo.jpg" in str(refused.value)
+    assert not (tmp_path / "out").exists()
+    assert check_root(src, workers=1, progress=False, out=io.StringIO()) == 1  # the pre-flight says the same
+    info = convert_image_folder(src, tmp_path / "out", [("train", "train")], name="toy", bad_images="skip")
+    assert json.loads(info.read_text())["splits"]["train"]["left_out"]["files"] == 2
