@@ -96,7 +96,9 @@ class Manifest:
         self.settings: dict[str, dict[str, Any]] = {}
         self.carried: list[Path] = []  # an older quest's records read here: removed once the manifest is written
         self._append: TextIO | None = None
-        self.written = self.removed = 0  # what this command did to the files of the manifest, for its report
+        # what this command did to the files of the manifest, for its report: written, deleted (its own, unchanged),
+        # moved to .replaced/ (anything else in an output's place)
+        self.written = self.removed = self.moved = 0
         if self._is_file(self.path):
             self._read()
             if (self.folder / OLD_RECORD).is_file():  # a kill came before it was removed: its content is here
@@ -290,10 +292,10 @@ class Manifest:
         self._add(self._entry(out, source=source, stamp=stamp))
         self.written += 1
 
-    def _remove_own(self, path: Path) -> None:
+    def _remove_own(self, path: Path) -> bool:
         """Delete ``path``, a file this folder's record names as written by quest, only while it is that: a plain
         file (not a link, not a folder) that lies inside the folder; anything else in its place is moved to
-        ``.replaced/``, never deleted."""
+        ``.replaced/``, never deleted. Whether it was deleted."""
         try:
             inside = bool(inside_folder(path, self.folder)) and path.is_file() and not path.is_symlink()
         except OutsideFolder:
@@ -302,16 +304,21 @@ class Manifest:
             path.unlink()
         elif os.path.lexists(path):
             move_aside(self.folder, [path], "unrecorded")
+        return inside
 
     def _drop(self, name: str, unchanged: bool) -> None:
         """Remove the output ``name`` (its source changed or is gone) and say so; a file in its place that is not
         what the tool wrote (not ``unchanged``) is moved to ``.replaced/`` instead."""
-        if unchanged:
-            self._remove_own(self.folder / name)
-        else:
-            move_aside(self.folder, [self.folder / name], UNRECORDED)
+        path = self.folder / name
+        if unchanged and self._remove_own(path):
+            self.removed += 1
+        elif os.path.lexists(path):
+            if unchanged:  # _remove_own moved it: not a plain file inside the folder
+                self.moved += 1
+            else:
+                move_aside(self.folder, [path], UNRECORDED)
+                self.moved += 1
         self._add(ManifestEntry(name, removed=True))
-        self.removed += 1
 
     def drop_stale(self, stamps: dict[str, str], sources: set[str] | None = None) -> list[str]:
         """Drop every output (of ``sources``, default all) whose source is not in ``stamps`` or has another stamp
@@ -326,8 +333,8 @@ class Manifest:
         return stale
 
     def report(self, kept: int) -> dict[str, int]:
-        """What this run did: outputs kept from an earlier run, written, removed."""
-        return {"kept": kept, "written": self.written, "removed": self.removed}
+        """What this run did: outputs kept from an earlier run, written, deleted, moved to ``.replaced/``."""
+        return {"kept": kept, "written": self.written, "removed": self.removed, "moved": self.moved}
 
 
 def file_stamp(path: Path) -> str:
@@ -359,5 +366,5 @@ def remove_unrecorded(folder: Path, keep: set[str], manifest: Manifest) -> list[
             if rel not in listed and (not name.startswith(".") or is_partial_write(name)):
                 found.append(path)
     move_aside(manifest.folder, found, UNRECORDED)
-    manifest.removed += len(found)
+    manifest.moved += len(found)
     return [str(p.relative_to(manifest.folder)) for p in found]

@@ -151,21 +151,26 @@ def _count(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quest-data", description="Data set tools (docs/data.md).")
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="run the data pre-flight on an image folder or a shard directory")
-    check.add_argument("root", type=input_path)
+    check = sub.add_parser("check", help="run the data pre-flight on an image folder or a shard directory",
+                           description="Decode every image of an image folder, or read every header of a shard "
+                           "directory, as a training run's pre-flight does, and list the problems (exit 1 when any).")
+    check.add_argument("root", type=input_path, help="an image folder (<root>/<split>/<class>/<image>) or a folder "
+                       "of shards with their _info.json")
     check.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
     check.add_argument("--no-cache", action="store_true", help="check again even if the cached result matches")
-    check.add_argument("--no-progress", action="store_true")
+    check.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     check.add_argument("--limit", type=_count, default=50, help="problems listed per split (all are counted)")
     cap = sub.add_parser("cap", help="copy an image folder or shard directory with every image's short side capped "
-                         "(faster decoding; it changes the data: docs/data.md)")
-    cap.add_argument("src", type=input_path)
-    cap.add_argument("dst", type=output_path)
+                         "(faster decoding; it changes the data: docs/data.md)",
+                         description="Copy an image folder or a shard directory with every image's short side capped, "
+                         "the other splits linked; run again, it redoes only what changed in the source.")
+    cap.add_argument("src", type=input_path, help="the image folder or shard directory to copy")
+    cap.add_argument("dst", type=output_path, help="the folder the capped copy goes into")
     cap.add_argument("--short-side", type=int, required=True, help="the largest short side kept, e.g. 256")
     cap.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
     cap.add_argument("--split", action="append", help="a split to cap (default: train); the others are linked")
     cap.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
-    cap.add_argument("--no-progress", action="store_true")
+    cap.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
     if args.command == "cap":
         return cap_root(args)
@@ -200,8 +205,9 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for path, reason in list(problems.items())[:20]:
             print(f"  {path}: {reason}", file=out)
     run = manifest["this_run"]
+    moved = f"; {run['moved']} moved to .replaced/ (not what this tool wrote)" if run.get("moved") else ""
     print(f"this run: {run['written']} written, {run['removed']} removed, {run['kept']} kept from an earlier run "
-          "(unchanged source)", file=out)
+          f"(unchanged source){moved}", file=out)
     for split in manifest["linked"]:
         print(f"{split}: linked to {args.src / split if manifest['layout'] == 'image folder' else args.src}", file=out)
     print(f"{args.dst}: {'complete' if not unreadable else f'complete but for {unreadable} unreadable image(s)'}",

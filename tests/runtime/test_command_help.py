@@ -22,7 +22,11 @@ COMMANDS: dict[str, tuple[Callable[..., object], list[str]]] = {
     "quest-report": (report_module.main, []),
     "quest-export": (export_main, []),
     "quest-data": (data_main, []),
+    "quest-data check": (data_main, ["check"]),
+    "quest-data cap": (data_main, ["cap"]),
     "make_shards": (shards_main, []),
+    "make_shards convert": (shards_main, ["convert"]),
+    "make_shards index": (shards_main, ["index"]),
 }
 
 

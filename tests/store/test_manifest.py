@@ -73,7 +73,7 @@ def test_a_rerun_digests_only_what_size_and_time_leave_open_and_keeps_what_chang
     report = cap_folder(src, dst, 16)["this_run"]
     assert sorted(digested) == ["train/c0/a.png", "train/c0/b.png", "train/c0/b.png", "train/c1/a.png"]  # checks,
     # then the two outputs written again, digested as they are recorded
-    assert report == {"kept": 1, "written": 2, "removed": 2}
+    assert report == {"kept": 1, "written": 2, "removed": 0, "moved": 2}  # kept in .replaced/, not deleted
     assert _aside(dst) == {"train/c0/b.png": edited_bytes, "train/c1/a.png": str(tmp_path / "elsewhere.png")}
     assert _identities(dst)["train/c0/a.png"] == (before["train/c0/a.png"][0], 1)  # not written again
     digested.clear()
@@ -113,13 +113,13 @@ def test_a_copy_an_older_quest_made_is_followed_and_its_ledger_carried_into_the_
     with pytest.raises(ValueError, match="use another folder"):  # its settings, read from the ledger
         cap_folder(src, dst, 16, splits=("train", "val"))
     assert (dst / OLD_LEDGER).exists() and not (dst / MANIFEST_NAME).exists()  # a refusal carries nothing
-    assert cap_folder(src, dst, 16)["this_run"] == {"kept": 3, "written": 0, "removed": 0}
+    assert cap_folder(src, dst, 16)["this_run"] == {"kept": 3, "written": 0, "removed": 0, "moved": 0}
     assert _identities(dst) == before and not (dst / OLD_LEDGER).exists()
     carried = Manifest(dst, TOOL).entries
     assert {k: (e.size, e.mtime_ns, e.source, e.stamp) for k, e in carried.items() if e.source} == {
         k: (e.size, e.mtime_ns, e.source, e.stamp) for k, e in entries.items() if e.source}
     (src / "train/c0/b.png").unlink()  # the source changed: followed as before
-    assert cap_folder(src, dst, 16)["this_run"] == {"kept": 2, "written": 0, "removed": 1}
+    assert cap_folder(src, dst, 16)["this_run"] == {"kept": 2, "written": 0, "removed": 1, "moved": 0}
     assert not (dst / "train/c0/b.png").exists() and not (dst / ".replaced").exists()
 
 
