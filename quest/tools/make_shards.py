@@ -134,10 +134,10 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     if bad_images not in BAD_IMAGES:
         raise ValueError(f"--bad-images must be one of {', '.join(BAD_IMAGES)} (data.bad_images' values), got "
                          f"{bad_images!r}")
+    for folder, _ in splits:  # the folder first: in --split ../x/train it is the folder that is wrong, not the name
+        _split_folder(src, folder)
     for flag, value in [("--name", name), *(("--split", split) for _, split in splits)]:
         _plain_name(flag, value)
-    for folder, _ in splits:
-        _split_folder(src, folder)
     names = [split for _, split in splits]
     twice = sorted({split for split in names if names.count(split) > 1})
     if twice:  # two folders under one name would write the same shard files, the first split lost

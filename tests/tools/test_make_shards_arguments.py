@@ -125,6 +125,7 @@ BAD_CONVERT = [
     (["--split", "train:"], ["--split 'train:'", "NAME after ':' is empty", "FOLDER[:NAME]"]),
     (["--split", ""], ["--split ''", "FOLDER[:NAME]"]),
     (["--split", "../folder/train:t"], ["--split '../folder/train'", "FOLDER[:NAME]", "inside it"]),
+    (["--split", "../folder/train"], ["--split '../folder/train'", "FOLDER[:NAME]", "inside it"]),  # not its name
     (["--split", "{src}/train:t"], ["--split '{src}/train'", "FOLDER[:NAME]", "inside it"]),
     (["--split", "train:a/b"], ["--split 'a/b'", "plain name"]),
     (["--split", "train:.x"], ["--split '.x'", "plain name"]),
