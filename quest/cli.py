@@ -169,14 +169,16 @@ TRAIN_USAGE = ("[group=option ...] [key=value ...]  train a timm ViT with the ch
 EVAL_USAGE = ("checkpoint=<run>/checkpoints/last.pt [eval=<suite>] [key=value ...] | model=<configs/model option or any "
               "timm name> attention=<name> [weights=<state_dict.pt>] ...  evaluate a trained model (python eval.py is "
               "the same; docs/evaluation.md).")
+TOY_USAGE = ("[grid=full|quick] [study=grid|sensitivity] [key=value ...]  the spurious-correlation toy study, standard "
+             "attention against QUEST and the others (python -m quest.toy is the same; docs/experiments.md).")
 _HELP_FLAGS = ("--help", "-h")
 _COMPLETION_FLAGS = ("--shell-completion", "-sc")
 
 
-def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) -> None:
+def _exit_after_help(app: str, usage: str, schema: type | None, primary: str, config_dir: Path | None = None) -> None:
     """``--help``: the app's own config groups and every key with its description (quest.config.help), instead of
     Hydra's page, which lists every config folder (the toy's too) and no key's meaning. ``schema`` None: built here
-    (quest-eval's imports its evaluations)."""
+    (quest-eval's imports its evaluations); ``config_dir``: the app's config folder (the toy's own), else configs/."""
     if not any(a in _HELP_FLAGS for a in sys.argv[1:]):
         return
     from quest.config.help import app_help
@@ -187,7 +189,7 @@ def _exit_after_help(app: str, usage: str, schema: type | None, primary: str) ->
 
         register_eval_configs()
         schema = eval_config_schema()
-    print(app_help(app, usage, app_groups(config_root(), primary), schema), end="")
+    print(app_help(app, usage, app_groups(config_dir or config_root(), primary), schema), end="")
     sys.exit(0)
 
 
@@ -298,6 +300,7 @@ def toy() -> None:
     from quest.toy.config import ToyConfig, register_toy_config
 
     register_toy_config()
+    _exit_after_help("quest-toy", TOY_USAGE, ToyConfig, "toy", config_root() / "toy")
     exit_on_bad_overrides(program_name("quest-toy"), sys.argv[1:], ToyConfig, config_root() / "toy", "toy")
     _register_plugins()
     _composed("quest-toy", _toy_app, _toy_job)

@@ -95,7 +95,8 @@ def key_docs(schema: type, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
             default = None if nested is None else "{...}"
         doc = field_doc(schema, fld.name)
         if any(k in fld.metadata for k in _DECLARING):
-            doc = f"{doc.rstrip('.')}; must be {allowed_words(hints[fld.name], fld.metadata)}"
+            must = f"must be {allowed_words(hints[fld.name], fld.metadata)}"
+            doc = f"{doc.rstrip('.')}; {must}" if doc.strip() else must
         yield key, default, doc
         if nested is not None:
             yield from key_docs(nested, key + ".")

@@ -224,6 +224,7 @@ class LoggerConfig:
 class DiagnosticsConfig:
     """The diagnostics=<option> group: attention statistics during training (docs/diagnostics.md)."""
 
+    # attention statistics on num_samples validation images every N training steps
     every_n_steps: int = field(default=0, metadata=bounded(0, **described("an integer >= 0 (0 = off)")))
     num_samples: int = field(default=8, metadata=bounded(1))  # validation images the attention statistics are measured on
     per_head: bool = False  # also record every head's statistics (else the mean over heads)

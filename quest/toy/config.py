@@ -33,15 +33,22 @@ __all__ = ["GridConfig", "ToyModelConfig", "ToyTrainConfig", "OutcomeRules", "Pa
 
 @dataclass
 class GridConfig:
+    """The hyperparameter grid every formulation is trained on: each learning rate x weight decay x data seed x
+    initialisation seed is one run (configs/toy/grid/)."""
+
     name: str = "full"  # the grid's name (configs/toy/grid/*.yaml): a free name
+    # AdamW learning rates
     lrs: List[float] = field(default_factory=list, metadata={**bounded(0, open_low=True), **listed(min_length=1)})
+    # AdamW weight decays
     weight_decays: List[float] = field(default_factory=list, metadata={**bounded(0), **listed(min_length=1)})
-    data_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)
-    init_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)
+    data_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)  # seeds of the data set's draw
+    init_seeds: List[int] = field(default_factory=list, metadata=_SEEDS)  # seeds of the model's initial weights
 
 
 @dataclass
 class ToyModelConfig:
+    """The one-layer transformer of A.3 (embedding, one attention layer of the formulation, an MLP, a [CLS] head)."""
+
     mlp_hidden: int = field(default=20, metadata=bounded(1, MAX_HIDDEN))  # A.3: the MLP hidden layer has the embedding width
     # positional embedding ~ truncated N(0, std) as in timm's ViT; [CLS] starts at 0
     embed_init_std: float = field(default=0.02, metadata=bounded(0))
@@ -49,13 +56,15 @@ class ToyModelConfig:
 
 @dataclass
 class ToyTrainConfig:
-    epochs: int = field(default=50, metadata=bounded(1, MAX_EPOCHS))
+    """AdamW on the training set, full epochs, as A.3."""
+
+    epochs: int = field(default=50, metadata=bounded(1, MAX_EPOCHS))  # passes over the training set (A.3: 50)
     # a batch larger than the training set is the whole set
     batch_size: int = field(default=32, metadata=sample_count())
     # torch.optim.AdamW defaults
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999], metadata={**bounded(0, 1, open_high=True),
                                                                                 **listed(2)})
-    eps: float = field(default=1e-8, metadata=bounded(0, open_low=True))
+    eps: float = field(default=1e-8, metadata=bounded(0, open_low=True))  # AdamW's epsilon
 
 
 @dataclass
@@ -69,11 +78,11 @@ class OutcomeRules:
     derived from the stored accuracies whenever results are aggregated, so changing a rule needs no retraining.
     """
 
-    correct_min: float = field(default=0.9, metadata=_FRACTION)
-    degenerate_train_max: float = field(default=0.3, metadata=_FRACTION)
-    degenerate_test_max: float = field(default=0.2, metadata=_FRACTION)
-    biased_train_min: float = field(default=0.45, metadata=_FRACTION)
-    biased_test_max: float = field(default=0.45, metadata=_FRACTION)
+    correct_min: float = field(default=0.9, metadata=_FRACTION)  # correct: train and test at least this
+    degenerate_train_max: float = field(default=0.3, metadata=_FRACTION)  # degenerate: train at most this
+    degenerate_test_max: float = field(default=0.2, metadata=_FRACTION)  # degenerate: and test at most this
+    biased_train_min: float = field(default=0.45, metadata=_FRACTION)  # biased: train at least this
+    biased_test_max: float = field(default=0.45, metadata=_FRACTION)  # biased: and test at most this
 
 
 @dataclass
@@ -85,10 +94,10 @@ class PaperOutcomeRules:
     test accuracy above it).
     """
 
-    correct_above: float = field(default=0.9, metadata=_FRACTION)
-    biased_train: List[float] = field(default_factory=lambda: [0.5, 0.8], metadata=_RANGE)
-    biased_test: List[float] = field(default_factory=lambda: [0.2, 0.4], metadata=_RANGE)
-    chance_max: float = field(default=0.15, metadata=_FRACTION)
+    correct_above: float = field(default=0.9, metadata=_FRACTION)  # correct: train and test above this
+    biased_train: List[float] = field(default_factory=lambda: [0.5, 0.8], metadata=_RANGE)  # biased: train in it
+    biased_test: List[float] = field(default_factory=lambda: [0.2, 0.4], metadata=_RANGE)  # biased: and test in it
+    chance_max: float = field(default=0.15, metadata=_FRACTION)  # degenerate: train and test at most this
 
 
 @dataclass
@@ -111,8 +120,8 @@ class StopRule:
     the next size up differs from that at n by at most ``min_points`` percentage points or by at most ``z`` standard
     errors of the difference of two binomial proportions (pooled), i.e. within the noise of the runs measured."""
 
-    min_points: float = field(default=5.0, metadata=bounded(0))
-    z: float = field(default=2.0, metadata=bounded(0))
+    min_points: float = field(default=5.0, metadata=bounded(0))  # percentage points that count as no change
+    z: float = field(default=2.0, metadata=bounded(0))  # standard errors that count as no change
 
 
 @dataclass
@@ -122,9 +131,11 @@ class StudyConfig:
     fraction in ``test_biased_fractions``, compare QKNorm's scale choices ``scale_variants`` and both outcome rule
     sets; one CSV, one figure, and the training-set size :class:`StopRule` picks."""
 
-    name: str = field(default="grid", metadata=one_of("grid", "sensitivity"))
+    name: str = field(default="grid", metadata=one_of("grid", "sensitivity"))  # which study (configs/toy/study/)
+    # sensitivity: the training-set sizes tried
     train_sizes: List[int] = field(default_factory=list, metadata={**sample_count(), **described(
         f"a list of integers in 1..{MAX_SAMPLES} (training-set sizes)")})
+    # sensitivity: the biased shares of the test sets every model is evaluated on
     test_biased_fractions: List[float] = field(default_factory=list, metadata=bounded(0, 1, **described(
         "a list of fractions in [0, 1]")))
     scale_variants: List[str] = field(default_factory=list)  # names of variants: checked by quest.toy.study

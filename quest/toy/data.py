@@ -59,11 +59,14 @@ def data_values(data: Mapping[str, Any], train_size: int | None = None) -> int:
 
 @dataclass
 class ToyDataConfig:
+    """The synthetic data set of section 2.2 / A.3: sequences whose label is carried at a random position, and in
+    the biased samples also by a shortcut in the last token."""
+
     seq_len: int = field(default=20, metadata=_width("data tokens"))  # data tokens; the model adds a [CLS] token
-    real_dim: int = field(default=10, metadata=_width("real values per token"))
-    num_classes: int = field(default=10, metadata=_width("classes"))
-    train_size: int = field(default=768, metadata=sample_count())
-    test_size: int = field(default=1024, metadata=sample_count())
+    real_dim: int = field(default=10, metadata=_width("real values per token"))  # real values per token (A.3)
+    num_classes: int = field(default=10, metadata=_width("classes"))  # classes, one-hot after each token's values
+    train_size: int = field(default=768, metadata=sample_count())  # training samples (A.3: 768)
+    test_size: int = field(default=1024, metadata=sample_count())  # test samples, drawn without the shortcut
     pos_mean: float = 10.0  # mu_l (A.3): any position, the draws are clamped to the sequence
     pos_std: float = field(default=2.0, metadata=bounded(0, open_low=True))  # sigma_l (A.3)
     biased_fraction: float = field(default=0.5, metadata=bounded(0, 1))  # p of the Bernoulli u (section 2.2)
