@@ -123,6 +123,8 @@ def move(source: str | Path, target: str | Path) -> Path:
         if exc.errno != errno.EXDEV:
             raise
     if source.is_dir() and not source.is_symlink():
+        if os.path.lexists(target):  # the clean-up below removes what this copy made, never a folder already there
+            raise FileExistsError(errno.EEXIST, f"cannot move {source} to {target}: it exists", str(target))
         try:
             shutil.copytree(source, target, symlinks=True)
         except BaseException:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from quest.store.output_folder import holding
-from quest.store.tree import REPLACED, MoveAsideError, move_aside, replaced_dir
+from quest.store.tree import REPLACED, MoveAsideError, move, move_aside, replaced_dir
 
 from ..tree_state import tree_state
 
@@ -83,6 +83,19 @@ def test_a_move_across_file_systems_still_moves_by_copy(tmp_path, monkeypatch):
     dest = move_aside(tmp_path, files)
     assert dest is not None and not any(p.exists() for p in files)
     assert [(dest / p.relative_to(tmp_path)).read_bytes() for p in files] == content
+
+
+def test_a_folder_moved_across_file_systems_onto_an_existing_one_is_refused_and_removes_nothing(tmp_path, monkeypatch):
+    """The copy's clean-up removes what the copy made: a folder already at the target is never taken for it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.bin").write_bytes(b"x")
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "kept.bin").write_bytes(b"kept")
+    refuse_moving(monkeypatch, tmp_path / "src", errno.EXDEV)
+    before = tree_state(tmp_path)
+    with pytest.raises(FileExistsError):
+        move(tmp_path / "src", tmp_path / "there")
+    assert tree_state(tmp_path) == before
 
 
 def test_an_output_folder_that_cannot_make_room_is_left_as_it_was(tmp_path, monkeypatch):
