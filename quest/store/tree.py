@@ -110,9 +110,13 @@ def remove_empty_dirs(top: str | Path, keep_top: bool) -> None:
 def move(source: str | Path, target: str | Path) -> Path:
     """``source`` moved to ``target`` (its folder made): a rename within a file system (a link stays a link), a copy
     and removal across them. A failure leaves ``source`` where it was and nothing at ``target``; only a folder copied
-    across file systems whose removal then fails part way stays copied whole at ``target``."""
+    across file systems whose removal then fails part way stays copied whole at ``target``. Nothing already at
+    ``target`` is replaced (FileExistsError): every target is a fresh place in ``.replaced/``, or the place a file
+    was just moved from, and the clean-up below removes only what this call made."""
     source, target = Path(source), Path(target)
     may_change(source)
+    if os.path.lexists(target):
+        raise FileExistsError(errno.EEXIST, f"cannot move {source} to {target}: it exists", str(target))
     make_dirs(target.parent)
     try:
         os.rename(source, target)
@@ -123,8 +127,6 @@ def move(source: str | Path, target: str | Path) -> Path:
         if exc.errno != errno.EXDEV:
             raise
     if source.is_dir() and not source.is_symlink():
-        if os.path.lexists(target):  # the clean-up below removes what this copy made, never a folder already there
-            raise FileExistsError(errno.EEXIST, f"cannot move {source} to {target}: it exists", str(target))
         try:
             shutil.copytree(source, target, symlinks=True)
         except BaseException:

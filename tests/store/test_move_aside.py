@@ -85,16 +85,31 @@ def test_a_move_across_file_systems_still_moves_by_copy(tmp_path, monkeypatch):
     assert [(dest / p.relative_to(tmp_path)).read_bytes() for p in files] == content
 
 
-def test_a_folder_moved_across_file_systems_onto_an_existing_one_is_refused_and_removes_nothing(tmp_path, monkeypatch):
-    """The copy's clean-up removes what the copy made: a folder already at the target is never taken for it."""
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "x.bin").write_bytes(b"x")
-    (tmp_path / "there").mkdir()
-    (tmp_path / "there" / "kept.bin").write_bytes(b"kept")
-    refuse_moving(monkeypatch, tmp_path / "src", errno.EXDEV)
+@pytest.mark.parametrize("source_kind", ["file", "folder"])
+@pytest.mark.parametrize("target_kind", ["file", "folder", "link"])
+@pytest.mark.parametrize("rename_errno", [None, errno.EXDEV, errno.EPERM])  # renamed, copied across, refused
+def test_a_move_onto_anything_already_there_is_refused_and_changes_nothing(tmp_path, monkeypatch, source_kind,
+                                                                           target_kind, rename_errno):
+    """``move`` never replaces: the failed copy's clean-up (and a rename over a file) would otherwise remove what was
+    at the target, which the call had not made."""
+    src, there = tmp_path / "src", tmp_path / "there"
+    if source_kind == "file":
+        src.write_bytes(b"x")
+    else:
+        src.mkdir()
+        (src / "x.bin").write_bytes(b"x")
+    if target_kind == "file":
+        there.write_bytes(b"kept")
+    elif target_kind == "folder":
+        there.mkdir()
+        (there / "kept.bin").write_bytes(b"kept")
+    else:
+        there.symlink_to(tmp_path / "nowhere")
+    if rename_errno is not None:
+        refuse_moving(monkeypatch, src, rename_errno)
     before = tree_state(tmp_path)
     with pytest.raises(FileExistsError):
-        move(tmp_path / "src", tmp_path / "there")
+        move(src, there)
     assert tree_state(tmp_path) == before
 
 
