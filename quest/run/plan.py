@@ -35,7 +35,7 @@ from quest.store.damage import DamagedFile
 from quest.store.files import OutsideFolder, inside_folder, read_json, write_text_atomic
 from quest.store.run_files import checked_run_record, checked_summary
 from quest.store.torch_files import ZIP_MAGIC, damaged_member
-from quest.store.tree import copy, move, replaced_dir
+from quest.store.tree import move_aside
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
 from .directory import FINAL_STATUSES, RunDirectory, check_resume
@@ -238,19 +238,14 @@ def carry_out(directory: RunDirectory, plan: Plan, continuing: bool = True) -> N
             and plan.checkpoint:
         aside.append(("summary.json", f"the final summary of a run that now continues (status "
                                       f"{plan.summary['status']!r} at step {plan.summary.get('step')})"))
-    if aside:  # a missing metrics.jsonl is rebuilt with nothing to keep aside
-        dest = replaced_dir(directory.path)
-        for name, why in aside:
-            source = directory.path / name
-            if not source.exists():
-                continue
-            target = dest / name
-            if name == "metrics.jsonl" and plan.metrics_text is not None:
-                copy(source, target)  # rewritten below; the copy is what it held
-            else:
-                move(source, target)
-            log.warning("%s: %s; the previous file is kept as %s", source, why, target)
-        write_text_atomic(dest / "why.txt", "".join(f"{n}: {w}\n" for n, w in aside))
+    present = [(name, why) for name, why in aside if (directory.path / name).exists()]
+    # all or nothing (quest.store.tree.move_aside): a move that fails puts back those before it, so a refused resume
+    # replaces nothing; metrics.jsonl is moved too and written anew below (a missing one is rebuilt at the next start)
+    dest = move_aside(directory.path, [directory.path / name for name, _ in present])
+    if dest is not None:
+        for name, why in present:
+            log.warning("%s: %s; the previous file is kept as %s", directory.path / name, why, dest / name)
+        write_text_atomic(dest / "why.txt", "".join(f"{n}: {w}\n" for n, w in present))
     if plan.metrics_text is not None:
         from quest.store.files import atomic_write
 

@@ -13,7 +13,7 @@ from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 
 __all__ = ["OutputExists", "refuse_present", "REPLACED", "replaced_problem", "replaced_dir", "make_dirs", "remove",
-           "remove_empty_dirs", "move", "copy", "make_link", "same_file_as", "remove_made_dirs", "move_aside", "MoveAsideError"]
+           "remove_empty_dirs", "move", "make_link", "same_file_as", "remove_made_dirs", "move_aside", "MoveAsideError"]
 
 
 class OutputExists(ValueError):
@@ -141,15 +141,6 @@ def move(source: str | Path, target: str | Path) -> Path:
         if os.path.lexists(source):  # whole (an unlink is all or nothing): the copy goes; else the copy is all there is
             target.unlink(missing_ok=True)
         raise
-    return target
-
-
-def copy(source: str | Path, target: str | Path) -> Path:
-    """A copy of ``source`` (bytes, mode and times) at ``target``, its folder made."""
-    target = Path(target)
-    make_dirs(target.parent)
-    may_change(target)
-    shutil.copy2(source, target)
     return target
 
 

@@ -8,8 +8,10 @@ held or unwritable directory, a bad value, through train.py with Hydra's record 
 refusal contract (tests/runtime/test_refusal_contract.py)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -227,3 +229,25 @@ def test_a_summary_with_a_field_of_the_wrong_type_is_kept_aside_on_resume_naming
     why = "".join(p.read_text() for p in tmp_path.glob(".replaced/*/why.txt"))
     assert "summary.json: damaged: step is str '3', expected an integer" in why, why
     assert json.loads((tmp_path / "summary.json").read_text())["step"] == 3
+
+
+def test_a_resume_that_cannot_keep_a_file_aside_puts_back_what_it_had_moved(tmp_path, stopped):
+    """Files kept aside on a resume go all or nothing (quest.store.tree.move_aside): when the second cannot be moved
+    into .replaced/, the first is put back, and the error says which file could not be moved and why."""
+    shutil.copytree(stopped("stopped", 3), tmp_path, dirs_exist_ok=True)  # trainer.max_steps=3, trained once
+    for name in ("summary.json", "run.json"):
+        (tmp_path / name).write_bytes(b"[]")
+    rename, aside = os.rename, []
+
+    def refused_second(source, target):
+        if ".replaced" in Path(target).parts:
+            aside.append(source)
+            if len(aside) == 2:
+                raise PermissionError(errno.EACCES, "Permission denied", str(source))
+        return rename(source, target)
+
+    with mock.patch("os.rename", refused_second), pytest.raises(OSError, match=r"cannot replace .*Permission denied"):
+        _fit(tmp_path)
+    assert len(aside) == 2
+    assert all((tmp_path / name).read_bytes() == b"[]" for name in ("summary.json", "run.json"))
+    assert not [p for p in (tmp_path / ".replaced").rglob("*") if p.is_file()]
