@@ -99,6 +99,7 @@ class Manifest:
         # what this command did to the files of the manifest, for its report: written, deleted (its own, unchanged),
         # moved to .replaced/ (anything else in an output's place)
         self.written = self.removed = self.moved = 0
+        self.aside: Path | None = None  # this command's one .replaced/<UTC time>-unrecorded/, made at its first move
         if self._is_file(self.path):
             self._read()
             if (self.folder / OLD_RECORD).is_file():  # a kill came before it was removed: its content is here
@@ -292,6 +293,12 @@ class Manifest:
         self._add(self._entry(out, source=source, stamp=stamp))
         self.written += 1
 
+    def keep_aside(self, paths: Iterable[str | Path]) -> None:
+        """Move ``paths`` (files in the folder that this command will not keep) into its one
+        ``.replaced/<UTC time>-unrecorded/``, made at the first call: one folder for all a run kept aside, so that
+        a user restores it from one place; each call all or nothing (quest.store.tree.move_aside)."""
+        self.aside = move_aside(self.folder, paths, UNRECORDED, into=self.aside) or self.aside
+
     def _remove_own(self, path: Path) -> bool:
         """Delete ``path``, a file this folder's record names as written by quest, only while it is that: a plain
         file (not a link, not a folder) that lies inside the folder; anything else in its place is moved to
@@ -303,7 +310,7 @@ class Manifest:
         if inside:
             path.unlink()
         elif os.path.lexists(path):
-            move_aside(self.folder, [path], "unrecorded")
+            self.keep_aside([path])
         return inside
 
     def _drop(self, name: str, unchanged: bool) -> None:
@@ -316,7 +323,7 @@ class Manifest:
             if unchanged:  # _remove_own moved it: not a plain file inside the folder
                 self.moved += 1
             else:
-                move_aside(self.folder, [path], UNRECORDED)
+                self.keep_aside([path])
                 self.moved += 1
         self._add(ManifestEntry(name, removed=True))
 
@@ -365,6 +372,6 @@ def remove_unrecorded(folder: Path, keep: set[str], manifest: Manifest) -> list[
             rel = str(path.relative_to(manifest.folder))
             if rel not in listed and (not name.startswith(".") or is_partial_write(name)):
                 found.append(path)
-    move_aside(manifest.folder, found, UNRECORDED)
+    manifest.keep_aside(found)
     manifest.moved += len(found)
     return [str(p.relative_to(manifest.folder)) for p in found]

@@ -187,10 +187,12 @@ def remove_made_dirs(made: Iterable[str | Path]) -> None:
             return
 
 
-def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "") -> Path | None:
+def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "",
+               into: Path | None = None) -> Path | None:
     """Move those of ``paths`` that exist into a new :func:`replaced_dir` of ``folder``, each under its path
     relative to ``folder`` (its name when outside it: two files of one name in different sub-folders never meet);
     it, or None when none existed. The one way quest's runs, evaluations and tools keep what they replace.
+    ``into``: a folder an earlier call of the same command returned, so that one command's files are kept together.
 
     All or nothing: when one cannot be moved, those already moved are put back and the folders made for them
     removed (``.replaced/`` too when this call made it), and :class:`MoveAsideError` says which file and why, so that a
@@ -200,7 +202,7 @@ def move_aside(folder: str | Path, paths: Iterable[str | Path], label: str = "")
         return None
     root = Path(folder) / REPLACED
     made = [] if root.exists() or root.is_symlink() else [root]
-    dest = replaced_dir(folder, label)
+    dest = into if into is not None else replaced_dir(folder, label)
     moved: list[tuple[Path, Path]] = []
     for path in present:
         rel = path.relative_to(folder) if path.is_relative_to(folder) else Path(path.name)

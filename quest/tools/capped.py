@@ -39,10 +39,10 @@ from quest.data.shard_index import IMAGE_EXTS, ShardError, load_info, require_co
 from quest.data.shard_preflight import check_shard_split
 from quest.runtime.workers import worker_pool
 from quest.store.files import atomic_write, write_text_atomic
-from quest.store.manifest import MANIFEST_NAME, UNRECORDED, Manifest, file_stamp, remove_unrecorded
+from quest.store.manifest import MANIFEST_NAME, Manifest, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAP_SHORT_SIDE, CAPPED_INFO, read_capped
-from quest.store.tree import REPLACED, make_dirs, make_link, move_aside, remove_empty_dirs
+from quest.store.tree import REPLACED, make_dirs, make_link, remove_empty_dirs
 
 __all__ = ["cap_image", "cap_folder", "cap_shards"]
 
@@ -124,7 +124,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         folder.claim()
         manifest.begin()
         _start(dst, src, short_side, quality)
-        linked = _link(dst, {s: src / s for s in folders if s not in splits})
+        linked = _link(dst, {s: src / s for s in folders if s not in splits}, manifest)
         manifest.drop_stale(stamps)
         for split in splits:
             _mirror_classes(src / split, dst / split, manifest)
@@ -165,11 +165,11 @@ def _mirror_classes(src_split: Path, dst_split: Path, manifest: Manifest) -> Non
         remove_empty_dirs(dst_split / name, keep_top=True)  # sub-folders the source no longer has
 
 
-def _link(dst: Path, targets: dict[str, Path]) -> list[str]:
+def _link(dst: Path, targets: dict[str, Path], manifest: Manifest) -> list[str]:
     """``dst/<name>`` a link to each target, and no other link at the top of ``dst`` (one that leads elsewhere is
     kept in .replaced/: a link the manifest does not record); the names linked."""
-    move_aside(dst, [path for path in dst.iterdir() if path.is_symlink() and (
-        path.name not in targets or path.resolve() != targets[path.name].resolve())], UNRECORDED)
+    manifest.keep_aside([path for path in dst.iterdir() if path.is_symlink() and (
+        path.name not in targets or path.resolve() != targets[path.name].resolve())])
     for name, target in targets.items():
         link = dst / name
         if not link.is_symlink():
@@ -236,7 +236,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         folder.claim()
         manifest.begin()
         _start(dst, src, short_side, quality)
-        _link(dst, links)
+        _link(dst, links, manifest)
         manifest.drop_stale(stamps)
         remove_unrecorded(dst, {CAPPED_INFO, info_path.name, *links}, manifest)
         todo = [(str(src / n), str(dst / n)) for n in names if manifest.current(n, stamps[n]) is None]

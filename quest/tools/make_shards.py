@@ -32,11 +32,10 @@ from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand
 from quest.evaluation.progress import Progress
 from quest.runtime.errors import doc_summary
 from quest.store.files import atomic_write, write_text_atomic
-from quest.store.manifest import UNRECORDED, file_stamp, is_partial_write
+from quest.store.manifest import file_stamp, is_partial_write
 from quest.store.output_folder import holding, input_path, output_path
 from quest.store.records import path_problem
 from quest.store.tool_records import check_info
-from quest.store.tree import move_aside
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +171,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         unrecorded = [path for path in out.iterdir() if path.is_file() and (
             ours.fullmatch(path.name) and path.name not in mine
             or is_partial_write(path.name) and ours.fullmatch(path.name[1:].rsplit(".", 2)[0]))]
-        move_aside(out, unrecorded, UNRECORDED)
+        manifest.keep_aside(unrecorded)
         gone = {recorded[s] for s in dropped}
         summary = _summary(len(gone - missing - changed), len(gone & changed) + len(unrecorded), len(gone & missing))
         # an ImageNet conversion writes about 1,300 shards for many minutes: a line at the first, the last and every

@@ -275,3 +275,20 @@ def test_a_folder_holding_files_the_tool_did_not_write_is_refused_and_left_as_it
     with pytest.raises(ValueError, match="was written by quest-data cap"):
         _convert(src, tmp_path / "copy")
     assert _tree(tmp_path / "copy") == before
+
+
+def test_one_rerun_keeps_all_it_moves_aside_in_one_folder(tmp_path):
+    """A rerun that keeps several things aside (a file nobody recorded in a class folder, an output changed by hand,
+    a link at the top that leads elsewhere) keeps them in one ``.replaced/<UTC time>-unrecorded/``, with their
+    bytes, so that the user restores that run's files from one place."""
+    src, dst = _source(tmp_path / "src"), tmp_path / "capped"
+    cap_folder(src, dst, CAP)
+    (dst / "train/c0/notes.txt").write_bytes(b"mine")
+    (dst / "train/c1/a.JPEG").write_bytes(b"edited")
+    (dst / "val").unlink()
+    (dst / "val").symlink_to(tmp_path)
+    cap_folder(src, dst, CAP)
+    (aside,) = (dst / ".replaced").iterdir()
+    assert aside.name.endswith("-unrecorded")
+    assert _aside(dst) == {"train/c0/notes.txt": b"mine", "train/c1/a.JPEG": b"edited"}
+    assert os.readlink(aside / "val") == str(tmp_path)
