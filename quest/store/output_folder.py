@@ -140,6 +140,11 @@ def holding(path: str | Path, command: str, output: str | None = None,
     problem = output_dir_problem(str(path))
     if problem:  # before the lock's mkdir, whose error would name no reason ("File exists" for a dangling link)
         raise FolderUnmakeable(f"{path}: {problem}")
+    # a .replaced/ that cannot keep what the command moves aside (a link, a file): refused before the lock file, whose
+    # making and removal would change the folder; a tool that found it only when it replaced something would have begun
+    # its changes (_info.json marked incomplete). No quest command makes one so while another holds the folder.
+    if output is None and (damaged := replaced_problem(path)) is not None:
+        raise damaged
     folder = OutputFolder(path, command, output=output, transient=transient)
     made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
     try:
@@ -152,10 +157,6 @@ def holding(path: str | Path, command: str, output: str | None = None,
                          f"{'folder' if output is None else 'file'}") from None
     try:
         folder.manifest  # a damaged manifest is refused now, before any change, not after the outputs are written
-        # and a .replaced/ that cannot keep what the command moves aside (a link, a file): a tool that finds it only
-        # when it replaces something has already begun its changes (_info.json marked incomplete)
-        if output is None and (problem := replaced_problem(folder.path)) is not None:
-            raise problem
         yield folder
     finally:
         claimed = folder.claimed

@@ -294,6 +294,23 @@ def test_a_replaced_folder_that_is_a_link_is_refused_and_nothing_leaves_the_fold
         RunDirectory(folder).writable()  # training: refused with the run directory's checks, before any change
 
 
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_folder_whose_replaced_cannot_keep_anything_is_refused_before_its_lock_changes_it(tmp_path, kind):
+    """holding() asks before it makes its lock file, whose making and removal would change the folder's entries and
+    modification time: a refused command leaves the folder as it was, its mtime included."""
+    from quest.store.output_folder import holding
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(b"{}")
+    (folder / ".replaced").write_bytes(b"x") if kind == "file" else (folder / ".replaced").symlink_to(tmp_path)
+    os.utime(folder, ns=(1_700_000_000_000_000_000,) * 2)
+    with pytest.raises(DamagedFile, match=r"\.replaced is damaged"), holding(folder, "quest-export"):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == [".replaced", "config.json"]
+    assert folder.stat().st_mtime_ns == 1_700_000_000_000_000_000
+
 def _output_command(name: str):
     """The in-process main of each command that takes an output path."""
     from quest.report.__main__ import main as report
