@@ -40,6 +40,15 @@ def output_dir_problem(path: str, file: bool = False) -> str | None:
     if long is not None:
         return (f"the directory name {long[:40]}... is {len(os.fsencode(long))} bytes long; this file system allows "
                 f"{limit} per name (choose a shorter one)")
+    path_limit = 4096
+    try:
+        path_limit = os.pathconf(".", "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        pass
+    whole = len(os.fsencode(os.path.abspath(path)))
+    if whole >= path_limit:  # every name may fit while the whole path does not: ENAMETOOLONG on the first look
+        return (f"the path {str(path)[:60]}... is {whole} bytes long; this system allows {path_limit - 1} per path "
+                "(choose a shorter one)")
     here = Path(".")
     for part in Path(path).parts[:-1] if file else Path(path).parts:
         here = here / part

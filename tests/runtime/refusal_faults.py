@@ -192,6 +192,8 @@ OUT_FAULTS = [
     Fault("read_only", "locked", ("locked",), _read_only),
     Fault("read_only_asked", "asked", ("asked",), _read_only_asked, refused=True),
     Fault("name_too_long", LONG, ("x" * 40,), folder=False),
+    # every name short enough, the whole path over PATH_MAX: the first look at it fails (ENAMETOOLONG)
+    Fault("path_too_long", "/".join(["y" * 200] * 21), ("per path",), folder=False),
     Fault("not_utf8_name", NOT_UTF8, ("caf",)),
     Fault("disk_full", "full", ("full",), writes=True),
     Fault("disk_really_full", "tiny", ("tiny",), _small_disk(4), writes=True, mounts=True),
