@@ -29,7 +29,7 @@ from quest.data.registry import data_set_keys, get_dataset, list_datasets
 from quest.runtime.errors import UserError
 from quest.store.compat import upgrade_run_config
 from quest.store.damage import DamagedFile
-from quest.store.files import write_json_atomic, write_text_atomic
+from quest.store.files import OutsideFolder, inside_folder, write_json_atomic, write_text_atomic
 from quest.store.locks import LockHeld
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.run_files import read_run_record
@@ -41,11 +41,14 @@ __all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES
 
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
-#: where a run writes directories, and files it writes without reading them first (those it reads are surveyed:
-#: quest.run.plan keeps a damaged one aside), relative to the run directory
+#: every path a run writes, relative to its directory: folders, then files. Each is checked before any change
+#: (:meth:`RunDirectory.writable`): of its kind, writable, and the run's own (a link leading out of the run directory
+#: would have this run write into another's files, or resume from them).
 _WRITTEN_DIRS = ("checkpoints", ".hydra", ".replaced")
-_WRITTEN_FILES = ("train.log", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
-                  "checkpoints/last.pt", "checkpoints/best.pt")
+_WRITTEN_FILES = ("run.json", "summary.json", "metrics.jsonl", "train.log", ".hydra/config.yaml", ".hydra/hydra.yaml",
+                  ".hydra/overrides.yaml", "checkpoints/last.pt", "checkpoints/best.pt")
+#: files a run appends to: written through, so the user must be able to write the file itself
+_APPENDED = ("metrics.jsonl", "train.log")
 #: every entry a run's commands make at the top of its directory (training, its loggers, eval.py's default folder):
 #: what trainer.overwrite=true moves aside as the earlier run. Anything else there is not the run's and stays
 RUN_ENTRIES = ("run.json", "summary.json", "metrics.jsonl", "train.log", "checkpoints", ".hydra", "tensorboard",
@@ -170,11 +173,13 @@ def run_holding(path: str | Path) -> Path | None:
     """The run directory ``path`` is, or lies inside (a folder holding run.json beside checkpoints/, metrics.jsonl
     or .hydra/), else None; ``path`` as given, a link on the way followed."""
     path = Path(os.path.abspath(path))
-    for folder in (path, *path.parents):
-        if (folder / "run.json").is_file() and any(
-                (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra")):
-            return folder
-    return None
+    return next((folder for folder in (path, *path.parents) if _is_run(folder)), None)
+
+
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run: run.json beside checkpoints/, metrics.jsonl or .hydra/."""
+    return (folder / "run.json").is_file() and any(
+        (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra"))
 
 
 class DirectoryInUse(UserError, RuntimeError):
@@ -193,7 +198,19 @@ class RunDirectory(OwnedDirectory):
         """The run directory this one would lie inside, else None: a run inside another's checkpoints/ or eval/ would
         be moved with that folder when the other run is replaced, and one anywhere inside it mixes two runs' files in
         one tree."""
-        return run_holding(self.path.parent) if self.path.parent != self.path else None
+        if self.path.parent == self.path:
+            return None
+        # as given and with every link followed: a link to another run's checkpoints/ is inside that run
+        return run_holding(self.path.parent) or run_holding(self.path.resolve().parent)
+
+    def inner_run(self) -> Path | None:
+        """A run directory among this one's folders, else None: a run around another mixes two runs' files in one
+        tree, and the inner one could no longer be resumed (it would lie inside this one). The run's own folders
+        and .replaced/ are not looked into."""
+        if not self.path.is_dir():
+            return None
+        return next((child for child in sorted(self.path.iterdir()) if child.name not in (*RUN_ENTRIES, REPLACED)
+                     and child.is_dir() and _is_run(child)), None)
 
     def record(self) -> dict[str, Any] | None:
         """run.json, or None when it is missing or damaged (not JSON, or a field of the wrong type: quest.store.run_files; a
@@ -204,14 +221,23 @@ class RunDirectory(OwnedDirectory):
             return None
 
     def writable(self, logger: Any = None) -> None:
-        """ConfigError naming the directory when this process cannot write into it, or naming what stands, of the
-        other kind, where the run writes a file or a directory (a file ``checkpoints`` would stop it at its first
-        checkpoint; ``wandb`` and ``tensorboard`` where the ``logger`` config writes them); before any work."""
+        """ConfigError naming the directory when this process cannot write into it, or naming each path the run
+        writes (:data:`_WRITTEN_DIRS`, :data:`_WRITTEN_FILES`; ``wandb`` and ``tensorboard`` where the ``logger``
+        config writes them) that is of the other kind, cannot be written by this user, or is a link leading out of
+        the run directory (train.log aside: a link there is moved aside when the log opens); before any work."""
         probe = self.path if self.path.exists() else next(p for p in self.path.parents if p.exists())
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"the run directory {self.path} cannot be written by this user (uid {os.getuid()}; "
                               f"{probe} has mode {os.stat(probe).st_mode & 0o777:o}): pick another directory with "
                               "hydra.run.dir=..., or make it writable (chmod u+w)")
+        enclosing = self.enclosing_run()
+        if enclosing is not None:
+            raise ConfigError(f"the run directory {self.path} lies inside the run directory {enclosing}: a run "
+                              "directory holds one run; give this one a directory outside it (hydra.run.dir=...)")
+        inner = self.inner_run()
+        if inner is not None:
+            raise ConfigError(f"the run directory {self.path} holds the run directory {inner}: a run directory holds "
+                              "one run; give this one a directory of its own (hydra.run.dir=...)")
         dirs = list(_WRITTEN_DIRS)
         if logger is not None:  # the loggers' own directories, of those that are on (logger.wandb, .tensorboard)
             dirs += [name for name in ("wandb", "tensorboard") if logger.get(name)]
@@ -220,14 +246,20 @@ class RunDirectory(OwnedDirectory):
         wrong += [f"{name} is a directory" for name in _WRITTEN_FILES if (self.path / name).is_dir()]
         if (self.path / REPLACED).is_symlink():  # what a start moves aside would leave the run directory
             wrong.append(f"{REPLACED} is a symbolic link to {os.readlink(self.path / REPLACED)}, not a folder of its own")
-        enclosing = self.enclosing_run()
-        if enclosing is not None:
-            raise ConfigError(f"the run directory {self.path} lies inside the run directory {enclosing}: a run "
-                              "directory holds one run; give this one a directory outside it (hydra.run.dir=...)")
+        for name in (*dirs, *_WRITTEN_FILES):
+            if name == "train.log" or not (self.path / name).is_symlink() or name == REPLACED:
+                continue
+            try:
+                inside_folder(self.path / name, self.path)
+            except OutsideFolder as exc:
+                wrong.append(str(exc))
+        wrong += [f"{name} cannot be written by this user (mode {os.stat(self.path / name).st_mode & 0o777:o})"
+                  for name in (*dirs, *_APPENDED) if (self.path / name).exists() and not os.access(
+                      self.path / name, os.W_OK | (os.X_OK if (self.path / name).is_dir() else 0))]
         if wrong:
             raise ConfigError(f"the run directory {self.path} holds what this run cannot write over: "
-                              f"{'; '.join(wrong)} (expected the other kind, or nothing); move it away, or give the "
-                              "run its own directory (hydra.run.dir=...)")
+                              f"{'; '.join(wrong)} (expected the run's own file or folder of that name, writable, "
+                              "or nothing); move it away, or give the run its own directory (hydra.run.dir=...)")
 
     def lock(self) -> None:
         """Hold an exclusive lock for the run's lifetime: a second process in the same directory is refused rather

@@ -13,7 +13,8 @@ every other check has passed. The rules, for ``trainer.resume=auto``:
 - ``metrics.jsonl``: what the checkpoint saw is stored in it (``metrics_text``). Missing, cut short or overwritten:
   rebuilt from the checkpoint, a damaged copy kept aside. Lines logged after the checkpoint (an interrupted attempt,
   which the resumed run logs again) are cut off, the whole file kept aside first.
-- ``summary.json`` / ``run.json`` damaged (not JSON, not an object, a field of the wrong type or range:
+- ``summary.json`` / ``run.json`` damaged, or ``run.json`` of another run (not JSON, not an object, a field of the
+  wrong type or range, a config that differs from the checkpoint's in a key no resume changes:
   quest.store.run_files): kept aside and written again (run.json from the checkpoint's config). A final
   ``summary.json`` (completed, stopped) that a continuing run will replace is kept aside first.
 - No checkpoint at all: an attempt killed before its first checkpoint (run.json records none) starts again with the
@@ -30,15 +31,16 @@ from typing import Any
 
 from quest.config.checks import ConfigError
 from quest.config.differences import Difference
+from quest.config.schema import RESUME_SAFE_KEYS, matches_key
 from quest.store.compat import checkpoint_metrics_text
 from quest.store.damage import DamagedFile
-from quest.store.files import OutsideFolder, inside_folder, read_json, write_text_atomic
+from quest.store.files import read_json, write_text_atomic
 from quest.store.run_files import checked_run_record, checked_summary
 from quest.store.torch_files import ZIP_MAGIC, damaged_member
 from quest.store.tree import move_aside
 
 from .checkpoint import CheckpointRecord, CheckpointRecordError, check_compatible, load_record
-from .directory import FINAL_STATUSES, RunDirectory, check_resume
+from .directory import FINAL_STATUSES, RunDirectory, check_resume, config_differences
 
 log = logging.getLogger("quest.train")
 
@@ -125,11 +127,7 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
         if not path.is_file():
             raise ConfigError(f"trainer.resume={tr.resume}: there is no such file")
         plan.checkpoint, plan.ckpt = path, _checkpoint(path, "")
-    try:  # a link to another run's file would be read as this run's, and metrics.jsonl appended to in the other run
-        for name in ("summary.json", "run.json", "metrics.jsonl"):
-            inside_folder(run_dir / name, run_dir)
-    except OutsideFolder as exc:
-        raise ConfigError(str(exc)) from None
+    # every file read here is the run's own, of its kind: RunDirectory.writable checked that before the lock
     plan.summary = _json(directory, "summary.json", plan)
     record = _json(directory, "run.json", plan)
     metrics = run_dir / "metrics.jsonl"
@@ -154,6 +152,13 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
         return _no_checkpoint(directory, config, record, plan)
     ckpt = plan.ckpt
     check_compatible(ckpt, model_meta, plan.checkpoint)
+    if record is not None and isinstance(record.get("config"), dict):  # run.json of another run: its history too
+        foreign = [d for d in config_differences(record["config"], ckpt.config)
+                   if not matches_key(d.key, RESUME_SAFE_KEYS)]
+        if foreign:
+            plan.aside.append(("run.json", f"of another run: its config differs from the checkpoint's in "
+                                           f"{len(foreign)} key(s) that no resume changes ({foreign[0]}); written "
+                                           "again from the checkpoint"))
     plan.changes = check_resume(ckpt.config, config, plan.checkpoint if tr.resume != "auto" else run_dir)
     bad_best = _damage(best) if best.is_file() and plan.checkpoint != best else None
     if bad_best:

@@ -251,3 +251,20 @@ def test_a_resume_that_cannot_keep_a_file_aside_puts_back_what_it_had_moved(tmp_
     assert len(aside) == 2
     assert all((tmp_path / name).read_bytes() == b"[]" for name in ("summary.json", "run.json"))
     assert not [p for p in (tmp_path / ".replaced").rglob("*") if p.is_file()]
+
+
+def test_a_run_json_of_another_run_is_kept_aside_and_written_again_from_the_checkpoint(tmp_path, stopped):
+    """run.json copied from another run (another learning rate, which no resume changes) is not this run's history:
+    kept aside, saying why, and written again from the checkpoint; the run resumes."""
+    shutil.copytree(stopped("stopped", 3), tmp_path, dirs_exist_ok=True)  # trainer.max_steps=3, trained once
+    record = json.loads((tmp_path / "run.json").read_text())
+    record["config"]["recipe"]["lr"] = 0.5
+    foreign = json.dumps(record).encode()
+    (tmp_path / "run.json").write_bytes(foreign)
+    assert _fit(tmp_path, "trainer.max_steps=5")["step"] == 5
+    assert _kept(foreign, tmp_path)
+    why = "".join(p.read_text() for p in tmp_path.glob(".replaced/*/why.txt"))
+    assert "run.json: of another run" in why and "recipe.lr" in why, why
+    rebuilt = json.loads((tmp_path / "run.json").read_text())
+    assert rebuilt["config"]["recipe"]["lr"] != 0.5
+    assert [e["event"] for e in rebuilt["history"]] == ["resume"] and "rebuilt" in rebuilt["history"][0]["note"]

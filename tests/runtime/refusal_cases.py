@@ -14,6 +14,7 @@ left it when it ran once before (a rerun's case).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,33 @@ def _unwritable(scene: Scene) -> None:  # root writes anywhere: the permission i
                               else real(p, mode, **kw))
 
 
+def _unwritable_part(name: str) -> Callable[[Scene], None]:
+    """``{target}/<name>`` not writable by this user, as the check asks (root writes anywhere)."""
+    def setup(scene: Scene) -> None:
+        real = os.access
+        scene.monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == scene.target / name
+                                  else real(p, mode, **kw))
+    return setup
+
+
+def _folder_in_place(name: str) -> Callable[[Scene], None]:
+    def setup(scene: Scene) -> None:
+        (scene.target / name).unlink()
+        (scene.target / name / "inside").mkdir(parents=True)
+    return setup
+
+
+def _link_into_checkpoints(scene: Scene) -> None:
+    (scene.tmp / "linked").symlink_to(scene.target / "checkpoints")
+
+
+def _run_inside(rel: str) -> Callable[[Scene], None]:
+    """A copy of the earlier run at ``{tmp}/<rel>``."""
+    def setup(scene: Scene) -> None:
+        shutil.copytree(scene.target, scene.tmp / rel, symlinks=True)
+    return setup
+
+
 def _afile(scene: Scene) -> None:
     (scene.tmp / "afile").write_text("x\n")
 
@@ -248,6 +276,17 @@ TRAIN_ROWS = [
     # a run directory inside another run's (its checkpoints/): either run's replacement would move the other's files
     Refusal("inside_another_run", T, (*TRAIN, "hydra.run.dir={target}/checkpoints"),
             ("lies inside the run directory", "{target}"), "earlier"),
+    # the same through a link to that folder, and a run directory around another run (which it would lock out)
+    Refusal("inside_another_run_through_a_link", T, (*TRAIN, "hydra.run.dir={tmp}/linked"),
+            ("lies inside the run directory", "{target}"), "earlier", setup=_link_into_checkpoints),
+    Refusal("around_another_run", T, (*TRAIN, "hydra.run.dir={tmp}/outer"), ("holds the run directory",
+                                                                            "{tmp}/outer/inner"), "earlier",
+            setup=_run_inside("outer/inner")),
+    # a file the run writes that is a folder, or a folder it writes that this user cannot write: before any change
+    *[Refusal(f"{name}_is_a_folder", T, (*TRAIN, "hydra.run.dir={target}"), (f"{name} is a directory",),
+              setup=_folder_in_place(name)) for name in ("metrics.jsonl", "run.json")],
+    Refusal("checkpoints_unwritable", T, (*TRAIN, "hydra.run.dir={target}"), ("checkpoints cannot be written",),
+            setup=_unwritable_part("checkpoints")),
     Refusal("name_too_long", T, (*TRAIN, f"hydra.run.dir={{tmp}}/{'x' * 300}"), ("x" * 100,), "new"),
     Refusal("another_config", T, (*TRAIN, "hydra.run.dir={target}", "recipe.lr=0.5"), ("recipe.lr: 0.002 -> 0.5",)),
     Refusal("resume_never", T, (*TRAIN, "hydra.run.dir={target}", "trainer.resume=never"),

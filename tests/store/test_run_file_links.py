@@ -71,21 +71,29 @@ def test_the_figures_refuse_a_linked_metrics_log_or_summary(tmp_path):
         run_formulation(own)
 
 
-@pytest.mark.parametrize("name", ["summary.json", "run.json", "metrics.jsonl"])
-def test_a_resume_refuses_a_run_file_linked_to_another_run_and_writes_nothing(tmp_path, name):
+@pytest.mark.parametrize("name", ["summary.json", "run.json", "metrics.jsonl", "checkpoints", ".hydra",
+                                  "checkpoints/last.pt", ".hydra/config.yaml", "tensorboard"])
+def test_a_resume_refuses_a_run_path_linked_to_another_run_and_writes_nothing(tmp_path, name):
+    """Every path a run writes (quest.run.directory): a link out of the run directory would have training believe
+    another run's files and write through into them (its checkpoints, Hydra's record, its metrics log)."""
     from quest.config.checks import ConfigError
     from quest.train import fit
 
     from ..helpers import FAST, compose_cfg
 
     other = _run(tmp_path, "other", 0, 40.0, True)
+    (other / "checkpoints").mkdir()
+    (other / "checkpoints" / "last.pt").write_bytes(b"the other run's checkpoint")
+    (other / "tensorboard").mkdir()
     run = tmp_path / "run"
-    run.mkdir()
-    (run / name).symlink_to(other / name)  # training would believe it, and append its rows to the other run's log
+    (run / name).parent.mkdir(parents=True)
+    (run / name).symlink_to(other / name)
     before = {p: p.read_bytes() for p in sorted(other.rglob("*")) if p.is_file()}
+    inside = sorted(os.listdir(run))
     with pytest.raises(ConfigError, match=f"{run / name}: a link to {other / name}, outside {run}"):
-        fit(compose_cfg(*FAST), run)
+        fit(compose_cfg(*FAST, "logger.tensorboard=true"), run)
     assert {p: p.read_bytes() for p in sorted(other.rglob("*")) if p.is_file()} == before
+    assert sorted(os.listdir(run)) == inside
 
 
 def test_quest_export_refuses_a_summary_linked_to_another_run(tmp_path):
