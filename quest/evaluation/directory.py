@@ -54,11 +54,11 @@ RUNNING, COMPLETE, PARTIAL, INTERRUPTED = "running", "complete", "partial", "int
 #: process count; the device changes at most float rounding): not part of the key, recorded in the results
 NOT_NUMBERS = frozenset({"device", "num_workers", "torch_threads", "log_every_n", "log_every_s", "overwrite"})
 # what eval.py writes into the directory, moved aside when results are archived (never anything else: a directory
-# given with hydra.run.dir=... may hold other files, a training run's own among them), its log too (quest starts
-# eval.log only after this decision); the lock and the archive stay
+# given with hydra.run.dir=... may hold other files; a training run's own directory is refused before this, by
+# quest.evaluation.runner), its log too (quest starts eval.log only after this decision); the lock and the archive stay
 RESULT_FILES = ("eval_results.json", "eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "wandb",
                 ".hydra", "eval.log")
-# what a fresh evaluation writes beside its eval_results.json (not wandb/ or .hydra/: a training run's own)
+# what a fresh evaluation writes beside its eval_results.json (not wandb/ or .hydra/, which may be a user's own)
 FRESH_FILES = ("eval_results.csv", "eval_results.md", "explain_maps.pt", "explain.png", "eval.log")
 
 

@@ -339,6 +339,11 @@ EVAL_ROWS = [
     # the results folder of its own, held by another eval.py: refused before the model is loaded
     Refusal("in_use", E, ("checkpoint={run}/checkpoints/last.pt", "eval=clean", "hydra.run.dir={target}"),
             (HOLDER,), "out", setup=steps(hold(".eval.lock"), _not_loaded("quest.evaluation.runner", "load_target"))),
+    # a training run's own directory as the results folder: its .hydra/ (and wandb/) would be replaced by eval.py's
+    *[Refusal(f"into_the_run{flag}", E, ("checkpoint={target}/checkpoints/last.pt", "eval=clean",
+                                         "eval.clean.max_samples=40", "hydra.run.dir={target}", *more),
+              ("is a training run's directory",), "earlier") for flag, more in (("", ()),
+                                                                                 ("_overwrite", ("eval.overwrite=true",)))],
     Refusal("sweep_all_refused", E, ("-m", CHECKPOINT, "eval.batch_size=0", "eval.use_ema=true,false",
                                      "hydra.sweep.dir={tmp}/elsewhere/sweep"),
             ("eval.batch_size", "2 job(s) of the sweep failed"), errors=3),
