@@ -205,6 +205,21 @@ def _not_current(target: dict[str, Any], summary: dict[str, Any]) -> str | None:
     return None
 
 
+#: what a run's records say of the run itself, and where its config holds the same: a summary or an evaluation of
+#: another run (a copied file) names another attention, model or seed
+_OWN_KEYS = {"attention": "attention.name", "model": "model.name", "seed": "trainer.seed"}
+
+
+def _another_run(record: dict[str, Any], config: dict[str, Any] | None) -> str | None:
+    """How ``record`` (a summary, an evaluation's target) shows it is of another run than the one ``config`` (the
+    run's flattened config) describes, else None (nothing to compare: an older record, or no config)."""
+    for key, where in _OWN_KEYS.items():
+        said, own = record.get(key), (config or {}).get(where)
+        if said is not None and own is not None and said != own:
+            return f"it names {key} {said!r}, and the run's config {own!r}"
+    return None
+
+
 def _eval_setting(report: dict[str, Any], evaluation: str) -> dict[str, Any]:
     """What ``evaluation``'s numbers in ``report`` depend on besides the weights: the settings shared by the suite and
     its own section, the input transform, and the data it read, by content where the record knows it (a data set
@@ -226,7 +241,7 @@ def _eval_setting(report: dict[str, Any], evaluation: str) -> dict[str, Any]:
     return flatten({"eval": {**shared, evaluation: settings.get(evaluation)}, "input": transform, "data": data})
 
 
-def _eval_metrics(run_dir: Path, summary: dict[str, Any] | None = None
+def _eval_metrics(run_dir: Path, summary: dict[str, Any] | None = None, config: dict[str, Any] | None = None
                   ) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
     """Numbers of every <run>/eval/<suite>/<stem>-<model|ema>/eval_results.json (and the older
     <run>/eval/<suite>/eval_results.json) as '<evaluation><suffix>/<path>' (e.g. 'imagenet_c/mce',
@@ -251,7 +266,8 @@ def _eval_metrics(run_dir: Path, summary: dict[str, Any] | None = None
         if not isinstance(results, dict):
             raise ReportInputError(f"{path}: no 'results' object (expected eval.py's eval_results.json)")
         target = report.get("target") if isinstance(report.get("target"), dict) else {}
-        why = _not_current(target, summary or {})
+        other = _another_run(target, config)
+        why = f"it evaluated another run's weights ({other})" if other else _not_current(target, summary or {})
         if why is not None:
             older.append(f"{path.parent.relative_to(run_dir)}: {why}")
             log.warning("%s: left out of the report: %s (evaluate the run's checkpoint again)", path.parent, why)
@@ -276,6 +292,10 @@ def _load_run(run_dir: Path) -> RunResult:
     if not summary_path.is_file():
         return RunResult(run_dir, "incomplete", {}, config, {})
     raw = _read_json(summary_path, "the run summary written by train.py", checked_summary)
+    other = _another_run(raw, config)
+    if other is not None:  # a copied file: its numbers would be credited to this run
+        raise ReportInputError(f"{summary_path}: the summary of another run ({other}); move it away (train.py "
+                               "writes it again when the run resumes)")
     status = raw.get("status")
     if status in ("interrupted", "requeued"):  # saved by a signal and not finished: like a run still going
         return RunResult(run_dir, "incomplete", {}, config, {})
@@ -285,7 +305,7 @@ def _load_run(run_dir: Path) -> RunResult:
     metrics = {k: n for k, v in raw.items() if not isinstance(v, dict) and (n := number(v)) is not None}
     perf = raw.get("perf") if isinstance(raw.get("perf"), dict) else {}
     metrics.update({name: n for name, key in PERF_METRICS.items() if (n := number(perf.get(key))) is not None})
-    evaluated, settings, older = _eval_metrics(run_dir, raw)
+    evaluated, settings, older = _eval_metrics(run_dir, raw, config)
     metrics.update(evaluated)
     return RunResult(run_dir, status, flatten(raw), config, metrics, settings, older)
 

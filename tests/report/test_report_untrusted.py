@@ -147,10 +147,14 @@ CONFIG = OmegaConf.to_container(compose_cfg(*FAST), resolve=True)
 TIME = "2026-01-01T00:00:00+00:00"
 
 
-def write_run(folder: Path, seed: int, config: dict | None = None, model: str = "vit_tiny", top1: float = 50.0) -> Path:
+def write_run(folder: Path, seed: int, config: dict | None = None, model: str | None = None,
+              top1: float = 50.0) -> Path:
+    """A run directory as train.py leaves it: its summary names the model, attention and seed of its config."""
     folder.mkdir(parents=True)
     config = json.loads(json.dumps(config or CONFIG))
     config["trainer"]["seed"] = seed
+    model = config["model"]["name"] = model or config["model"]["name"]
+    config["attention"]["name"] = "quest"
     (folder / "run.json").write_text(json.dumps({"format": "quest-run-v1", "created": TIME, "config": config,
                                                  "history": [{"event": "start", "time": TIME, "step": 0}]}))
     (folder / "summary.json").write_text(json.dumps({"status": "completed", "attention": "quest", "model": model,

@@ -106,3 +106,25 @@ def test_quest_export_refuses_a_summary_linked_to_another_run(tmp_path):
     (own / "summary.json").symlink_to(other / "summary.json")  # it would call an unfinished run finished
     with pytest.raises(ValueError, match=f"cannot read {own / 'summary.json'}: a link to .*outside {own}"):
         run_summary(own / "checkpoints" / "last.pt")
+
+
+def test_a_summary_or_an_evaluation_of_another_run_is_not_credited_to_this_one(tmp_path, capsys, caplog):
+    """A summary.json copied from another run (it names another attention than the run's config) refuses the report
+    naming it; an evaluation of another run's weights (copied into this run's eval/) is left out, saying why."""
+    run = _run(tmp_path / "sweep", "a", 0, 40.0, True)
+    results = run / "eval" / "suite" / "last-model" / "eval_results.json"
+    record = json.loads(results.read_text())
+    record["target"].update(attention="standard", model="vit_tiny")
+    record["results"]["clean"]["top1"] = 77.0
+    results.write_text(json.dumps(record))
+    assert main([str(tmp_path / "sweep")]) == 0
+    captured = capsys.readouterr()
+    assert "77.00" not in captured.out and "40.00" in captured.out and "1 older evaluation(s) left out" in captured.out
+    assert "another run's weights (it names attention 'standard', and the run's config 'quest')" in caplog.text
+
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "attention": "standard"}))
+    assert main([str(tmp_path / "sweep")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"{run / 'summary.json'}: the summary of another run (it names attention 'standard'" in captured.err
