@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -18,13 +17,13 @@ from quest.attention.fused_check import record as fused_record
 from quest.config.checks import ConfigError
 from quest.config.wandb_check import check_wandb_credentials
 from quest.data.registry import training_only_data_keys
-from quest.run.directory import run_holding
 from quest.run.outputs import start_log_file, stop_log_file
 from quest.runtime.distributed import DistContext, init_distributed
 from quest.runtime.errors import every_rank
 from quest.runtime.extras import require_all
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import plain
+from quest.store.run_files import is_run_directory
 from quest.train.precision import autocast_for
 
 from .checks import check_eval_config
@@ -150,8 +149,7 @@ def run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str]
 
 def _run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str] | None) -> dict[str, Any]:
     check_eval_config(cfg, EVALUATIONS)  # every key and value, before any data or model is loaded
-    run = run_holding(output_dir)
-    if run is not None and run == Path(os.path.abspath(output_dir)):  # its .hydra/ and wandb/ are the run's
+    if is_run_directory(output_dir):  # its .hydra/ and wandb/ are the run's
         raise EvalDirectoryError(f"the results directory {output_dir} is a training run's directory: an evaluation "
                                  "writes its own record (.hydra/, eval.log, eval_results.*) and would replace the "
                                  "run's; leave hydra.run.dir unset (results go to <run>/eval/<suite>/<which>/) or "

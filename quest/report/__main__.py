@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from quest.runtime.errors import doc_summary, input_error, program_name
 from quest.store.damage import DamagedFile
-from quest.store.output_folder import FolderHeld, input_path, output_path
+from quest.store.output_folder import FolderHeld, FolderUnmakeable, input_path, output_path
 from quest.store.tree import OutputExists
 
 from . import DEFAULT_PRIMARY, ReportInputError, build_report, load_runs, lr_markdown, perf_markdown, runs_markdown, write_outputs
@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               decimals=args.decimals)
         # --out held by another report, or holding tables this one did not write: refused as any input is
         written = write_outputs(report, args.out, args.overwrite) if args.out else []
-    except (ReportInputError, OutputExists, FolderHeld, DamagedFile) as err:  # DamagedFile: --out's .replaced
+    # DamagedFile: --out's .replaced; FolderUnmakeable: --out a training run's directory, or under a file
+    except (ReportInputError, OutputExists, FolderHeld, FolderUnmakeable, DamagedFile) as err:
         return input_error(program_name("quest-report"), err)
     print(runs_markdown(report))
     if perf := perf_markdown(report):

@@ -32,12 +32,12 @@ from quest.store.damage import DamagedFile
 from quest.store.files import OutsideFolder, inside_folder, write_json_atomic, write_text_atomic
 from quest.store.locks import LockHeld
 from quest.store.owned_dir import OwnedDirectory
-from quest.store.run_files import read_run_record
+from quest.store.run_files import is_run, read_run_record, run_holding
 from quest.store.tree import REPLACED
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES", "run_holding"]
+__all__ = ["config_differences", "check_resume", "RunDirectory", "FINAL_STATUSES"]
 
 #: Statuses after which running the same run again has nothing to do.
 FINAL_STATUSES = ("completed", "stopped", "diverged")
@@ -169,19 +169,6 @@ def check_data(stored: dict[str, Any] | None, now: dict[str, Any], where: Path) 
                       "set):\n  " + "\n  ".join(parts))
 
 
-def run_holding(path: str | Path) -> Path | None:
-    """The run directory ``path`` is, or lies inside (a folder holding run.json beside checkpoints/, metrics.jsonl
-    or .hydra/), else None; ``path`` as given, a link on the way followed."""
-    path = Path(os.path.abspath(path))
-    return next((folder for folder in (path, *path.parents) if _is_run(folder)), None)
-
-
-def _is_run(folder: Path) -> bool:
-    """Whether ``folder`` holds a run: run.json beside checkpoints/, metrics.jsonl or .hydra/."""
-    return (folder / "run.json").is_file() and any(
-        (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra"))
-
-
 class DirectoryInUse(UserError, RuntimeError):
     """Another process holds the run directory's lock."""
 
@@ -210,7 +197,7 @@ class RunDirectory(OwnedDirectory):
         if not self.path.is_dir():
             return None
         return next((child for child in sorted(self.path.iterdir()) if child.name not in (*RUN_ENTRIES, REPLACED)
-                     and child.is_dir() and _is_run(child)), None)
+                     and child.is_dir() and is_run(child)), None)
 
     def record(self) -> dict[str, Any] | None:
         """run.json, or None when it is missing or damaged (not JSON, or a field of the wrong type: quest.store.run_files; a

@@ -45,6 +45,7 @@ from quest.store.locks import LockHeld, holder_text
 from quest.store.made_dirs import output_dir_problem
 from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
+from quest.store.run_files import is_run_directory
 from quest.store.tree import move_aside, remove_made_dirs, replaced_problem
 
 __all__ = ["input_path", "FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
@@ -145,6 +146,8 @@ def holding(path: str | Path, command: str, output: str | None = None,
     # its changes (_info.json marked incomplete). No quest command makes one so while another holds the folder.
     if output is None and (damaged := replaced_problem(path)) is not None:
         raise damaged
+    if output is None and is_run_directory(path):  # its lock file is the run's: a tool would take it over
+        raise FolderUnmakeable(f"{path} is a training run's directory; give {command} a folder of its own")
     folder = OutputFolder(path, command, output=output, transient=transient)
     made = [p for p in (folder.path, *folder.path.parents) if not p.exists()]  # what lock_file's mkdir makes
     try:

@@ -10,6 +10,7 @@ metrics row's undeclared values (per-layer diagnostics, telemetry) must be numbe
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -18,7 +19,8 @@ from quest.store.damage import DamagedFile
 from quest.store.files import read_json
 from quest.store.records import Number, bounded, check_record, record, relative_path, stored_as
 
-__all__ = ["RECORDED_THREADS", "MetricsRow", "RunRecord", "RunSummary", "ExportConfig", "check_metrics_row",
+__all__ = ["is_run", "run_holding", "is_run_directory", "RECORDED_THREADS", "MetricsRow", "RunRecord", "RunSummary",
+           "ExportConfig", "check_metrics_row",
            "read_run_record", "read_summary", "checked_run_record", "checked_summary", "checked_export_config",
            "SUMMARY_STATUSES"]
 
@@ -300,3 +302,24 @@ def checked_export_config(data: Any, path: Path | str) -> dict[str, Any]:
     if size is not None and len(size) != 3:
         raise DamagedFile(path, f"pretrained_cfg.input_size is {size!r}, expected [channels, height, width]", joined=": ")
     return data
+
+
+def is_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a training run: run.json beside checkpoints/, metrics.jsonl or .hydra/."""
+    return (folder / "run.json").is_file() and any(
+        (folder / name).exists() for name in ("checkpoints", "metrics.jsonl", ".hydra"))
+
+
+def run_holding(path: str | Path) -> Path | None:
+    """The run directory ``path`` is, or lies inside, else None: by its path as given and by the path with every link
+    followed (a link to another run's checkpoints/ lies inside that run)."""
+    for where in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        found = next((folder for folder in (where, *where.parents) if is_run(folder)), None)
+        if found is not None:
+            return found
+    return None
+
+
+def is_run_directory(path: str | Path) -> bool:
+    """Whether ``path`` is a training run's own directory (as given, or with every link followed)."""
+    return run_holding(path) in (Path(os.path.abspath(path)), Path(os.path.realpath(path)))

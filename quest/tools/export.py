@@ -32,13 +32,12 @@ from quest.evaluation.progress import Heartbeat
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
-from quest.run.directory import run_holding
 from quest.runtime.errors import describe, input_error, program_name
 from quest.runtime.extras import MissingExtra
 from quest.store.damage import DamagedFile
 from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, parse_json, write_text_atomic
 from quest.store.output_folder import holding, input_path, output_path
-from quest.store.run_files import read_summary
+from quest.store.run_files import read_summary, run_holding
 from quest.store.tree import refuse_present
 from quest.store.weights_check import check_weights
 from quest.train.builders import build_model, resolve_img_size

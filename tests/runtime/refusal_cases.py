@@ -356,6 +356,7 @@ TOY_ROWS = [
     Refusal("no_cuda", Y, ("device=cuda", "hydra.run.dir={target}"), ("CUDA",), "new"),
     Refusal("bad_value", Y, ("data.train_size=-1", "hydra.run.dir={target}"), ("data.train_size",), "out",
             setup=_earlier_toy),
+    Refusal("into_a_run", Y, (*TOY_SMALL, "hydra.run.dir={target}"), ("is a training run's directory",), "earlier"),
     Refusal("runs_through_a_file", Y, (), ("{cwd}/runs exists and is not a directory",), "new",
             setup=_blocker("runs")),
     Refusal("sweep_all_refused", Y, ("-m", "data.train_size=-1,-2", "hydra.sweep.dir={tmp}/elsewhere/sweep"),
@@ -425,6 +426,12 @@ TOOL_ROWS = [
       for kind in ("file", "link") for command, place, more in (
           (CAP, "train/cat/0.png", ()), (CONVERT, "toy-train-0000.tar", ()), (EXPORT, "config.json", OVERWRITE),
           (REPORT, "runs.md", OVERWRITE))],
+    # a training run's own directory as a tool's output folder (its lock file is the run's): refused by every tool
+    *[tool("into_a_run", command, ("is a training run's directory", program), "earlier", more=more)
+      for command, program, more in ((REPORT, "quest-report", OVERWRITE), (CAP, "quest-data cap", ()),
+                                     (CONVERT, "make_shards convert", ()))],
+    tool("inside_a_run_through_a_link", ("quest-export", ("{target}", "--out", "{tmp}/linked/sub")),
+         ("lies in the run directory", "{target}"), "earlier", setup=_link_into_checkpoints),
     tool("in_use", EXPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
     tool("onnx_missing_extra", EXPORT, ("quest[onnx]",), more=("--onnx",), setup=without("onnxruntime")),
     tool("onnx_in_use", EXPORT, (HOLDER,), more=("--onnx", "--overwrite"), setup=hold(".lock")),
