@@ -26,6 +26,7 @@ import io
 import json
 import os
 import re
+import stat
 import tarfile
 from functools import partial
 from pathlib import Path
@@ -75,11 +76,24 @@ def _cap_file(job: tuple[str, str], short_side: int, quality: int) -> tuple[str 
     stops the copy."""
     src, folder = Path(job[0]), Path(job[1])
     try:
+        if not stat.S_ISREG(os.stat(src).st_mode):  # a FIFO would block the read forever; a device never ends
+            return None, "not a regular file"
         payload, resized = cap_image(src.read_bytes(), short_side, quality)
+    except FileNotFoundError:
+        return None, "a link that leads nowhere" if src.is_symlink() else "gone while the copy ran"
     except (OSError, ValueError) as exc:
         return None, str(exc)
     out = atomic_write(folder / (_jpeg_name(src) if resized else src.name), lambda f: f.write(payload))
     return str(out), None
+
+
+def _stamp(path: Path) -> str:
+    """The source file's stamp (quest.store.manifest.file_stamp); one that matches no output for a file that cannot
+    be looked at (a link that leads nowhere), whose job then says why it is left out."""
+    try:
+        return file_stamp(path)
+    except OSError:
+        return "unreadable"
 
 
 def _run(jobs: Sequence[Any], work: Callable[[Any], Any], workers: int,
@@ -118,7 +132,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
         if len({(f.parent, Path(_jpeg_name(f)).stem.lower()) for f in found}) != len(found):
             raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
                              "would write both to one JPEG")
-    stamps = {str(f.relative_to(src)): file_stamp(f) for found in files.values() for f in found}
+    stamps = {str(f.relative_to(src)): _stamp(f) for found in files.values() for f in found}
     counts: dict[str, Any] = {}
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 from typing import Callable
@@ -80,6 +81,19 @@ def test_the_copy_caps_train_links_val_names_unreadable_files_and_writes_its_rec
     assert capped.pop("this_run") == {"kept": 0, "written": 8, "removed": 0, "moved": 0}
     assert read_capped(dst) == json.loads((dst / CAPPED_INFO).read_text()) == capped
     assert capped["short_side"] == 64 and capped["quality"] == 90 and capped["linked"] == ["val"]
+
+
+@pytest.mark.timeout(120)  # a FIFO read would block for ever
+def test_a_fifo_or_a_link_that_leads_nowhere_among_the_images_is_left_out_naming_why(tmp_path):
+    src = _folder(tmp_path / "src")
+    os.mkfifo(src / "train" / "c0" / "pipe.png")
+    (src / "train" / "c1" / "gone.JPEG").symlink_to(tmp_path / "nowhere.JPEG")
+    capped = cap_folder(src, tmp_path / "dst", 64, quality=90)
+    root = src.resolve() / "train"
+    assert capped["splits"]["train"] == {"images": 8, "unreadable": {
+        str(root / "c0" / "pipe.png"): "not a regular file", str(root / "c1" / "gone.JPEG"): "a link that leads nowhere"}}
+    assert sorted(p.name for p in (tmp_path / "dst" / "train" / "c0").iterdir()) == ["big0.JPEG", "big1.JPEG",
+                                                                                     "big2.JPEG", "small.png"]
 
 
 def test_the_cli_reports_and_refuses_with_exit_codes(tmp_path, capsys):
