@@ -37,7 +37,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal, TextIO
 
 from quest.store.damage import DamagedFile
@@ -142,6 +142,10 @@ class Manifest:
     def _believe(self, row: Any) -> None:
         check_record(ManifestEntry, row, "", "an entry quest writes", folder=self.folder)
         entry = ManifestEntry(**row)
+        if PurePosixPath(entry.path).parts[0] == REPLACED or entry.path == MANIFEST_NAME:
+            # a line naming what quest kept aside, or the manifest itself, would have a rerun delete it
+            raise DamagedFile("", f"path {entry.path!r} is no command's output (expected a file outside {REPLACED}/ "
+                              "and other than the manifest)")
         if not entry.removed and not entry.by:
             raise DamagedFile("", "no by; expected the command that wrote the file")
         if entry.removed:

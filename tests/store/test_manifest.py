@@ -217,3 +217,25 @@ def test_only_a_file_the_command_wrote_and_nobody_changed_is_removed_as_its_own(
     assert removed == {"mine": True, "changed": False, "linked": False, "theirs": False, "unrecorded": False}
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
         "changed", "linked", "theirs", "unrecorded"]
+
+
+@pytest.mark.parametrize("path", [".replaced/20260101T000000Z/precious.png", ".replaced", MANIFEST_NAME])
+def test_a_manifest_line_naming_what_quest_kept_aside_is_refused_before_any_change(tmp_path, path):
+    """A line (hand-edited, with the file's true size and digest) naming a file in .replaced/ or the manifest itself
+    would have the rerun delete it as a stale output: the manifest is damaged, and the copy refused unchanged."""
+    src, dst = _source(tmp_path / "src"), tmp_path / "dst"
+    cap_folder(src, dst, 16)
+    kept = dst / ".replaced" / "20260101T000000Z" / "precious.png"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"kept aside")
+    target = dst / path
+    st = target.stat() if target.is_file() else None
+    row = {"by": TOOL, "path": path, "source": "train/c9/gone.png", "stamp": "1:1"}
+    if st is not None:
+        row.update(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=hashlib.sha256(target.read_bytes()).hexdigest())
+    with open(dst / MANIFEST_NAME, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    before = tree_state(dst)
+    with pytest.raises(Exception, match=rf"{MANIFEST_NAME}.*line \d+: path .* is no command's output"):
+        cap_folder(src, dst, 16)
+    assert tree_state(dst) == before
