@@ -229,6 +229,18 @@ class Manifest:
         self.entries.update((entry.path, entry) for entry in new)
         self._rewrite()
 
+    def replace(self, path: Path, text: str) -> Path:
+        """Write ``text`` as ``path``, a record of the folder this command rewrites on every run (_capped.json,
+        _info.json), and note it; one somebody changed since this command wrote it is kept aside first
+        (:meth:`keep_aside`), never overwritten."""
+        entry = self.entries.get(self._name(path))
+        if entry is not None and os.path.lexists(path) and not self._unchanged(entry):
+            self.keep_aside([path])
+            self.moved += 1
+        write_text_atomic(path, text)
+        self.note([path])
+        return path
+
     def _rewrite(self) -> None:
         header = json.dumps({"manifest": 1, "settings": self.settings}, sort_keys=True) + "\n"
         write_text_atomic(self.path, header + "".join(e.line() for _, e in sorted(self.entries.items())))

@@ -39,7 +39,7 @@ from quest.data.folder import CorruptImageError
 from quest.data.shard_index import IMAGE_EXTS, ShardError, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
 from quest.runtime.workers import worker_pool
-from quest.store.files import atomic_write, write_text_atomic
+from quest.store.files import atomic_write
 from quest.store.manifest import MANIFEST_NAME, Manifest, file_stamp, remove_unrecorded
 from quest.store.output_folder import OutputFolder, holding
 from quest.store.tool_records import CAP_SHORT_SIDE, CAPPED_INFO, read_capped
@@ -137,7 +137,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
         manifest.begin()
-        _start(dst, src, short_side, quality)
+        _start(manifest, src, short_side, quality)
         linked = _link(dst, {s: src / s for s in folders if s not in splits}, manifest)
         manifest.drop_stale(stamps)
         for split in splits:
@@ -156,9 +156,8 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
             counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
         manifest.close()
-        capped = _finish(dst, src, short_side, quality, {"layout": "image folder", "splits": counts,
-                                                         "linked": linked})
-        manifest.note([dst / CAPPED_INFO])  # the manifest lists every file the command wrote
+        capped = _finish(manifest, src, short_side, quality, {"layout": "image folder", "splits": counts,
+                                                              "linked": linked})
     return {**capped, "this_run": manifest.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
 
 
@@ -249,7 +248,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
         manifest.begin()
-        _start(dst, src, short_side, quality)
+        _start(manifest, src, short_side, quality)
         _link(dst, links, manifest)
         manifest.drop_stale(stamps)
         remove_unrecorded(dst, {CAPPED_INFO, info_path.name, *links}, manifest)
@@ -267,10 +266,9 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
                                     + (" ..." if len(problems) > 5 else "") + "; expected image members Pillow "
                                     f"decodes; {dst} stays marked incomplete: fix or rewrite these shards and run the "
                                     "same command again, which redoes only them")
-        write_text_atomic(dst / info_path.name, info_path.read_text())
-        capped = _finish(dst, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
+        manifest.replace(dst / info_path.name, info_path.read_text())
+        capped = _finish(manifest, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
             known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
-        manifest.note([dst / info_path.name, dst / CAPPED_INFO])
     return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
 
 
@@ -344,15 +342,15 @@ def _refuse_inner_links(dst: Path) -> None:
                          f"{dst}: make each a real folder, or give another folder for the copy")
 
 
-def _start(dst: Path, src: Path, short_side: int, quality: int) -> None:
+def _start(manifest: Manifest, src: Path, short_side: int, quality: int) -> None:
     # before any output changes: until _finish, the copy says it is incomplete, and runs and checks refuse it
-    manifest = {"complete": False, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
-                "source": str(src)}
-    write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")
+    record = {"complete": False, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+              "source": str(src)}
+    manifest.replace(manifest.folder / CAPPED_INFO, json.dumps(record, indent=1) + "\n")
 
 
-def _finish(dst: Path, src: Path, short_side: int, quality: int, extra: dict[str, Any]) -> dict[str, Any]:
-    manifest = {"complete": True, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
-                "source": str(src), **extra}
-    write_text_atomic(dst / CAPPED_INFO, json.dumps(manifest, indent=1) + "\n")  # last: the copy is complete
-    return manifest
+def _finish(manifest: Manifest, src: Path, short_side: int, quality: int, extra: dict[str, Any]) -> dict[str, Any]:
+    record = {"complete": True, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+              "source": str(src), **extra}
+    manifest.replace(manifest.folder / CAPPED_INFO, json.dumps(record, indent=1) + "\n")  # last: the copy is complete
+    return record

@@ -32,7 +32,7 @@ from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand
 from quest.evaluation.progress import Progress
 from quest.runtime.errors import doc_summary
 from quest.store.files import atomic_write, write_text_atomic
-from quest.store.manifest import file_stamp, is_partial_write
+from quest.store.manifest import Manifest, file_stamp, is_partial_write
 from quest.store.output_folder import holding, input_path, output_path
 from quest.store.records import path_problem
 from quest.store.tool_records import check_info
@@ -62,14 +62,16 @@ def _write_shard(part: Sequence[tuple[Path, int]], root: Path, f: BinaryIO) -> N
             _add(tar, f"{key}.cls", str(target).encode())
 
 
-def _merge_info(out: Path, splits: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
+def _merge_info(manifest: Manifest, splits: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
+    """The folder's _info.json with ``splits`` and ``extra`` merged in (its other splits kept), noted in the
+    manifest; one changed since this tool wrote it is kept aside first (:meth:`Manifest.replace`)."""
+    out = manifest.folder
     info, path = load_info(out)
     info.setdefault("splits", {}).update(splits)
     info.update(extra)
     path = path or out / INFO_NAMES[0]
     check_info(info, out, path)  # never a record its reader (load_info) would refuse
-    write_text_atomic(path, json.dumps(info, indent=1) + "\n")
-    return path
+    return manifest.replace(path, json.dumps(info, indent=1) + "\n")
 
 
 def _is_name(value: str, split: bool = False) -> bool:
@@ -158,7 +160,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         load_info(out)  # an _info.json that cannot be read is refused before anything changes
         folder.claim()
         manifest.begin()
-        _merge_info(out, {}, {"complete": False})  # before the first shard changes
+        _merge_info(manifest, {}, {"complete": False})  # before the first shard changes
         # what became of each recorded shard, judged before drop_stale acts (its count says only "dropped"): a file
         # somebody deleted was not removed by this run, and one somebody changed is kept in .replaced/, not removed
         recorded = {s: n for s, n in manifest.sources().items() if ours.fullmatch(s)}
@@ -190,9 +192,7 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
             log.info("%s: %d samples in %d shards", split, entry["num_samples"], len(entry["filenames"]))
         log.info("this run: %d shards written, %s, %d kept from an earlier run (unchanged files)",
                  manifest.written, summary, len(planned) - manifest.written)
-        info = _merge_info(out, written, {"classes": classes, "num_classes": len(classes), "complete": True})
-        manifest.note([info])  # on record like the shards: the manifest lists every file the command wrote
-        return info
+        return _merge_info(manifest, written, {"classes": classes, "num_classes": len(classes), "complete": True})
 
 
 def _summary(removed: int, aside: int, missing: int) -> str:

@@ -292,3 +292,17 @@ def test_one_rerun_keeps_all_it_moves_aside_in_one_folder(tmp_path):
     assert aside.name.endswith("-unrecorded")
     assert _aside(dst) == {"train/c0/notes.txt": b"mine", "train/c1/a.JPEG": b"edited"}
     assert os.readlink(aside / "val") == str(tmp_path)
+
+
+def test_a_record_of_the_copy_edited_by_hand_is_kept_aside_before_a_rerun_writes_it_again(tmp_path):
+    """_capped.json and _info.json are rewritten by every run; one changed since the tool wrote it (a note added by
+    hand) is somebody's: kept in .replaced/ with its bytes, as any output changed since."""
+    src = _source(tmp_path / "src")
+    cap_folder(src, tmp_path / "capped", CAP)
+    convert_image_folder(src, tmp_path / "shards", [("train", "train")], shard_size=2)
+    for folder, name in ((tmp_path / "capped", "_capped.json"), (tmp_path / "shards", "_info.json")):
+        (folder / name).write_bytes((folder / name).read_bytes().replace(b"{", b'{"my_note": "kept",', 1))
+    cap_folder(src, tmp_path / "capped", CAP)
+    convert_image_folder(src, tmp_path / "shards", [("train", "train")], shard_size=2)
+    for folder, name in ((tmp_path / "capped", "_capped.json"), (tmp_path / "shards", "_info.json")):
+        assert list(_aside(folder)) == [name] and b'"my_note": "kept"' in _aside(folder)[name]
