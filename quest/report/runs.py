@@ -293,9 +293,10 @@ def _load_run(run_dir: Path) -> RunResult:
         return RunResult(run_dir, "incomplete", {}, config, {})
     raw = _read_json(summary_path, "the run summary written by train.py", checked_summary)
     other = _another_run(raw, config)
-    if other is not None:  # a copied file: its numbers would be credited to this run
-        raise ReportInputError(f"{summary_path}: the summary of another run ({other}); move it away (train.py "
-                               "writes it again when the run resumes)")
+    if other is not None:  # a copied or damaged file: its numbers would be credited to the run the config describes
+        source = "run.json" if (run_dir / "run.json").is_file() else ".hydra/config.yaml"
+        raise ReportInputError(f"{summary_path}: {other} ({run_dir / source}): one of them is another run's, or "
+                               "damaged; move the wrong one away")
     status = raw.get("status")
     if status in ("interrupted", "requeued"):  # saved by a signal and not finished: like a run still going
         return RunResult(run_dir, "incomplete", {}, config, {})

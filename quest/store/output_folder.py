@@ -25,8 +25,8 @@ nothing in place (any file already there is refused, or moved to ``.replaced/`` 
 would say nothing it uses. The lock file it made goes at the end, claimed or not, and the folder holds the figure
 alone. It is removed while still locked, never after: a process that opened it just before and locks it just after
 finds it gone from its path and opens the path again (:func:`quest.store.locks.lock_file` compares the file it locked with
-the one at the path), so two commands never both hold one output. A lock file that was there before (a killed
-command's) is left, as every lock file is.
+the one at the path), so two commands never both hold one output. A lock file that was there before is left, as
+every lock file is, but one the same command left when it was killed, once this run has written its files.
 
 ``quest-export`` and ``quest-report --out`` hold their folder the same way (``transient``): an export folder is
 handed on whole (uploaded to a model hub, copied beside other models), a report's tables beside a paper's, so each
@@ -36,6 +36,7 @@ ends holding its files alone; neither replaces anything in place (earlier files 
 from __future__ import annotations
 
 import argparse
+import glob
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
@@ -46,7 +47,7 @@ from quest.store.made_dirs import output_dir_problem
 from quest.store.manifest import Manifest
 from quest.store.owned_dir import OwnedDirectory
 from quest.store.run_files import is_run_directory
-from quest.store.tree import move_aside, remove_made_dirs, replaced_problem
+from quest.store.tree import move_aside, remove, remove_made_dirs, replaced_problem
 
 __all__ = ["input_path", "FolderHeld", "FolderUnmakeable", "OutputFolder", "holding", "output_path"]
 
@@ -77,7 +78,9 @@ class OutputFolder(OwnedDirectory):
     def unlock(self) -> None:
         """Release the lock; a transient lock file (one output's, or an export's), made by this command, is removed
         first (module docstring)."""
-        if self.transient and self._lock_fd is not None and not self._lock_was_there:
+        # a lock file the same command left when it was killed (its holder line) goes too, once this one has written
+        left_by_us = self._claimed and self._lock_before.startswith(f"{self.command}, ".encode())
+        if self.transient and self._lock_fd is not None and (not self._lock_was_there or left_by_us):
             self.lock_path.unlink(missing_ok=True)  # still held: a process that opened it retries (lock_file)
         super().unlock()
 
@@ -95,7 +98,13 @@ class OutputFolder(OwnedDirectory):
         ``.replaced/<UTC time>[-label]/`` (returned; None when none moved), but with ``keep_own`` a file this
         command wrote and nobody changed since (:meth:`Manifest.owns`), which the command then replaces in place."""
         self.claim()
-        present = [Path(p) for p in paths if Path(p).exists() or Path(p).is_symlink()]
+        paths = [Path(p) for p in paths]
+        # what a killed write of one of these very files left (quest.store.files.atomic_write's ``.<name>.<random>.tmp``):
+        # this command's own by name, as training's checkpoint temporaries are (quest.run.checkpoint)
+        for stale in sorted({t for p in paths for t in p.parent.glob(f".{glob.escape(p.name)}.*.tmp")}):
+            if stale.is_file() and not stale.is_symlink():
+                remove(stale)
+        present = [p for p in paths if p.exists() or p.is_symlink()]
         return move_aside(self.path, [p for p in present if not (keep_own and self.manifest.owns(p))], label)
 
 

@@ -127,4 +127,5 @@ def test_a_summary_or_an_evaluation_of_another_run_is_not_credited_to_this_one(t
     assert main([str(tmp_path / "sweep")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert f"{run / 'summary.json'}: the summary of another run (it names attention 'standard'" in captured.err
+    assert f"{run / 'summary.json'}: it names attention 'standard', and the run's config 'quest' ({run / 'run.json'})" \
+        in captured.err

@@ -5,6 +5,7 @@ unless --allow-unfinished."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -144,3 +145,23 @@ def test_a_summary_whose_top1_the_checkpoint_did_not_record_is_refused(finished_
     with pytest.raises(ValueError, match=rf"says {re.escape(key)} 99, but .*{checkpoint} recorded"):
         export_run(run / "checkpoints" / checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_run_again_after_a_kill_ends_holding_its_files_alone(finished_run, tmp_path):
+    """A kill -9 during an export leaves its lock file (its holder line) and the temporary of the write it cut; the
+    next export into the folder removes both, so the folder holds what a fresh export holds. A lock file of another
+    command's, or a temporary of another file's name, stays."""
+    fresh = tmp_path / "fresh"
+    assert export_main([str(finished_run), "--out", str(fresh)]) == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_bytes(b"quest-export, pid 999999 on elsewhere\n")
+    (out / ".model.safetensors.a_zd1sap.tmp").write_bytes(b"cut short")
+    (out / ".notes.txt.x.tmp").write_bytes(b"somebody else's")
+    assert export_main([str(finished_run), "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {p.name for p in fresh.iterdir()} | {".notes.txt.x.tmp"}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".lock").write_bytes(b"my own lock file\n")
+    assert export_main([str(finished_run), "--out", str(other)]) == 0
+    assert ".lock" in os.listdir(other)  # not the export's: left, as every lock file is
