@@ -74,6 +74,10 @@ def _merge_info(manifest: Manifest, splits: dict[str, dict[str, Any]], extra: di
     return manifest.replace(path, json.dumps(info, indent=1) + "\n")
 
 
+def _few(names: Sequence[Any]) -> str:
+    return ", ".join(map(str, names[:5])) + (f" ... ({len(names)} in all)" if len(names) > 5 else "")
+
+
 def _is_name(value: str, split: bool = False) -> bool:
     """A part of a shard's file name: a shard is a file of the output folder, and a name with a ``/`` or ``..``
     would be written elsewhere (a leading dot: a name a cut write's temporary could have). A ``split`` is also a key
@@ -157,7 +161,12 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         if taken and not existed:
             raise ValueError(f"{out} already holds {', '.join(taken[:3])}{' ...' if len(taken) > 3 else ''}, which "
                              "make_shards did not record writing; give another folder or --name")
-        load_info(out)  # an _info.json that cannot be read is refused before anything changes
+        info, _ = load_info(out)  # an _info.json that cannot be read is refused before anything changes
+        kept = sorted(set(info.get("splits") or {}) - {split for _, split in splits})
+        if kept and info.get("classes") not in (None, classes):  # a label means one class in every split
+            raise ValueError(f"{out} holds the split(s) {', '.join(kept)} of another class list ({_few(info['classes'])}"
+                             f"; this source's: {_few(classes)}); give another folder, or convert those splits from "
+                             "this source too (--split)")
         folder.claim()
         manifest.begin()
         _merge_info(manifest, {}, {"complete": False})  # before the first shard changes

@@ -306,3 +306,19 @@ def test_a_record_of_the_copy_edited_by_hand_is_kept_aside_before_a_rerun_writes
     convert_image_folder(src, tmp_path / "shards", [("train", "train")], shard_size=2)
     for folder, name in ((tmp_path / "capped", "_capped.json"), (tmp_path / "shards", "_info.json")):
         assert list(_aside(folder)) == [name] and b'"my_note": "kept"' in _aside(folder)[name]
+
+
+def test_converting_one_split_of_a_source_with_other_classes_beside_kept_splits_is_refused_unchanged(tmp_path):
+    """_info.json holds one class list: converting only train from a source whose classes differ, beside a kept
+    validation split of the old classes, would have one label mean two classes; refused before any change."""
+    src, out = _source(tmp_path / "src"), tmp_path / "shards"
+    convert_image_folder(src, out, [("train", "train"), ("val", "validation")], shard_size=2)
+    other = _source(tmp_path / "other")
+    for c in ("c0", "c1"):
+        (other / "train" / c).rename(other / "train" / f"d{c[1]}")
+    before = tree_state(out)
+    with pytest.raises(ValueError, match=r"holds the split\(s\) validation of another class list \(c0, c1; this "
+                                         r"source's: d0, d1\)"):
+        convert_image_folder(other, out, [("train", "train")], shard_size=2)
+    assert tree_state(out) == before
+    convert_image_folder(src, out, [("train", "train")], shard_size=2)  # the same classes: one split again is fine
