@@ -143,12 +143,32 @@ def _write_cache(root: Path, fingerprint: str, report: Report) -> None:
     record = {"fingerprint": fingerprint, "images": report.images,
               "problems": [{"path": p.path, "reason": p.reason} for p in report.problems]}
     for path in _cache_paths(root):  # the root when writable, else the user's cache directory
+        if path.name == CACHE_NAME and (why := _not_a_cache(path, root)) is not None:
+            log.warning("%s is not the pre-flight's cache (%s): left as it is; the cache is kept in the user's cache "
+                        "folder", path, why)
+            continue
         try:
             make_dirs(path.parent)
             write_json_atomic(path, record)
             return
         except OSError:
             continue
+
+
+def _not_a_cache(path: Path, root: Path) -> str | None:
+    """Why the file at the cache's name in the data folder is not a pre-flight cache (so somebody's, never written
+    over), or None: nothing there, or a cache of any fingerprint."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        return "not a regular file"
+    try:
+        check_preflight_cache(parse_json(path.read_bytes()), root, path)
+    except DamagedFile as exc:
+        return exc.problem
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def check_image_folder_files(root: str | Path, workers: int | None = None, use_cache: bool = True,

@@ -200,3 +200,15 @@ def test_a_preflight_cache_naming_a_file_the_folder_does_not_hold_is_not_believe
     (root / ".quest-preflight.json").write_text(json.dumps(cache))
     report = check_image_folder_files(root, workers=1)
     assert not report.cached and report.images == 2 and "problems[0].path" in caplog.text and "not used" in caplog.text
+
+
+def test_a_file_of_somebody_else_s_at_the_caches_name_is_never_written_over(tmp_path, monkeypatch, caplog):
+    """A file at the cache's name in the data folder that is no pre-flight cache (the user's notes) stays as it was;
+    the cache goes to the user's cache folder and is read from there."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root, _ = _cached_folder(tmp_path)
+    (root / ".quest-preflight.json").write_bytes(b"my notes\n")
+    assert not check_image_folder_files(root, workers=1).cached
+    assert (root / ".quest-preflight.json").read_bytes() == b"my notes\n"
+    assert "is not the pre-flight's cache" in caplog.text and _cache_paths(root)[1].is_file()
+    assert check_image_folder_files(root, workers=1).cached
