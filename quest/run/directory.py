@@ -73,8 +73,10 @@ def config_differences(stored: dict[str, Any], new: dict[str, Any]) -> list[Diff
     return differences(stored, new, _schema_defaults((new.get("data") or {}).get("name")))
 
 
-def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> list[Difference]:
-    """The differences a resume may carry (resume-safe keys); raise :class:`ConfigError` naming every other one."""
+def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path, checkpoint: bool = False
+                 ) -> list[Difference]:
+    """The differences a resume may carry (resume-safe keys); raise :class:`ConfigError` naming every other one.
+    ``checkpoint``: ``where`` is a checkpoint resumed into a new directory (trainer.resume=<path>), not a run."""
     diffs = config_differences(stored, new)
     blocked = [d for d in diffs if not matches_key(d.key, RESUME_SAFE_KEYS)]
     for d in diffs:
@@ -83,11 +85,13 @@ def check_resume(stored: dict[str, Any], new: dict[str, Any], where: Path) -> li
     if blocked:
         lines = "\n".join(f"  {d}" + ("  (a run can be extended, not shortened; use trainer.max_steps to stop "
                                        "earlier)" if d.key == "trainer.epochs" else "") for d in blocked)
+        way_out = (f"To train this config from that checkpoint's weights as a new run, use trainer.init_from={where} "
+                   "instead of trainer.resume." if checkpoint else "To train this config, give it its own directory "
+                   "(hydra.run.dir=...), or replace the old run with trainer.resume=never trainer.overwrite=true (it "
+                   "is archived under .replaced/).")
         raise ConfigError(
             f"{where} holds a run with another config; these keys differ from the stored run's:\n{lines}\n"
-            "Only the keys listed in docs/training.md (\"what may change on resume\") may change. To train this "
-            "config, give it its own directory (hydra.run.dir=...), or replace the old run with "
-            "trainer.resume=never trainer.overwrite=true (it is archived under .replaced/).")
+            f"Only the keys listed in docs/training.md (\"what may change on resume\") may change. {way_out}")
     return diffs
 
 

@@ -159,7 +159,9 @@ def survey(cfg: Any, directory: RunDirectory, config: dict[str, Any], model_meta
             plan.aside.append(("run.json", f"of another run: its config differs from the checkpoint's in "
                                            f"{len(foreign)} key(s) that no resume changes ({foreign[0]}); written "
                                            "again from the checkpoint"))
-    plan.changes = check_resume(ckpt.config, config, plan.checkpoint if tr.resume != "auto" else run_dir)
+    explicit = tr.resume != "auto" and plan.checkpoint.resolve() != last.resolve()  # into a directory of its own
+    plan.changes = check_resume(ckpt.config, config, plan.checkpoint if tr.resume != "auto" else run_dir,
+                                checkpoint=explicit)
     bad_best = _damage(best) if best.is_file() and plan.checkpoint != best else None
     if bad_best:
         plan.aside.append(("checkpoints/best.pt", f"damaged ({bad_best}); written again at the next better "

@@ -132,9 +132,9 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
             begin_changes()  # every check has passed; unclaimed, the lock file is left as it was
             carry_out(directory, plan, continuing=False)  # repairs only: nothing of the finished run is replaced
         log.info("%s already holds this finished run; nothing to do: %s", run_dir, summary_line(finished))
-        log.info("to train it longer: trainer.epochs=<more> hydra.run.dir=%s; to train it again: "
-                 "trainer.resume=never trainer.overwrite=true (archives this one); any other config gets its own "
-                 "directory", run_dir)
+        longer = "trainer.max_steps=<more> (or null)" if finished.get("status") == "stopped" else "trainer.epochs=<more>"
+        log.info("to train it longer: %s hydra.run.dir=%s; to train it again: trainer.resume=never "
+                 "trainer.overwrite=true (archives this one); any other config gets its own directory", longer, run_dir)
         return {**finished, "resumed": True, "already_finished": True}  # the file itself stays as it was
     random_seed(tr.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
     checkpointer = Checkpointer(run_dir / "checkpoints", ctx, tr.strategy == "fsdp",

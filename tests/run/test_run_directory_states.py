@@ -268,3 +268,11 @@ def test_a_run_json_of_another_run_is_kept_aside_and_written_again_from_the_chec
     rebuilt = json.loads((tmp_path / "run.json").read_text())
     assert rebuilt["config"]["recipe"]["lr"] != 0.5
     assert [e["event"] for e in rebuilt["history"]] == ["resume"] and "rebuilt" in rebuilt["history"][0]["note"]
+
+
+def test_a_run_stopped_at_max_steps_is_told_to_raise_max_steps_to_train_longer(tmp_path, stopped, caplog):
+    """Stopped at trainer.max_steps with epochs left: more epochs would change nothing, more steps would."""
+    shutil.copytree(stopped("stopped", 3), tmp_path, dirs_exist_ok=True)  # trainer.max_steps=3, trained once
+    caplog.set_level("INFO", logger="quest.train")
+    assert _fit(tmp_path, "trainer.max_steps=3")["already_finished"]
+    assert "to train it longer: trainer.max_steps=<more> (or null)" in caplog.text

@@ -97,6 +97,7 @@ def test_finished_run_is_reported_and_never_rewritten(tmp_path, caplog):
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == last
     assert "already holds this finished run" in caplog.text and "trainer.overwrite=true" in caplog.text
+    assert "to train it longer: trainer.epochs=<more>" in caplog.text
     with pytest.raises(ConfigError, match=r"recipe\.lr: 0\.002 -> 0\.05"):  # another config is not "finished"
         fit(compose_cfg(*FAST, "recipe.lr=0.05"), tmp_path)
 

@@ -293,6 +293,10 @@ TRAIN_ROWS = [
             ("trainer.overwrite=true",)),
     Refusal("explicit_resume", T, (*TRAIN, "hydra.run.dir={target}", "trainer.resume={target}/checkpoints/last.pt",
                                    "recipe.lr=0.5"), ("recipe.lr",)),
+    # another run's checkpoint resumed into a new directory with another config: its weights are what init_from takes
+    Refusal("explicit_resume_elsewhere", T, (*TRAIN, "hydra.run.dir={tmp}/fresh", "recipe.lr=0.5",
+                                             "trainer.resume={target}/checkpoints/last.pt"),
+            ("recipe.lr", "trainer.init_from={target}/checkpoints/last.pt"), "earlier"),
     Refusal("checkpoint_damaged", T, (*TRAIN, "hydra.run.dir={target}"), ("last.pt",), setup=_damage),
     Refusal("checkpoint_version", T, (*TRAIN, "hydra.run.dir={target}"), ("last.pt",), setup=_version),
     *[Refusal("in_use", T, (*TRAIN, "hydra.run.dir={target}", "logger=tensorboard"),
