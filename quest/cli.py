@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from quest.config.files import config_root, hydra_config_path
 from quest.run.hydra_job import run_app
 from quest.run.sweep_jobs import job_failed, sweep_failure
-from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, is_user_error, print_error, program_name, reporting_errors
+from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, print_error, program_name, reporting_errors
 
 __all__ = ["train", "evaluate", "toy", "report", "plot", "export", "data", "config_root",
            "rewrite_attention_override"]
@@ -202,18 +202,11 @@ _eval_app = hydra.main(version_base="1.3", config_path=hydra_config_path(), conf
 
 
 def _evaluate(cfg: DictConfig) -> None:
-    import logging
-
     from quest.evaluation import run_evaluation
 
     hc = HydraConfig.get()
-    with reporting_errors(program_name("quest-eval")):
-        try:
-            run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
-        except Exception as exc:
-            if is_user_error(exc):  # the log file (when one was started) keeps the error too
-                logging.getLogger("quest.eval").error("%s", describe(exc))
-            raise
+    with reporting_errors(program_name("quest-eval")):  # the one error line; eval.log keeps it too (quest.evaluation)
+        run_evaluation(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task))
 
 
 def evaluate() -> None:

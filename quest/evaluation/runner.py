@@ -19,7 +19,7 @@ from quest.config.wandb_check import check_wandb_credentials
 from quest.data.registry import training_only_data_keys
 from quest.run.outputs import start_log_file, stop_log_file
 from quest.runtime.distributed import DistContext, init_distributed
-from quest.runtime.errors import every_rank
+from quest.runtime.errors import describe, every_rank, is_user_error
 from quest.runtime.extras import require_all
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import plain
@@ -215,6 +215,10 @@ def _run_evaluation(cfg: DictConfig, output_dir: str | Path, overrides: list[str
             figures = [Path(output_dir) / n for n in ("explain.png", "explain_maps.pt") if (Path(output_dir) / n).is_file()]
             log.info("results in %s", ", ".join(str(p) for p in [*paths.values(), *figures]))
         return report
+    except Exception as exc:
+        if handler is not None and is_user_error(exc):  # eval.log keeps why it ended; the console has the error line
+            handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (describe(exc),), None))
+        raise
     finally:
         stop_log_file(handler)
         directory.unlock()

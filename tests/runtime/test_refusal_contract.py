@@ -202,6 +202,8 @@ def run_refused(row: Refusal, scene: Scene, capsys, ranks: int = 1) -> None:
     said_first = err[err.index(errors[0]):]  # its message may go on over more lines (one per problem, the way on)
     for words in row.says:
         assert words.format(**_places(scene)) in said_first, text
+    # said once: not also as a log record on standard output
+    assert errors[0].split(": error: ", 1)[1][:200] not in out, text
     assert all(other[0] == code and other[2] == "" for other in said[1:]), said[1:]
     if row.check is not None:
         row.check(scene)
