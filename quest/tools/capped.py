@@ -129,9 +129,12 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     splits = sorted(set(splits))
     files = {split: [f for f in folder_files(src / split) if f.suffix[1:].lower() in IMAGE_EXTS] for split in splits}
     for split, found in files.items():
-        if len({(f.parent, Path(_jpeg_name(f)).stem.lower()) for f in found}) != len(found):
-            raise ValueError(f"{src / split}: two images of one class folder share a name stem; the capped copy "
-                             "would write both to one JPEG")
+        seen: dict[tuple[Path, str], Path] = {}
+        for f in found:
+            other = seen.setdefault((f.parent, Path(_jpeg_name(f)).stem.lower()), f)
+            if other is not f:
+                raise ValueError(f"{other} and {f} share a name stem; the capped copy would write both to one JPEG: "
+                                 "rename one of them")
     stamps = {str(f.relative_to(src)): _stamp(f) for found in files.values() for f in found}
     counts: dict[str, Any] = {}
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:

@@ -173,7 +173,10 @@ def _recorded_top1(ckpt: CheckpointRecord, path: Path) -> float | None:
     of the metrics it saw at its own step (None where it holds none: the EMA's is in summary.json only)."""
     if path.name == "best.pt":
         return ckpt.state.get("best_top1")
-    rows = [parse_json(line) for line in (ckpt.metrics_text or "").splitlines() if line.strip()]
+    try:
+        rows = [parse_json(line) for line in (ckpt.metrics_text or "").splitlines() if line.strip()]
+    except ValueError as exc:  # a JSON decoding error names no file
+        raise ValueError(f"{path}: metrics_text is not the metrics log it saw ({exc}); expected JSON lines") from None
     vals = [r.get("val/top1") for r in rows if isinstance(r, dict) and r.get("step") == ckpt.state.get("step")
             and isinstance(r.get("val/top1"), (int, float))]
     return vals[-1] if vals else None

@@ -218,3 +218,11 @@ def test_a_shard_listed_in_info_but_missing_is_refused_before_the_copy_whichever
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lists shards that do not exist" in err[0] and gone.name in err[0], err
     assert not (tmp_path / "dst").exists()  # a link to the missing shard would have made a copy marked complete
+
+
+def test_two_images_whose_capped_copies_would_share_a_name_are_refused_naming_both(tmp_path):
+    src = _folder(tmp_path / "src")
+    _photo(160, 120, 7).save(src / "train" / "c0" / "big0.png")  # big0.JPEG beside it: both would be big0.JPEG
+    with pytest.raises(ValueError, match=r"big0\.JPEG and .*big0\.png share a name stem"):
+        cap_folder(src, tmp_path / "dst", 64)
+    assert not (tmp_path / "dst").exists()

@@ -165,3 +165,14 @@ def test_an_export_run_again_after_a_kill_ends_holding_its_files_alone(finished_
     (other / ".lock").write_bytes(b"my own lock file\n")
     assert export_main([str(finished_run), "--out", str(other)]) == 0
     assert ".lock" in os.listdir(other)  # not the export's: left, as every lock file is
+
+
+def test_a_checkpoint_whose_metrics_text_is_not_json_lines_is_refused_naming_the_file_and_field(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    last = run / "checkpoints" / "last.pt"
+    saved = torch.load(last, weights_only=True)
+    saved["metrics_text"] = "xxxxx"
+    torch.save(saved, last)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(last))}: metrics_text is not the metrics log it saw"):
+        export_run(last, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
