@@ -236,6 +236,12 @@ def image_path(text: str) -> Path:
     if not path.suffix:
         raise argparse.ArgumentTypeError(f"{text} has no suffix; expected an image file name ending in its format, "
                                          "e.g. .png, .pdf or .svg")
+    from matplotlib.backend_bases import FigureCanvasBase  # the formats savefig writes, whatever the backend
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise argparse.ArgumentTypeError(f"{text}: {path.suffix} is not an image format matplotlib writes; expected "
+                                         f"one of {', '.join('.' + f for f in sorted(formats))}")
     return path
 
 

@@ -176,7 +176,8 @@ def test_a_checkpoint_linked_from_another_run_is_exported_with_that_runs_summary
         assert run_summary(path)["val/top1"] == 55.0  # the weights' own run, not the link's
 
 
-def test_a_figure_format_matplotlib_refuses_moves_no_earlier_file_aside(tmp_path):
+def test_a_figure_format_matplotlib_refuses_moves_no_earlier_file_aside(tmp_path, capsys):
+    """--out perf.txt: refused with the arguments (exit 2, naming the formats), the earlier file left in place."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps(
@@ -185,8 +186,9 @@ def test_a_figure_format_matplotlib_refuses_moves_no_earlier_file_aside(tmp_path
     out.parent.mkdir()
     out.write_text("my notes")
     before = tree_state(out.parent)
-    with pytest.raises(ValueError, match="Format 'txt' is not supported"):
+    with pytest.raises(SystemExit) as exited:  # refused with the arguments, before any figure is drawn
         plot_main(["perf", str(run), "--out", str(out), "--overwrite"])
+    assert exited.value.code == 2 and ".txt is not an image format matplotlib writes" in capsys.readouterr().err
     assert tree_state(out.parent) == before
     assert plot_main(["perf", str(run), "--out", str(out.with_suffix(".png"))]) == 0
 
