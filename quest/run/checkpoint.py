@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 
 from quest.runtime.distributed import DistContext, gather_objects
 from quest.store.compat import upgrade_checkpoint
-from quest.store.files import atomic_write
+from quest.store.files import atomic_write, cut_write_temporaries
 from quest.store.torch_files import FORMAT, checkpoint_problem, inspect_torch_file, load_weights_only
 from quest.store.tree import remove, same_file_as
 from quest.store.weights_check import check_weights
@@ -190,8 +191,9 @@ class Checkpointer:
         """Remove what a killed write left behind (the caller holds the run directory's lock): only temporaries named
         as this class's writes name theirs (``.last.pt.<random>.tmp``, ``last.dcp.tmp``); a command removes only what
         it wrote (docs/training.md, "What a command may remove")."""
-        ours = [pattern for name in ("last", "best") for pattern in (f".{name}.pt*.tmp", f"{name}.dcp.tmp")]
-        stale = sorted({p for pattern in ours for p in self.dir.glob(pattern)}) if self.dir.is_dir() else []
+        dcp = [self.dir / f"{name}.dcp.tmp" for name in ("last", "best")]  # a sharded save's folder
+        stale = [*cut_write_temporaries(self.dir / "last.pt"), *cut_write_temporaries(self.best),
+                 *(p for p in dcp if os.path.lexists(p))]
         for p in stale:
             remove(p)
         if stale:

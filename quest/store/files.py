@@ -8,6 +8,7 @@ quest.store.tree; the locks of the folders quest writes, quest.store.locks.
 from __future__ import annotations
 
 import csv
+import glob
 import hashlib
 import io
 import json
@@ -26,9 +27,9 @@ from quest.runtime.phase import may_change
 from quest.store.damage import DamagedFile
 from quest.store.tree import move_aside
 
-__all__ = ["OutsideFolder", "inside_folder", "atomic_write", "figure_bytes", "new_file_mode", "open_records",
-           "parse_json", "read_json", "file_sha256", "readable", "save_figure", "write_text_atomic", "write_json_atomic",
-           "write_csv_atomic", "csv_text", "json_text", "plain"]
+__all__ = ["OutsideFolder", "inside_folder", "atomic_write", "cut_write_temporaries", "figure_bytes", "new_file_mode",
+           "open_records", "parse_json", "read_json", "file_sha256", "readable", "save_figure", "write_text_atomic",
+           "write_json_atomic", "write_csv_atomic", "csv_text", "json_text", "plain"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -57,6 +58,17 @@ def new_file_mode(path: str | Path) -> int:
         return os.stat(path).st_mode & 0o7777
     except OSError:
         return 0o666 & ~_umask()
+
+
+def cut_write_temporaries(path: str | Path) -> list[Path]:
+    """The temporary files that killed writes of ``path`` left beside it (:func:`atomic_write`'s
+    ``.<name>.<random>.tmp``, an older quest's ``.<name>.tmp``): its writer's own by name, removed before the writer
+    writes ``path`` again."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    found = {*path.parent.glob(f".{glob.escape(path.name)}.*.tmp"), path.with_name(f".{path.name}.tmp")}
+    return sorted(t for t in found if t.is_file() and not t.is_symlink())
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:

@@ -36,12 +36,12 @@ ends holding its files alone; neither replaces anything in place (earlier files 
 from __future__ import annotations
 
 import argparse
-import glob
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
+from quest.store.files import cut_write_temporaries
 from quest.store.locks import LockHeld, holder_text
 from quest.store.made_dirs import output_dir_problem
 from quest.store.manifest import Manifest
@@ -99,11 +99,8 @@ class OutputFolder(OwnedDirectory):
         command wrote and nobody changed since (:meth:`Manifest.owns`), which the command then replaces in place."""
         self.claim()
         paths = [Path(p) for p in paths]
-        # what a killed write of one of these very files left (quest.store.files.atomic_write's ``.<name>.<random>.tmp``):
-        # this command's own by name, as training's checkpoint temporaries are (quest.run.checkpoint)
-        for stale in sorted({t for p in paths for t in p.parent.glob(f".{glob.escape(p.name)}.*.tmp")}):
-            if stale.is_file() and not stale.is_symlink():
-                remove(stale)
+        for stale in {t for p in paths for t in cut_write_temporaries(p)}:  # a killed run's, of these very files
+            remove(stale)
         present = [p for p in paths if p.exists() or p.is_symlink()]
         return move_aside(self.path, [p for p in present if not (keep_own and self.manifest.owns(p))], label)
 
