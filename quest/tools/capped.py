@@ -140,7 +140,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
         manifest.begin()
-        _start(manifest, src, short_side, quality)
+        _record(manifest, src, short_side, quality)
         linked = _link(dst, {s: src / s for s in folders if s not in splits}, manifest)
         manifest.drop_stale(stamps)
         for split in splits:
@@ -159,7 +159,7 @@ def cap_folder(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
             unreadable = {p: r for p, r in problems.items() if Path(p).relative_to(src).parts[0] == split}
             counts[split] = {"images": len(files[split]) - len(unreadable), "unreadable": unreadable}
         manifest.close()
-        capped = _finish(manifest, src, short_side, quality, {"layout": "image folder", "splits": counts,
+        capped = _record(manifest, src, short_side, quality, {"layout": "image folder", "splits": counts,
                                                               "linked": linked})
     return {**capped, "this_run": manifest.report(kept=len(stamps) - len(todo))}  # not in the file: a fresh copy's
 
@@ -251,7 +251,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
     with holding(dst, TOOL) as folder, _manifest(folder, short_side, quality, splits) as manifest:
         folder.claim()
         manifest.begin()
-        _start(manifest, src, short_side, quality)
+        _record(manifest, src, short_side, quality)
         _link(dst, links, manifest)
         manifest.drop_stale(stamps)
         remove_unrecorded(dst, {CAPPED_INFO, info_path.name, *links}, manifest)
@@ -270,7 +270,7 @@ def cap_shards(src: Path, dst: Path, short_side: int, quality: int = 90, splits:
                                     f"decodes; {dst} stays marked incomplete: fix or rewrite these shards and run the "
                                     "same command again, which redoes only them")
         manifest.replace(dst / info_path.name, info_path.read_text())
-        capped = _finish(manifest, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
+        capped = _record(manifest, src, short_side, quality, {"layout": "shards", "splits": {s: {"shards": len(
             known[s].get("filenames", []))} for s in splits}, "linked": [s for s in known if s not in splits]})
     return {**capped, "this_run": manifest.report(kept=len(names) - len(todo))}
 
@@ -345,15 +345,11 @@ def _refuse_inner_links(dst: Path) -> None:
                          f"{dst}: make each a real folder, or give another folder for the copy")
 
 
-def _start(manifest: Manifest, src: Path, short_side: int, quality: int) -> None:
-    # before any output changes: until _finish, the copy says it is incomplete, and runs and checks refuse it
-    record = {"complete": False, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
-              "source": str(src)}
+def _record(manifest: Manifest, src: Path, short_side: int, quality: int, extra: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """Write _capped.json: without ``extra`` (before any output changes) it says the copy is incomplete, and runs and
+    checks refuse it; with ``extra`` (the last write) complete. Returns what it wrote."""
+    record = {"complete": extra is not None, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
+              "source": str(src), **(extra or {})}
     manifest.replace(manifest.folder / CAPPED_INFO, json.dumps(record, indent=1) + "\n")
-
-
-def _finish(manifest: Manifest, src: Path, short_side: int, quality: int, extra: dict[str, Any]) -> dict[str, Any]:
-    record = {"complete": True, "short_side": short_side, "quality": quality, "resample": RESAMPLE,
-              "source": str(src), **extra}
-    manifest.replace(manifest.folder / CAPPED_INFO, json.dumps(record, indent=1) + "\n")  # last: the copy is complete
     return record
