@@ -172,7 +172,10 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
         _merge_info(manifest, {}, {"complete": False})  # before the first shard changes
         # what became of each recorded shard, judged before drop_stale acts (its count says only "dropped"): a file
         # somebody deleted was not removed by this run, and one somebody changed is kept in .replaced/, not removed
-        recorded = {s: n for s, n in manifest.sources().items() if ours.fullmatch(s)}
+        # ... under this --name, or under another one that the folder's _info.json lists for these splits (a rerun
+        # with a new --name makes them anew: the old-name shards are stale, not a split of their own)
+        listed = {f for _, split in splits for f in (info.get("splits") or {}).get(split, {}).get("filenames", ())}
+        recorded = {s: n for s, n in manifest.sources().items() if ours.fullmatch(s) or n in listed}
         missing = {n for n in recorded.values() if not os.path.lexists(out / n)}
         changed = {n for n in recorded.values() if n not in missing and not manifest.owns(manifest.folder / n)}
         dropped = manifest.drop_stale({n: stamp for n, (_, stamp) in planned.items()}, sources=set(recorded))
