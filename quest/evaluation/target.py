@@ -35,7 +35,7 @@ __all__ = ["EvalTarget", "load_target", "data_was_chosen", "data_overrides", "ch
 #: keys of a stored config that can name code (an import path ``package.module:Class``): quest/attention/registry.py
 CODE_KEYS = ("attention.name",)
 #: the keys of a checkpoint's config that evaluation reads besides the model's own (model.*, attention.*): each must
-#: be there; its value is checked with every other by its train.py declaration (check_stored_config)
+#: be there (check_stored_config); its value was checked by its train.py declaration when the record was loaded
 READ_KEYS = ("model.name", "attention.name", "data.name", "data.num_classes", "data.mean", "data.std",
              "recipe.crop_pct", "recipe.eval_interpolation")
 
@@ -96,21 +96,15 @@ def check_stored_code(stored: DictConfig, cfg: DictConfig, path: Path) -> None:
 
 
 def check_stored_config(stored: DictConfig, path: Path) -> None:
-    """A checkpoint's config is a train.py config, read back from a file: every value is checked against the
-    declaration train.py's own checks use (quest.config.schema, the data set's settings; quest.config.checks
-    .declared_problems), the keys evaluation reads are there, and the model and attention names are known, before
-    anything is built from it; a ConfigError with one line per problem, each naming the file and the field."""
-    from quest.config.checks import declared_problems
-    from quest.config.schema import TrainConfig
+    """A checkpoint's config is a train.py config, read back from a file: its every value was checked against its
+    train.py declaration when the record was loaded (quest.run.checkpoint_record.config_problems); here the keys
+    evaluation reads are there, and the model and attention names are known, before anything is built from it; a
+    ConfigError with one line per problem, each naming the file and the field."""
     from quest.data.registry import list_datasets
 
     problems = [f"  {key} is missing" for key in READ_KEYS if OmegaConf.select(stored, key, default="???") == "???"]
-    problems += declared_problems(stored, TrainConfig)
     name = OmegaConf.select(stored, "data.name")
-    if isinstance(name, str) and name in list_datasets() and OmegaConf.is_dict(stored.data):
-        seen = set(problems)  # the data set's own settings (a subclass of DataConfig) add its own keys' declarations
-        problems += [p for p in declared_problems(stored.data, get_dataset(name).settings, "data.") if p not in seen]
-    elif name is not None and "  data.name is missing" not in problems:
+    if name is not None and name not in list_datasets():
         problems.append(f"  data.name must be one of {', '.join(list_datasets())}, got {name!r}")
     if not problems:
         problems += _names_problems(stored)

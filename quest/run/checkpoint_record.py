@@ -19,7 +19,7 @@ from quest.store.torch_files import FORMAT
 
 from .train_state import TrainState
 
-__all__ = ["CheckpointRecord", "CheckpointRecordError", "VERSION", "SUPPORTED_VERSIONS", "STATEFUL_PARTS"]
+__all__ = ["CheckpointRecord", "CheckpointRecordError", "config_problems", "VERSION", "SUPPORTED_VERSIONS", "STATEFUL_PARTS"]
 
 #: The record layout this quest writes.
 VERSION = 1
@@ -34,6 +34,26 @@ class CheckpointRecordError(DamagedFile):
     quest cannot read, a field of the wrong type or range. Its own class because the way out differs from a file cut
     short: another copy of the same file would not help (resume planning and evaluation pass its message on as it
     is, where a file torch cannot load is told to be restored from a copy)."""
+
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """One line per value of a stored training config that breaks its train.py declaration (quest.config.schema, and
+    the data set's own settings; quest.config.checks.declared_problems), "  <key> must be <allowed>, got <value>"."""
+    from omegaconf import OmegaConf
+
+    from quest.config.checks import declared_problems
+    from quest.config.schema import TrainConfig
+    from quest.data.registry import get_dataset, list_datasets
+
+    stored = OmegaConf.create(config)
+    problems = declared_problems(stored, TrainConfig)
+    name = OmegaConf.select(stored, "data.name")
+    # a data set this install does not have (a plugin's) has no settings to check here: a reader that needs the data
+    # (eval.py) refuses its name itself; resume, init_from and export need only the model
+    if isinstance(name, str) and name in list_datasets() and OmegaConf.is_dict(stored.data):
+        seen = set(problems)  # a data set's settings (a subclass of DataConfig) add their own keys' declarations
+        problems += [p for p in declared_problems(stored.data, get_dataset(name).settings, "data.") if p not in seen]
+    return problems
 
 
 @dataclass
@@ -134,6 +154,11 @@ class CheckpointRecord:
         except DamagedFile as exc:
             raise CheckpointRecordError(exc.path, f"{exc.problem} (a damaged or hand-edited checkpoint: use another, e.g. "
                                         "checkpoints/best.pt, or start the run again)", joined=exc.joined) from None
+        problems = config_problems(stored["config"]) if isinstance(stored.get("config"), dict) else []
+        if problems:  # a value train.py never writes: named here, not met deep inside building the model
+            raise CheckpointRecordError(path, "; ".join(f"config.{p.strip()}" for p in problems) + " (a damaged or "
+                                        "hand-edited checkpoint: train.py would refuse this config; use another, e.g. "
+                                        "checkpoints/best.pt, or start the run again)", joined=": ")
         sharded = stored.get("sharded")
         if sharded is not None and (Path(sharded).name != sharded or sharded in ("", ".", "..")):
             raise CheckpointRecordError(path, f"sharded is {sharded!r}, expected the name of a directory beside the "

@@ -15,6 +15,7 @@ import torch
 from quest.config.checks import ConfigError
 from quest.evaluation import run_evaluation
 from quest.evaluation.config import eval_settings_schema
+from quest.run.checkpoint_record import CheckpointRecordError
 from quest.store.records import bound_ends, unwrap_optional
 from quest.train import fit
 
@@ -76,10 +77,12 @@ def test_a_bad_stored_config_value_is_refused_before_any_change(last_pt, tmp_pat
     path = _edited(last_pt, tmp_path, key, value, delete=expected == "is missing")
     out = tmp_path / "run" / "eval" / "clean" / "edited-model"
     before = _tree(tmp_path)
-    with pytest.raises(ConfigError) as info:
+    # a value out of its declaration is refused as the record is loaded (every reader of a checkpoint: resume,
+    # init_from, quest-export); a key evaluation needs or an unknown name by evaluation's own check
+    with pytest.raises((ConfigError, CheckpointRecordError)) as info:
         run_evaluation(eval_cfg(f"checkpoint={path}", "eval=clean"), out)
     lines = [line for line in str(info.value).splitlines() if f"config.{key}" in line]
-    assert len(lines) == 1 and lines[0].startswith(f"checkpoint={path}: config.{key} {expected}"), str(info.value)
+    assert len(lines) == 1 and f"{path}: config.{key} {expected}" in lines[0], str(info.value)
     assert not out.exists() and not out.parent.exists()  # the results directory was not created
     assert _tree(tmp_path) == before  # nor anything else written (the checkpoint included)
 
@@ -90,7 +93,7 @@ def test_an_existing_results_directory_is_left_as_it_was(last_pt, tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     before = _tree(out)
-    with pytest.raises(ConfigError, match="config.recipe.eval_interpolation"):
+    with pytest.raises(CheckpointRecordError, match="config.recipe.eval_interpolation"):
         run_evaluation(eval_cfg(f"checkpoint={path}", "eval=clean"), out)
     assert _tree(out) == before and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 

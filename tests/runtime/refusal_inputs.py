@@ -178,6 +178,14 @@ def _config_a_list(path: Path) -> None:
     torch.save(stored, path)
 
 
+def _config_value_out_of_range(path: Path) -> None:
+    """A checkpoint, whole and loadable, whose config holds a value train.py refuses (a hand edit: model.img_size=-1),
+    which timm would meet only deep inside building the model."""
+    stored = torch.load(path, map_location="cpu", weights_only=True)
+    stored["config"]["model"]["img_size"] = -1
+    torch.save(stored, path)
+
+
 DAMAGES: dict[str, Callable[[Path], None]] = {
     "truncated": _truncated,
     "empty": lambda p: p.write_bytes(b""),
@@ -187,6 +195,7 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
     # root reads any file whatever its mode: these cases are marked unprivileged
     "unreadable": lambda p: p.chmod(0),
     "config a list": _config_a_list,
+    "config value out of range": _config_value_out_of_range,
 }
 # a torch or safetensors file: its header, whole or cut, is not JSON; an empty one is refused where a cut one is
 BINARY_DAMAGES = ("truncated", "random bytes", "a directory", "unreadable")
@@ -234,11 +243,11 @@ READERS = [
 
 def damaged_cases() -> list[tuple[Reader, str, str]]:
     """(reader, file, damage): every file each command reads back x every damage of its kind, and a checkpoint
-    whose config is a list for every command that reads checkpoints."""
+    whose config is a list or holds a value out of its range for every command that reads checkpoints."""
     cases = [(reader, name, damage) for reader in READERS for name in reader.files
              for damage in (BINARY_DAMAGES if name.endswith((".pt", ".safetensors")) else TEXT_DAMAGES)]
-    cases += [(reader, "checkpoints/last.pt", "config a list") for reader in READERS
-              if reader.name in ("train", "eval_checkpoint", "export")]
+    cases += [(reader, "checkpoints/last.pt", damage) for reader in READERS for damage in ("config a list",
+              "config value out of range") if reader.name in ("train", "eval_checkpoint", "export")]
     return cases
 
 
