@@ -151,6 +151,10 @@ class Run:
         own = self.model.state_dict()  # every tensor but the classifier's, which may start afresh
         check_weights(weights, f"trainer.init_from={path}", what, own, [k for k in own if k.startswith("head")])
         log.info("trainer.init_from=%s: starting from its %s", path, what)
+        trained = saved.meta.get("attention")
+        if trained != self.cfg.attention.name:  # standard, QNorm and QUEST have the same parameters: nothing else says it
+            log.warning("trainer.init_from=%s: its weights were trained with %s attention; this run trains them on "
+                        "with %s attention", path, trained, self.cfg.attention.name)
         self.model.load_state_dict(weights, strict=False)
         if self.parts.ema is not None:
             self.parts.ema.module.load_state_dict(self.model.state_dict())

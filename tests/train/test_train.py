@@ -252,6 +252,23 @@ def test_init_from_another_resolution_resizes_pos_embed(tmp_path):
     assert fit(cfg, tmp_path / "high")["status"] == "completed"
 
 
+def test_init_from_a_run_of_another_attention_says_so(tmp_path, caplog):
+    """Standard, QNorm and QUEST attention have the same parameters, so weights of one load into another: a warning
+    names both, where nothing else would show that the run started from another formulation's weights."""
+    from quest.runtime.distributed import DistContext
+    from quest.train.trainer import Run
+
+    fit(compose_cfg(*FAST, "attention=standard", "trainer.max_steps=1"), tmp_path / "standard")
+    last = tmp_path / "standard" / "checkpoints" / "last.pt"
+    for attention, warned in (("quest", True), ("standard", False)):
+        caplog.clear()
+        cfg = compose_cfg(*FAST, f"attention={attention}", f"trainer.init_from={last}")
+        Run(cfg, tmp_path / attention, {}, DistContext()).init_weights(cfg.trainer.init_from)
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "init_from" in r.getMessage()]
+        assert said == ([f"trainer.init_from={last}: its weights were trained with standard attention; this run "
+                         "trains them on with quest attention"] if warned else []), said
+
+
 def test_a_training_step_reads_the_device_once_and_reduces_once(tmp_path, monkeypatch):
     """At most one device-to-host read and one collective per optimizer step from quest's own code, whatever the
     gradient accumulation (the reads of torch's own optimizer and samplers are not quest's to remove)."""
