@@ -216,11 +216,15 @@ def test_compile_options_trust_the_cpu_flags_only_with_a_recent_gcc(monkeypatch,
 
     monkeypatch.setattr(compiled.subprocess, "run", run)
     monkeypatch.setattr(compiled.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)  # the test's own: a capped shell must not decide it
     compiled._gcc_has_every_x86_isa.cache_clear()
     try:
         options = compiled.compile_options("cpu")
         assert options["cpp_wrapper"] and options["cpp_cache_precompile_headers"] is False
         assert options.get("cpp.vec_isa_ok", False) is trusted
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # capped kernels: the CPU's flags say nothing then
+        assert "cpp.vec_isa_ok" not in compiled.compile_options("cpu")
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY")
         assert compiled.compile_options("cuda") == {}
         monkeypatch.setattr(compiled.platform, "machine", lambda: "aarch64")
         compiled._gcc_has_every_x86_isa.cache_clear()
