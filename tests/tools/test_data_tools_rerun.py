@@ -324,17 +324,22 @@ def test_converting_one_split_of_a_source_with_other_classes_beside_kept_splits_
     convert_image_folder(src, out, [("train", "train")], shard_size=2)  # the same classes: one split again is fine
 
 
-def test_a_rerun_under_another_name_replaces_the_splits_it_converts_and_keeps_the_others(tmp_path):
-    """The shards of the converted splits under the earlier --name are this tool's own stale output: removed like any
-    shard the conversion no longer makes, not left on disk unlisted; a split not converted again keeps its shards."""
+SETTINGS = [{"name": "new"}, {"shard_size": 3}, {"seed": 1}, {"name": "new", "shard_size": 1, "seed": 2}]
+
+
+@pytest.mark.parametrize("changed", SETTINGS, ids=["-".join(f"{k}={v}" for k, v in c.items()) for c in SETTINGS])
+def test_a_rerun_with_other_settings_of_some_splits_equals_a_fresh_conversion_and_keeps_the_others(tmp_path, changed):
+    """Any setting changed (--name, --shard-size, --seed, together): the converted split's shards are those of a fresh
+    conversion, and its shards of the earlier settings, this tool's own stale output, are removed, not left on disk
+    unlisted (a new --name once left them); a split not converted again keeps its shards, byte for byte."""
     src, out = _source(tmp_path / "src"), tmp_path / "shards"
     convert_image_folder(src, out, [("train", "train"), ("val", "validation")], name="old", shard_size=2)
-    convert_image_folder(src, out, [("train", "train")], name="new", shard_size=2)
-    convert_image_folder(src, tmp_path / "fresh", [("train", "train")], name="new", shard_size=2)
-    tars = sorted(p.name for p in out.glob("*.tar"))
-    assert tars == ["new-train-0000.tar", "new-train-0001.tar", "new-train-0002.tar", "old-validation-0000.tar"]
+    kept = {p.name: p.read_bytes() for p in out.glob("old-validation-*.tar")}
+    settings = {"name": "old", "shard_size": 2, "seed": 0, **changed}
+    convert_image_folder(src, out, [("train", "train")], **settings)
+    convert_image_folder(src, tmp_path / "fresh", [("train", "train")], **settings)
+    fresh = {p.name: p.read_bytes() for p in (tmp_path / "fresh").glob("*.tar")}
+    assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == {**fresh, **kept}
     assert not (out / ".replaced").exists()  # unchanged since written: removed, not kept aside
-    for name in tars[:3]:
-        assert (out / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
-    assert [s.path.name for s in resolve_shards(out, "train")] == tars[:3]
-    assert [s.path.name for s in resolve_shards(out, "validation")] == tars[3:]
+    assert [s.path.name for s in resolve_shards(out, "train")] == sorted(fresh)
+    assert [s.path.name for s in resolve_shards(out, "validation")] == sorted(kept)
