@@ -39,8 +39,8 @@ from .checks import check_patch_size
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Components", "build_components", "build_model", "resolve_img_size", "img_size_source", "unused_size_keys",
-           "model_meta",
+__all__ = ["Components", "build_components", "build_model", "model_spec", "resolve_img_size", "img_size_source",
+           "unused_size_keys", "model_meta",
            "resolve_lr", "scheduler_epoch", "train_module", "ModelLoss", "FUSED_OPTIMIZERS"]
 
 
@@ -103,31 +103,37 @@ def model_meta(cfg: Any) -> dict[str, Any]:
     }
 
 
-def build_model(cfg: Any) -> nn.Module:
-    """The model of a train config: timm architecture, attention, classes, input size, and the recipe's drop path
-    (linear over depth as timm builds it, or uniform as DeiT-III), class-token init and LayerScale init where the
-    config sets them."""
-    kwargs = dict(cfg.model.kwargs)
+def model_spec(cfg: Any) -> dict[str, Any]:
+    """Everything of a train config that decides its model, as plain values: :func:`build_model` builds from this
+    alone, so two configs with the same spec build the same model (the run's FLOP count is kept by it)."""
+    kwargs = dict(OmegaConf.to_container(cfg.model.kwargs, resolve=True))
     if cfg.model.get("layer_scale_init") is not None:
         kwargs["init_values"] = float(cfg.model.layer_scale_init)
-    model = create_model(
-        cfg.model.name,
-        attention=cfg.attention.name,
-        attention_options=OmegaConf.to_container(cfg.attention.options, resolve=True),
-        num_classes=cfg.data.num_classes,
-        img_size=resolve_img_size(cfg),
-        drop_path_rate=cfg.recipe.drop_path,
-        drop_rate=cfg.recipe.drop_rate,
-        **kwargs,
-    )
-    if cfg.recipe.get("drop_path_schedule", "linear") == "uniform":
-        uniform_drop_path(model, cfg.recipe.drop_path)
     std = cfg.recipe.get("cls_token_std")
+    return {"name": cfg.model.name, "kwargs": kwargs, "attention": cfg.attention.name,
+            "attention_options": OmegaConf.to_container(cfg.attention.options, resolve=True),
+            "num_classes": int(cfg.data.num_classes), "img_size": resolve_img_size(cfg),
+            "drop_path": float(cfg.recipe.drop_path), "drop_rate": float(cfg.recipe.drop_rate),
+            "drop_path_schedule": cfg.recipe.get("drop_path_schedule", "linear"),
+            "cls_token_std": None if std is None else float(std)}
+
+
+def build_model(cfg: Any) -> nn.Module:
+    """The model of a train config (:func:`model_spec`): timm architecture, attention, classes, input size, and the
+    recipe's drop path (linear over depth as timm builds it, or uniform as DeiT-III), class-token init and
+    LayerScale init where the config sets them."""
+    spec = model_spec(cfg)
+    model = create_model(spec["name"], attention=spec["attention"], attention_options=spec["attention_options"],
+                         num_classes=spec["num_classes"], img_size=spec["img_size"], drop_path_rate=spec["drop_path"],
+                         drop_rate=spec["drop_rate"], **spec["kwargs"])
+    if spec["drop_path_schedule"] == "uniform":
+        uniform_drop_path(model, spec["drop_path"])
+    std = spec["cls_token_std"]
     if std is not None and getattr(model, "cls_token", None) is not None:
         # DeiT's models (timm 0.3.2's VisionTransformer, models_v2.py's vit_models): trunc_normal_(cls_token,
         # std=.02), bounds at +-2 absolute as timm's; timm 1.0 starts it at N(0, 1e-6)
         with torch.no_grad():
-            trunc_normal_(model.cls_token, std=float(std))
+            trunc_normal_(model.cls_token, std=std)
     return model
 
 

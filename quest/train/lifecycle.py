@@ -9,6 +9,7 @@ saved at a step boundary), requeued (SIGUSR1). docs/training.md, "Runs, resume a
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ from quest.runtime.distributed import DistContext, barrier, init_distributed
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import write_text_atomic
 
-from .builders import build_model, model_meta, resolve_img_size, unused_size_keys
+from .builders import build_model, model_meta, model_spec, resolve_img_size, unused_size_keys
 from .checks import check_compile_mode, check_train_config
 from .loop import Evaluator, Outcome, StepLog, train_loop
 from .precision import set_matmul_precision
@@ -197,12 +198,20 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
     return summary
 
 
+# Training FLOPs per image by model spec (json): counting builds the model a second time, and a spec's count is the
+# same for every run of a process (a sweep's jobs in one process; the test suite's many small runs).
+_FLOPS: dict[str, float] = {}
+
+
 def _telemetry(cfg: Any, run: Run) -> Telemetry:
     """The run's telemetry: its model's training FLOPs per image (counted once, on a copy without weights) and the
     device's peak FLOP/s at the run's precision (None on the CPU and unknown GPUs)."""
     size = resolve_img_size(cfg)
+    spec = json.dumps(model_spec(cfg), sort_keys=True)
     try:
-        flops = flops_per_image(lambda: build_model(cfg), size)
+        if spec not in _FLOPS:
+            _FLOPS[spec] = flops_per_image(lambda: build_model(cfg), size)
+        flops = _FLOPS[spec]
     except Exception as exc:  # a model that cannot be built on the meta device: figures without FLOPs, said once
         log.warning("FLOPs not counted for %s at %d px (%s: %s): the log shows no FLOP/s or MFU", cfg.model.name,
                     size, type(exc).__name__, exc)

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quest.store import files as io
+from quest.store.tree import same_file_as
 
 
 @pytest.fixture
@@ -185,3 +186,35 @@ def test_an_integer_reads_back_exactly_where_it_has_64_bits_and_is_damage_beyond
     # a typed field read from elsewhere (a checkpoint's torch.load) holds the same line, never an OverflowError
     assert (field_problem(value, int) is None) == fits
     assert field_problem(value * 10**400, float) is not None or value == 0  # beyond a float: refused, no overflow
+
+
+def test_a_file_is_synced_whole_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """A whole-file write (atomic_write), and the copy same_file_as makes where no hard link can be, sync the new
+    file, all its bytes, before the rename that makes it the file: after a power cut the file is the old one or
+    the whole new one."""
+    import errno
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))  # a file system without hard links
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", no_link)
+    written, copied = tmp_path / "summary.json", tmp_path / "best.pt"
+    io.atomic_write(written, lambda f: f.write(b"x" * 1000))
+    same_file_as(written, copied)
+    assert [(e[0], e[2]) for e in events] == [("fsync", 1000), ("replace", str(written)),
+                                              ("fsync", 1000), ("replace", str(copied))], events
+    assert events[0][1] == events[1][1] and events[2][1] == events[3][1]  # the file synced is the file renamed
+    assert copied.read_bytes() == written.read_bytes() == b"x" * 1000

@@ -44,6 +44,33 @@ def test_counted_flops_are_the_analytic_count(model, depth, dim, attention):
     assert counted == pytest.approx(3 * analytic_vit_flops(depth, dim), rel=0.02)  # training: 3 x the forward
 
 
+def test_a_runs_flop_count_is_its_own_models_whatever_the_process_counted_before(monkeypatch):
+    """The count a run reports is kept per model spec for the process's later runs: each variant below, in an order
+    that repeats them, gets exactly the count a fresh build of its own model gives, and each spec is counted once."""
+    from types import SimpleNamespace
+
+    from quest.train import lifecycle
+    from quest.train.builders import build_model, resolve_img_size
+
+    variants = [(), ("attention=standard",), ("model.img_size=32",), ("+model.kwargs.depth=2",),
+                ("data.num_classes=7",), ("attention=qknorm", "model.img_size=32")]
+    calls = []
+
+    def counted(build, size):
+        calls.append(size)
+        return flops_per_image(build, size)
+
+    monkeypatch.setattr(lifecycle, "_FLOPS", {})
+    monkeypatch.setattr(lifecycle, "flops_per_image", counted)
+    run = SimpleNamespace(ctx=SimpleNamespace(device=torch.device("cpu"), world_size=1), precision="fp32")
+    fresh = {}
+    for variant in [*variants, *reversed(variants)]:
+        cfg = compose_cfg(*FAST, *variant)
+        fresh.setdefault(variant, flops_per_image(lambda: build_model(cfg), resolve_img_size(cfg)))
+        assert lifecycle._telemetry(cfg, run).flops == fresh[variant], variant
+    assert len(calls) == len(variants) and len(set(fresh.values())) == 4  # standard, QUEST, QKNorm: the same count
+
+
 def test_mfu_is_achieved_over_the_devices_dense_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     assert peak_tflops(torch.device("cuda"), "bf16") == 989.4
@@ -121,6 +148,7 @@ def test_steps_that_compile_and_the_loaders_start_are_timed_apart(tmp_path, monk
 
     clock, fetched = [0.0], [0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(lifecycle, "_FLOPS", {})  # not a count an earlier test's run kept
     monkeypatch.setattr(lifecycle, "flops_per_image", lambda build, size: 1e12)
     monkeypatch.setattr(lifecycle, "peak_tflops", lambda device, precision: 32.0)  # 16 img/s: 16 of 32 TFLOP/s
     getitem = FakeImages.__getitem__
