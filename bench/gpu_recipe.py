@@ -77,7 +77,7 @@ def _recipe_step(overrides: list[str], steps: int, warmup: int, device: torch.de
 
     from quest.runtime.distributed import DistContext
     from quest.train.builders import build_components
-    from quest.train.precision import autocast_for, resolve_precision
+    from quest.train.compute import autocast_for, resolve_precision
 
     cfg = _compose(overrides)
     random_seed(cfg.trainer.seed)

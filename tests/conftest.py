@@ -39,7 +39,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # xdist's workers share the machine's cores: each with torch's default (one intra-op thread per core) would run more
-# threads than cores, whose OpenMP threads spin while they wait for each other (quest/train/threads.py measured
+# threads than cores, whose OpenMP threads spin while they wait for each other (quest/train/compute.py measured
 # 5-15x slower steps that way). Each worker computes with its share of the cores; a test that sets its own count
 # (a run's trainer.torch_threads) still does.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

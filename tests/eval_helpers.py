@@ -15,7 +15,7 @@ from quest.evaluation.config import eval_settings_schema
 from quest.evaluation.context import EvalRun
 from quest.evaluation.target import EvalTarget
 from quest.runtime.distributed import DistContext
-from quest.train.precision import autocast_for
+from quest.train.compute import autocast_for
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMG = 40  # fixture image side; the oracle's input is 32 (Resize(36) + CenterCrop(32) at crop_pct 0.875)

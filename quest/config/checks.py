@@ -47,7 +47,7 @@ DEVICE = matching(DEVICE_PATTERN.pattern, "auto, cpu, cuda or cuda:N")
 #: autocast precisions of training (recipe.precision, trainer.precision besides auto) and evaluation (eval.precision)
 PRECISIONS = ("fp32", "bf16", "fp16")
 #: trainer.matmul_precision: torch.set_float32_matmul_precision's levels (highest: IEEE float32; high: TF32 tensor
-#: cores; medium: bfloat16 passes), quest.train.precision.set_matmul_precision
+#: cores; medium: bfloat16 passes), quest.train.compute.set_matmul_precision
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 

@@ -24,7 +24,7 @@ from quest.runtime.extras import require_all
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import plain
 from quest.store.run_files import is_run_directory
-from quest.train.precision import autocast_for
+from quest.train.compute import autocast_for
 
 from .checks import check_eval_config
 from .context import EvalRun

@@ -14,7 +14,7 @@ The handlers only raise flags. Every optimizer step carries this rank's request 
 flags it already reduces across ranks, and the loop reads the agreed answer (:meth:`StopSignals.decide`) after it, so
 every process saves the same step without a collective of its own; at an epoch's end (after validation and the save)
 :meth:`StopSignals.due` asks once more. Under DDP the reduced request is read at the end of the next step (or with a
-logged step's values; quest.train.guard), so a signal that arrives after a step's reduction is acted on at the end
+logged step's values; quest.train.update), so a signal that arrives after a step's reduction is acted on at the end
 of the second step after it.
 """
 from __future__ import annotations

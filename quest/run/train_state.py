@@ -8,18 +8,21 @@ checkpoint record's ``state`` field and restores it with ``load_state_dict()``. 
 An attempt (:class:`Attempt`) is one process's part of a run: a start, or a resume, to its end or, when it was killed,
 to the last checkpoint it wrote (what it did after that is done again by the next attempt). The checkpoint carries
 every earlier attempt's record, so that summary.json's ``perf`` and ``wall_time_s`` cover the whole run
-(quest.run.attempts).
+(:func:`run_perf`: the whole run's figures first, then each attempt's own). A figure's mean over several attempts is
+the time-weighted mean over all their log intervals (the sum of value x seconds over the sum of seconds), as within
+one attempt; a maximum is the largest of any; counts and times add up.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from quest.store.records import bounded, check_fields
 from quest.store.run_files import RECORDED_THREADS
 
-__all__ = ["TrainState", "Attempt", "Figure"]
+__all__ = ["TrainState", "Attempt", "Figure", "figures", "run_perf"]
 
 
 @dataclass
@@ -75,7 +78,7 @@ class TrainState:
     #: unreadable training images skipped (data.bad_images=skip), all ranks, whole run
     train_skipped: int = field(default=0, metadata=bounded(0))
     train_drawn: int = field(default=0, metadata=bounded(0))  # training images drawn, readable or not, all ranks
-    #: a CPU run's intra-op threads from its first start (quest.train.threads.run_threads); None on a GPU
+    #: a CPU run's intra-op threads from its first start (quest.train.compute.run_threads); None on a GPU
     torch_threads: int | None = field(default=None, metadata=RECORDED_THREADS)
     #: the run's attempts, this process's last (begun by its first count); each earlier one as of the last checkpoint
     #: it wrote. A state saved before attempts were recorded has none: the attempts are recorded from its resume on.
@@ -170,3 +173,38 @@ class TrainState:
         for name, value in {**asdict(TrainState()), **saved}.items():
             setattr(self, name, value)
         self.attempts = [Attempt.from_dict(a) for a in self.attempts]
+
+
+#: the figures whose largest interval value is reported beside the mean (``<name>_max``)
+MAXIMA = ("peak_mem_gib", "step_s", "data_wait")
+
+
+def figures(attempts: Sequence[Attempt]) -> dict[str, Any]:
+    """The time apart in all (compiling steps, the loaders' starts) and each figure's ``<name>_mean`` (None without
+    a steady step) and, for :data:`MAXIMA`, ``<name>_max``, over ``attempts`` together."""
+    out: dict[str, Any] = {"compile_s": sum(a.compile_s for a in attempts),
+                           "compile_steps": sum(a.compile_steps for a in attempts),
+                           "loader_start_s": sum(a.loader_start_s for a in attempts)}
+    names = dict.fromkeys(name for a in attempts for name in a.figures)  # first seen first, as logged
+    for name in names:
+        parts = [a.figures[name] for a in attempts if name in a.figures]
+        seconds = sum(p.seconds for p in parts)
+        out[f"{name}_mean"] = sum(p.weighted for p in parts) / seconds if seconds else None
+        if name in MAXIMA:
+            out[f"{name}_max"] = max(p.largest for p in parts)
+    return out
+
+
+def _counts(attempts: Sequence[Attempt]) -> dict[str, Any]:
+    train_s = sum(a.train_s for a in attempts)
+    images = sum(a.images for a in attempts)
+    return {"steps": sum(a.steps for a in attempts), "images": images, "train_s": train_s,
+            "wall_s": sum(a.wall_s for a in attempts), "img_per_s": images / train_s if train_s else None}
+
+
+def run_perf(attempts: Sequence[Attempt], flops: float | None, peak: float | None) -> dict[str, Any]:
+    """summary.json's ``perf``: the run's FLOPs per image and device peak, its counts and times over every attempt
+    (``steps``, ``images``, ``train_s``, ``wall_s``, ``img_per_s`` = images / training time) and the figures over
+    all of them, then ``attempts``: each attempt's own (``first_step`` and the same counts and figures)."""
+    return {"train_flops_per_image": flops, "device_peak_tflops": peak, **_counts(attempts), **figures(attempts),
+            "attempts": [{"first_step": a.first_step, **_counts([a]), **figures([a])} for a in attempts]}

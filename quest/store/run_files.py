@@ -116,7 +116,7 @@ class SkippedImages:
 
 @dataclass(kw_only=True)
 class PerfCounts:
-    """What summary.json's ``perf`` gives for the whole run and for each attempt (quest.run.attempts): counts and
+    """What summary.json's ``perf`` gives for the whole run and for each attempt (quest.run.train_state.run_perf): counts and
     times, and every figure's ``<name>_mean`` / ``<name>_max`` (rates, shares, GiB, seconds: numbers or null)."""
 
     extra_values: ClassVar[Any] = float | None
@@ -185,7 +185,7 @@ class RunSummary(Validation):
     skipped_images: dict[str, Any] = field(default_factory=dict, metadata=record(SkippedImages))
     left_out_by_preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
     changed_on_resume: dict[str, list[Any]] = field(default_factory=dict)
-    perf: dict[str, Any] = field(default_factory=dict, metadata=record(RunPerf))  # quest.run.attempts
+    perf: dict[str, Any] = field(default_factory=dict, metadata=record(RunPerf))  # quest.run.train_state.run_perf
     data_fingerprint: dict[str, Any] | None = field(default=None, metadata=record(SummaryDataSet))
     signal: str | None = None
     saved: bool | None = None

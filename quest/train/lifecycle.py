@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 from timm.utils import random_seed
 
@@ -23,22 +22,21 @@ from quest.attention.fused_check import configure as configure_fused
 from quest.attention.fused_check import record as fused_record
 from quest.config.checks import ConfigError
 from quest.config.differences import Difference
-from quest.run.attempts import run_perf
 from quest.run.checkpoint import Checkpointer
 from quest.run.directory import RunDirectory, data_record
 from quest.run.outputs import RunLogger, start_log_file, start_wandb, stop_log_file
 from quest.run.plan import Plan, carry_out, finished_summary, survey
 from quest.run.signals import INTERRUPTED, REQUEUED, StopSignals
+from quest.run.train_state import run_perf
 from quest.runtime.distributed import DistContext, barrier, init_distributed
 from quest.runtime.phase import begin_changes, command_phases
 from quest.store.files import write_text_atomic
 
 from .builders import build_model, model_meta, model_spec, resolve_img_size, unused_size_keys
 from .checks import check_compile_mode, check_train_config
+from .compute import set_compute
 from .loop import Evaluator, Outcome, StepLog, train_loop
-from .precision import set_matmul_precision
 from .telemetry import Telemetry, flops_per_image, peak_tflops
-from .threads import busy_hint, run_threads
 from .trainer import Run, hms
 
 log = logging.getLogger("quest.train")
@@ -113,20 +111,12 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
          provenance: dict[str, str]) -> dict[str, Any]:
     run_dir = directory.path
     tr = cfg.trainer
-    ran = set_matmul_precision(tr.matmul_precision)  # every start sets it: a process's earlier run left its own
     choices = choices or {"model": cfg.model.name, "attention": cfg.attention.name,
                           "recipe": cfg.recipe.name, "data": cfg.data.name}
     config = OmegaConf.to_container(cfg, resolve=True)
     plan = survey(cfg, directory, config, model_meta(cfg))
-    cpu = ctx.device.type == "cpu"
-    saved = plan.ckpt.state.get("torch_threads") if plan.ckpt is not None and cpu else None
-    threads = run_threads(tr.torch_threads, cfg.model.name, saved) if cpu else None
-    if threads:  # set, the run's own from its start, or the CPU presets' one (quest.train.threads)
-        torch.set_num_threads(threads)
-    elif cpu and (hint := busy_hint(torch.get_num_threads())):
-        log.warning(hint)
-    if cpu:  # what it computes with, as torch says: the same count gives the same numbers (docs/training.md)
-        ran["torch_threads"] = torch.get_num_threads()
+    saved = plan.ckpt.state.get("torch_threads") if plan.ckpt is not None else None
+    ran = set_compute(tr.matmul_precision, tr.torch_threads, cfg.model.name, ctx.device, saved)
     finished = finished_summary(cfg, plan)
     if finished is not None:
         if plan.aside or plan.metrics_text is not None:
@@ -138,9 +128,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
                  "trainer.overwrite=true (archives this one); any other config gets its own directory", longer, run_dir)
         return {**finished, "resumed": True, "already_finished": True}  # the file itself stays as it was
     random_seed(tr.seed)  # the same initial weights on every rank (FSDP2, unlike DDP, does not broadcast)
-    checkpointer = Checkpointer(run_dir / "checkpoints", ctx, tr.strategy == "fsdp",
-                                every_n_steps=tr.checkpoint_every_n_steps, on_save=directory.note_checkpoint)
-    run = Run(cfg, run_dir, choices, ctx, checkpointer)
+    run = Run(cfg, run_dir, choices, ctx, on_save=directory.note_checkpoint)
     run.state.torch_threads = ran.get("torch_threads")  # saved with the checkpoints: a resume computes the same way
     random_seed(tr.seed, ctx.rank)  # then each rank its own augmentation and drop-path randomness
     if plan.ckpt is not None:  # checks the data and the derived values before it loads anything
@@ -175,12 +163,12 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         try:
             out = Outcome("failed")
             try:
-                out = train_loop(run, StepLog(logger, run, telemetry), signals, checkpointer,
+                out = train_loop(run, StepLog(logger, run, telemetry), signals, run.checkpointer,
                                  Evaluator(logger, tr.eval_every_n_epochs, tr.epochs))
             finally:
                 if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)
                     signals.uninstall()
-            # the whole run's figures and time: every attempt's, carried by the checkpoints (quest.run.attempts)
+            # the whole run's figures and time: every attempt's, carried by the checkpoints (quest.run.train_state.run_perf)
             perf = run_perf(run.state.timed_attempts(), telemetry.flops, telemetry.peak)
             summary = {**_summary(run, out, perf["wall_s"], plan.checkpoint is not None, plan.changes),
                        **out.ending, "perf": perf}

@@ -28,8 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from quest.run.attempts import figures
-from quest.run.train_state import Attempt, Figure
+from quest.run.train_state import Attempt, Figure, figures
 
 log = logging.getLogger("quest.train")
 
@@ -363,7 +362,7 @@ class Telemetry:
     def summary(self) -> dict[str, Any]:
         """The time-weighted means and peaks over the steady steps so far, and the time left out of them: the steps
         that compiled and the loaders' starts, in all (a run's summary.json covers its every attempt:
-        quest.run.attempts.run_perf)."""
+        quest.run.train_state.run_perf)."""
         return {"train_flops_per_image": self.flops, "device_peak_tflops": self.peak,
                 **figures([Attempt(**self.totals())])}
 

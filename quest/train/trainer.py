@@ -11,7 +11,7 @@ import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,8 @@ from quest.runtime.distributed import DistContext
 from quest.store.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
-from .guard import Diverged, StepGuard
-from .precision import autocast_for, resolve_precision
-from .update import decided_on_host, skippable_ema_update, skippable_step
+from .compute import autocast_for, resolve_precision
+from .update import Diverged, StepGuard, decided_on_host, skippable_ema_update, skippable_step
 from .validation import evaluate
 
 log = logging.getLogger("quest.train")
@@ -49,11 +48,13 @@ class Run:
     """One training run: its components, state and outputs. ``fit`` drives it."""
 
     def __init__(self, cfg: Any, run_dir: Path, choices: dict[str, str], ctx: DistContext,
-                 checkpointer: Checkpointer | None = None):
+                 on_save: Callable[[int], None] | None = None):
         self.cfg, self.run_dir, self.choices, self.ctx = cfg, run_dir, choices, ctx
         self.state = TrainState()  # first: its clock times this attempt from here (quest.run.train_state.Attempt)
         self.sharded = cfg.trainer.strategy == "fsdp"
-        self.checkpointer = checkpointer or Checkpointer(run_dir / "checkpoints", ctx, self.sharded)
+        # ``on_save`` is told the step of every checkpoint written (the run directory's record of it)
+        self.checkpointer = Checkpointer(run_dir / "checkpoints", ctx, self.sharded,
+                                         every_n_steps=cfg.trainer.checkpoint_every_n_steps, on_save=on_save)
         self.parts: Components = build_components(cfg, ctx)
         self.model = self.parts.model
         # (images, targets) -> loss: the model and the loss, compiled together (trainer.compile), under DDP wrapped
@@ -185,7 +186,7 @@ class Run:
                    stop: float = 0.0) -> dict[str, float]:
         """Forward/backward over ``batches`` (gradient accumulation), clipping, the optimizer, EMA and schedule
         updates, with no host read unless ``log``: the divergence check (every micro-batch's loss and the gradient
-        norm finite, the loss at most trainer.max_loss) stays on the device (quest.train.guard), where from the
+        norm finite, the loss at most trainer.max_loss) stays on the device (quest.train.update), where from the
         first bad step on the optimizer skips its update. ``log``: read the check and the values to log (Diverged
         when a step since the last read went bad). ``stop``: this rank's stop request; under DDP it rides in the
         step's one collective and the result's ``"stop"`` is a reduced request that every rank reads at the same

@@ -1,6 +1,6 @@
 """A run's figures over all its attempts: summary.json's ``perf`` and ``wall_time_s`` after a stop at
 trainer.max_steps, a crash (a kill -9: nothing after the last checkpoint survives) and the resume that finishes it
-count every step of the run once, and list each attempt (quest.run.train_state.Attempt, quest.run.attempts).
+count every step of the run once, and list each attempt (quest.run.train_state: Attempt, run_perf).
 Counts are checked exactly; times only for being >= 0 and adding up (they are clocks)."""
 from __future__ import annotations
 

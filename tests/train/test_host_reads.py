@@ -151,7 +151,7 @@ def test_under_ddp_the_stop_request_is_read_a_step_later_or_with_the_log(monkeyp
     step k is read at the end of step k + 1, without a device read; a logged step reads its own with the log."""
     import torch.distributed as dist
 
-    from quest.train.guard import StepGuard
+    from quest.train.update import StepGuard
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -193,7 +193,7 @@ def _host_resident(monkeypatch) -> list[torch.Tensor]:
     is no device synchronisation (on the CPU the copy is the tensor itself). The other tensors that live in host
     memory on every device: timm's Lamb's step count, a CPU tensor read with .item() each step. Held, not their ids:
     a freed tensor's id is given to a new one, whose read would then go uncounted."""
-    from quest.train.guard import StepGuard
+    from quest.train.update import StepGuard
 
     resident: list[torch.Tensor] = []
     send = StepGuard._send_stop

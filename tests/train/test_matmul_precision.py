@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quest.train import fit
-from quest.train.precision import set_matmul_precision
+from quest.train.compute import set_matmul_precision
 
 from ..helpers import FAST, compose_cfg
 

@@ -15,7 +15,7 @@ from timm.layers import DropPath
 from quest.run.checkpoint import load_checkpoint
 from quest.train import fit
 from quest.train.builders import build_model, scheduler_epoch
-from quest.train.precision import resolve_precision
+from quest.train.compute import resolve_precision
 
 from ..helpers import FAST, compose_cfg
 

@@ -20,7 +20,7 @@ from quest.attention import list_attentions
 from quest.data.sets.fake import FakeImages
 from quest.models.factory import create_model
 from quest.train import fit
-from quest.train.precision import resolve_precision
+from quest.train.compute import resolve_precision
 from quest.train.telemetry import Levers, Telemetry, compilations, flops_per_image, peak_tflops
 
 from ..helpers import FAST, compose_cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from quest.train import fit
-from quest.train.threads import busy_hint, default_cpu_threads, free_cores
+from quest.train.compute import busy_hint, default_cpu_threads, free_cores
 
 from ..helpers import FAST, compose_cfg
 
