@@ -151,10 +151,12 @@ def convert_image_folder(src: Path, out: Path, splits: Sequence[tuple[str, str]]
     real_src, real_out = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     if real_out == real_src or real_src in real_out.parents:  # its shards would become part of the data set
         raise ValueError(f"the shard folder {out} must not lie inside its source {src}; give a folder outside it")
-    planned, lengths, classes, left_out = _plan(src, splits, name, shard_size, seed, bad_images)
     ours = re.compile("|".join(rf"{re.escape(name)}-{re.escape(split)}-\d+\.tar" for _, split in splits))
     out = Path(out)
     with holding(out, TOOL) as folder, folder.manifest as manifest:  # held: a second conversion is refused
+        # every image decoded while the folder is held (a refusal still changes nothing: the lock goes with it), so
+        # that a second conversion into it is refused at once rather than after decoding a whole data set
+        planned, lengths, classes, left_out = _plan(src, splits, name, shard_size, seed, bad_images)
         existed = manifest.resume({})
         mine = set(manifest.sources().values())
         taken = [n for n in [*planned, *INFO_NAMES] if (out / n).exists() and n not in mine]

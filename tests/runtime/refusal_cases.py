@@ -443,8 +443,9 @@ TOOL_ROWS = [
     tool("in_use", PLOT, (HOLDER,), more=OVERWRITE, setup=hold(".fig.png.lock")),
     tool("in_use", CAP, (HOLDER,), setup=hold(".lock")),
     tool("in_use", CAP, (HOLDER,), "first", setup=hold(".lock")),
-    tool("in_use", CONVERT, (HOLDER,), setup=hold(".lock")),
-    tool("in_use", CONVERT, (HOLDER,), "first", setup=hold(".lock")),
+    # refused before a single image is decoded (a data set's decode takes hours)
+    *[tool("in_use", CONVERT, (HOLDER,), state, setup=steps(hold(".lock"), _not_loaded("quest.tools.make_shards", "_usable")))
+      for state in ("out", "first")],
     tool("in_use", INDEX, (HOLDER,), setup=steps(_tars, hold(".lock"))),
 ]
 
