@@ -299,8 +299,11 @@ TRAIN_ROWS = [
             ("recipe.lr", "trainer.init_from={target}/checkpoints/last.pt"), "earlier"),
     Refusal("checkpoint_damaged", T, (*TRAIN, "hydra.run.dir={target}"), ("last.pt",), setup=_damage),
     Refusal("checkpoint_version", T, (*TRAIN, "hydra.run.dir={target}"), ("last.pt",), setup=_version),
+    # held: refused before its parts are built (the model, the data and its pre-flight)
     *[Refusal("in_use", T, (*TRAIN, "hydra.run.dir={target}", "logger=tensorboard"),
-              ("in use by another process", HOLDER), state, setup=hold(".lock")) for state in ("new", "earlier")],
+              ("in use by another process", HOLDER), state,
+              setup=steps(hold(".lock"), _not_loaded("quest.train.trainer", "build_components")))
+      for state in ("new", "earlier")],
     Refusal("file_in_the_way", T, (*TRAIN, "hydra.run.dir={target}", "logger=tensorboard"),
             ("tensorboard is not a directory",), setup=_in_the_way),
     Refusal("unwritable", T, (*TRAIN, "hydra.run.dir={target}"), ("cannot be written", "hydra.run.dir="),
@@ -369,10 +372,12 @@ TOY_ROWS = [
     Refusal("another_config", Y, (*TOY_SMALL, "train.epochs=2", "hydra.run.dir={target}"),
             ("different toy config",), "toy"),
     # device=auto: a line is logged, which toy.log must not get
-    Refusal("in_use", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (HOLDER,), "toy", setup=hold(".lock")),
+    Refusal("in_use", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (HOLDER,), "toy",
+            setup=steps(hold(".lock"), _not_loaded("quest.toy.study", "_run_grid"))),
     Refusal("damaged_record", Y, (*TOY_SMALL[:-1], "hydra.run.dir={target}"), (".manifest.jsonl",), "toy",
             setup=_damaged_toy_record),
-    Refusal("in_use", Y, (*TOY_SMALL, "hydra.run.dir={target}"), (HOLDER,), "out", setup=hold(".lock")),
+    Refusal("in_use", Y, (*TOY_SMALL, "hydra.run.dir={target}"), (HOLDER,), "out",
+            setup=steps(hold(".lock"), _not_loaded("quest.toy.study", "_run_grid"))),
 ]
 
 # the tools: an input that makes the command impossible (exit 2); a file they did not write where they write
@@ -436,13 +441,15 @@ TOOL_ROWS = [
                                      (CONVERT, "make_shards convert", ()))],
     tool("inside_a_run_through_a_link", ("quest-export", ("{target}", "--out", "{tmp}/linked/sub")),
          ("lies in the run directory", "{target}"), "earlier", setup=_link_into_checkpoints),
-    tool("in_use", EXPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
+    # held: refused before the checkpoint is read (and, below, before an image is capped or decoded)
+    tool("in_use", EXPORT, (HOLDER,), more=OVERWRITE,
+         setup=steps(hold(".lock"), _not_loaded("quest.tools.export", "load_record"))),
     tool("onnx_missing_extra", EXPORT, ("quest[onnx]",), more=("--onnx",), setup=without("onnxruntime")),
     tool("onnx_in_use", EXPORT, (HOLDER,), more=("--onnx", "--overwrite"), setup=hold(".lock")),
     tool("in_use", REPORT, (HOLDER,), more=OVERWRITE, setup=hold(".lock")),
     tool("in_use", PLOT, (HOLDER,), more=OVERWRITE, setup=hold(".fig.png.lock")),
-    tool("in_use", CAP, (HOLDER,), setup=hold(".lock")),
-    tool("in_use", CAP, (HOLDER,), "first", setup=hold(".lock")),
+    *[tool("in_use", CAP, (HOLDER,), state, setup=steps(hold(".lock"), _not_loaded("quest.tools.capped", "cap_image")))
+      for state in ("out", "first")],
     # refused before a single image is decoded (a data set's decode takes hours)
     *[tool("in_use", CONVERT, (HOLDER,), state, setup=steps(hold(".lock"), _not_loaded("quest.tools.make_shards", "_usable")))
       for state in ("out", "first")],
