@@ -47,6 +47,9 @@ def lock_file(path: Path, what: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            if (links := os.fstat(fd).st_nlink) > 1:  # the holder may be working in another folder
+                holder += (f" (this lock file is one of {links} hard links to one file, as in a folder copied with "
+                           "cp -al: a command in any of those folders holds it)")
             os.close(fd)
             raise LockHeld(path, holder) from None
         except OSError as exc:

@@ -8,13 +8,16 @@ this command made it.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from quest.runtime.phase import begin_changes
+from quest.store.files import atomic_write
 from quest.store.locks import holder_text, lock_file
 from quest.store.made_dirs import missing_dirs
 from quest.store.tree import REPLACED, move_aside, remove_made_dirs
@@ -102,6 +105,34 @@ class OwnedDirectory:
         (quest.runtime.phase)."""
         self._claimed = True
         begin_changes()
+        if self._lock_fd is not None and os.fstat(self._lock_fd).st_nlink > 1:
+            self._own_lock_file()
+
+    def _own_lock_file(self) -> None:
+        """A lock file hard-linked with another folder's (a copy made with ``cp -al``): the command's changes would
+        name this process in both, and each folder's commands would hold the other's. This folder gets a lock file
+        of its own, locked before it takes the name (a process that opens the name meanwhile finds it held), and the
+        shared file says again what it said before this command."""
+        held: list[int] = []
+
+        def write(f: BinaryIO) -> None:
+            f.write(self.holder())
+            f.flush()
+            with contextlib.suppress(OSError):  # no flock on this file system: lock_file warned already
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it open
+            held.append(os.dup(f.fileno()))  # the same open file: the lock outlives atomic_write's close
+
+        try:
+            atomic_write(self.lock_path, write)
+        except BaseException:
+            for fd in held:
+                os.close(fd)
+            raise
+        shared, self._lock_fd = self._lock_fd, held[0]
+        try:
+            self._write_lock(shared, self._lock_before)
+        finally:
+            os.close(shared)
 
     def unlock(self) -> None:
         """Release the lock; unclaimed, leave the lock file as it was before :meth:`lock`, or gone if it made it,

@@ -81,6 +81,36 @@ def test_an_unclaimed_lock_puts_the_file_back_and_a_claimed_one_names_this_proce
     assert path.read_bytes() == holder_text()
 
 
+def test_a_lock_file_hard_linked_with_another_folders_becomes_its_own_when_the_command_claims(tmp_path):
+    """A folder copied with ``cp -al`` shares its lock file with the original: while one folder's command checks, the
+    other's is refused, saying so; once it claims, each folder has a lock file of its own (same mode), the shared one
+    says what it said before, and the folders' commands no longer hold each other."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / ".lock").write_bytes(b"pid 4242 on elsewhere\n")
+    os.chmod(a / ".lock", 0o640)
+    os.link(a / ".lock", b / ".lock")
+    first = OwnedDirectory(a)
+    first.lock()
+    try:
+        with pytest.raises(LockHeld, match="one of 2 hard links to one file, as in a folder copied with cp -al"):
+            OwnedDirectory(b).lock()
+        first.claim()
+        mine, theirs = os.stat(a / ".lock"), os.stat(b / ".lock")
+        assert mine.st_ino != theirs.st_ino and mine.st_nlink == theirs.st_nlink == 1
+        assert (a / ".lock").read_bytes() == holder_text() and (mine.st_mode & 0o777) == 0o640
+        assert (b / ".lock").read_bytes() == b"pid 4242 on elsewhere\n"
+        other = OwnedDirectory(b)
+        other.lock()  # b's own commands are free
+        other.unlock()
+        with pytest.raises(LockHeld):  # and a is still held, through its own file
+            OwnedDirectory(a).lock()
+        assert sorted(p.name for p in a.iterdir()) == [".lock"]  # no temporary left
+    finally:
+        first.unlock()
+    assert (a / ".lock").read_bytes() == holder_text()  # a claimed lock keeps naming its command
+
+
 def test_other_processes_of_a_distributed_command_neither_lock_nor_archive(tmp_path):
     (tmp_path / "a").write_text("a")
     follower = OwnedDirectory(tmp_path, is_main=False)
