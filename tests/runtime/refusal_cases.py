@@ -453,7 +453,7 @@ TOOL_ROWS = [
     # refused before a single image is decoded (a data set's decode takes hours)
     *[tool("in_use", CONVERT, (HOLDER,), state, setup=steps(hold(".lock"), _not_loaded("quest.tools.make_shards", "_usable")))
       for state in ("out", "first")],
-    tool("in_use", INDEX, (HOLDER,), setup=steps(_tars, hold(".lock"))),
+    tool("in_use", INDEX, (HOLDER,), setup=steps(_tars, hold(".lock"), _not_loaded("quest.tools.make_shards", "_count_splits"))),
 ]
 
 ROWS = [*TRAIN_ROWS, *EVAL_ROWS, *TOY_ROWS, *TOOL_ROWS]
