@@ -165,7 +165,7 @@ def _optimizer(model: nn.Module, recipe: Any, lr: float) -> torch.optim.Optimize
     if recipe.opt_betas is not None:
         kwargs["betas"] = tuple(recipe.opt_betas)
     # torch's fused kernels (Adam, AdamW, SGD; CUDA and, since torch 2.4, the CPU): one multi-tensor kernel per
-    # group, and a found_inf tensor that skips the update on the device (Run._optimizer_step)
+    # group, and a found_inf tensor that skips the update on the device (quest.train.update.Update)
     if get_optimizer_class(recipe.opt, bind_defaults=False) in FUSED_OPTIMIZERS:
         kwargs["fused"] = True
     # timm: no weight decay on 1-d params (biases, norms, LayerScale, QKNorm scales) nor model.no_weight_decay()

@@ -28,7 +28,7 @@ from quest.store.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
 from .compute import autocast_for, resolve_precision
-from .update import Diverged, StepGuard, decided_on_host, skippable_ema_update, skippable_step
+from .update import Diverged, StepGuard, Update
 from .validation import evaluate
 
 log = logging.getLogger("quest.train")
@@ -76,6 +76,8 @@ class Run:
         self._epoch_start = (0, 0)  # (step, micro_in_epoch) where the current epoch (or its resumed rest) began
         self.guard = StepGuard(ctx.device, divergence_threshold(cfg.trainer, cfg.recipe, cfg.data.num_classes),
                                scaler=self.scaler.is_enabled(), distributed=ctx.distributed)
+        self.update = Update(self.model, self.parts.optimizer, self.scaler, self.parts.ema, self.guard,
+                             cfg.recipe.clip_grad)
 
     def _diagnostics(self):
         d = self.cfg.diagnostics
@@ -206,15 +208,8 @@ class Run:
             if log:  # the mean loss is only computed to be logged
                 loss_sum = value if loss_sum is None else loss_sum + value
             self.scaler.scale(loss / len(batches)).backward()
-        grad_norm = self._unscale_and_clip()
-        skip = self.guard.step(worst, grad_norm, stop)  # on the device; under DDP the step's one collective
-        # the loss scale this step used, read with the log's one read (the update below changes it in place)
-        scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
-        skip = self._optimizer_step(skip, grad_norm)
-        p.optimizer.zero_grad(set_to_none=True)
+        grad_norm, scale = self.update(worst, stop, st.step + 1, log)
         st.took_step(sum(len(t) for _, t in batches) * self.ctx.world_size)
-        if p.ema is not None:  # a skipped update leaves the EMA as it was too
-            skippable_ema_update(p.ema, self.model, st.step, skip)
         p.scheduler.step_update(num_updates=st.step)
         self._add_skip_counts(reduce=log)
         if not log:
@@ -222,28 +217,6 @@ class Run:
         loss_v, norm_v, *rest = self.guard.read(st.step, loss_sum / len(batches), grad_norm, *scale, stop=True)
         metrics = {"train/loss_scale": rest.pop(0)} if scale else {}
         return {"train/loss": loss_v, "train/grad_norm": norm_v, **metrics, "stop": rest[0] if rest else stop}
-
-    def _unscale_and_clip(self) -> torch.Tensor:
-        """The gradients' total norm (fp32, 0-d, before clipping) after unscaling them (fp16), clipping them to
-        recipe.clip_grad when set (without clipping, no pass over the gradients beyond the norm's): foreach ops."""
-        self.scaler.unscale_(self.parts.optimizer)
-        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        if self.cfg.recipe.clip_grad is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.recipe.clip_grad, grad_norm)
-        return (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
-
-    def _optimizer_step(self, skip: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
-        """The optimizer's update, skipped on the device as if never taken (quest.train.update) when ``skip`` is
-        1.0 (a bad step, or any after one) or, under fp16, when a gradient overflowed (GradScaler.step's decision,
-        taken on the device, except by an optimizer that counts its steps on the host: quest.train.update); then
-        the scaler's scale update (no host read).
-        Returns the skip flag the step used, for the EMA."""
-        if self.scaler.is_enabled():
-            skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
-        skippable_step(self.parts.optimizer, skip, decided_on_host(self.parts.optimizer, self.scaler.is_enabled()))
-        self.scaler.update()  # reads the found_inf that unscale_ left on the device
-        return skip
 
     def check_diverged(self) -> None:
         """Raise Diverged when a step since the last read went bad (one device-to-host read): before a checkpoint,

@@ -1,5 +1,5 @@
-"""The divergence check of every optimizer step, and the optimizer and EMA updates it skips: both on the device,
-without a host read.
+"""The update that ends every optimizer step (:class:`Update`: clipping, the divergence check, the optimizer's and the
+EMA's updates), the check and the updates it skips on the device, without a host read.
 
 The check (docs/training.md, "The training loop"): each step folds its checks (a non-finite or too large loss, a
 non-finite gradient norm) into a small sticky record on the device, reduced across ranks under DDP together with the
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["StepGuard", "Diverged", "skippable_step", "skippable_ema_update", "host_counted", "decided_on_host"]
+__all__ = ["Update", "StepGuard", "Diverged", "skippable_step", "skippable_ema_update", "host_counted",
+           "decided_on_host"]
 
 
 class Diverged(Exception):
@@ -122,6 +123,43 @@ class StepGuard:
             raise Diverged(at, f"gradient norm {norm}")
         return out[5:]
 
+
+
+class Update:
+    """One optimizer update once the step's backward passes are done: the gradients unscaled (fp16) and clipped
+    (``clip_grad``, when set), the step folded into the divergence check (``guard``), the optimizer's update and the
+    EMA's, each skipped on the device from the first bad step on (and under fp16 on a gradient overflow), the loss
+    scale updated and the gradients cleared. Nothing is read on the host but by an optimizer that counts its steps
+    there under fp16 (:func:`decided_on_host`)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 ema: Any, guard: StepGuard, clip_grad: float | None):
+        self.model, self.optimizer, self.scaler, self.ema, self.guard = model, optimizer, scaler, ema, guard
+        self.clip_grad = clip_grad
+        self.on_host = decided_on_host(optimizer, scaler.is_enabled())
+
+    def __call__(self, worst: torch.Tensor, stop: float, step: int,
+                 log: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Update with this step's largest micro-batch loss ``worst`` (0-d) and this rank's stop request ``stop``
+        (reduced with the check's flags under DDP); ``step``: the optimizer step this update makes, counted from 1
+        (the EMA's decay). Returns the gradients' total norm (fp32, 0-d, before clipping) and, when ``log`` under
+        fp16, the loss scale this step used (read with the log's one read: the scaler's update changes it)."""
+        self.scaler.unscale_(self.optimizer)
+        grads = [q.grad for q in self.model.parameters() if q.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if self.clip_grad is not None:  # without clipping, no pass over the gradients beyond the norm's
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.clip_grad, grad_norm)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).float()
+        skip = self.guard.step(worst, grad_norm, stop)  # on the device; under DDP the step's one collective
+        scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
+        if self.scaler.is_enabled():
+            skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
+        skippable_step(self.optimizer, skip, self.on_host)
+        self.scaler.update()  # reads the found_inf that unscale_ left on the device
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:  # a skipped update leaves the EMA as it was too
+            skippable_ema_update(self.ema, self.model, step, skip)
+        return grad_norm, scale
 
 
 def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
