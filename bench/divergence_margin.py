@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from quest.config.hydra_store import register_configs  # noqa: E402
 from quest.train import fit  # noqa: E402
-from quest.train.trainer import chance_loss  # noqa: E402
+from quest.train.update import chance_loss  # noqa: E402
 
 _DEIT3_CPU = ["recipe.lr=4e-3", "recipe.drop_path=0.05", "recipe.img_size=null", "recipe.repeated_aug=0"]
 CASES = {

@@ -117,7 +117,6 @@ class OwnedDirectory:
 
         def write(f: BinaryIO) -> None:
             f.write(self.holder())
-            f.flush()
             with contextlib.suppress(OSError):  # no flock on this file system: lock_file warned already
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it open
             held.append(os.dup(f.fileno()))  # the same open file: the lock outlives atomic_write's close

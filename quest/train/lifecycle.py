@@ -163,7 +163,7 @@ def _fit(cfg: Any, directory: RunDirectory, choices: dict[str, str] | None, ctx:
         try:
             out = Outcome("failed")
             try:
-                out = train_loop(run, StepLog(logger, run, telemetry), signals, run.checkpointer,
+                out = train_loop(run, StepLog(logger, run, telemetry), signals,
                                  Evaluator(logger, tr.eval_every_n_epochs, tr.epochs))
             finally:
                 if out.status != REQUEUED:  # requeue() still needs the handler that was there before ours (submitit's)

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from quest.run.checkpoint import Checkpointer
 from quest.run.outputs import RunLogger
 from quest.run.signals import INTERRUPTED, StopRequested, StopSignals
 
@@ -32,12 +31,11 @@ class Outcome:
     ending: dict[str, Any] = field(default_factory=dict)  # for the summary: the divergence, the signal, ...
 
 
-def train_loop(run: Run, steps: StepLog, signals: StopSignals, checkpointer: Checkpointer,
-               evaluator: Evaluator) -> Outcome:
+def train_loop(run: Run, steps: StepLog, signals: StopSignals, evaluator: Evaluator) -> Outcome:
     """Train until the run is done, diverges, fails on its data or is stopped by a signal. The story of a run, top
     to bottom: each optimizer step (diagnostics when due, the step, its log row, a checkpoint when due or a stop
     requested), each epoch's end (its counts, validation when due, a checkpoint), and the final validation."""
-    st, tr, out = run.state, run.cfg.trainer, Outcome()
+    st, tr, checkpointer, out = run.state, run.cfg.trainer, run.checkpointer, Outcome()
 
     def save(stop: str | None = None, best: bool = False) -> None:  # a stop request always saves first
         run.check_diverged()  # no checkpoint holds weights from after a bad step (the check stays on the device)

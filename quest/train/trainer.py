@@ -28,12 +28,12 @@ from quest.store.weights_check import WeightsError, check_weights
 
 from .builders import Components, build_components, model_meta, scheduler_epoch, train_module
 from .compute import autocast_for, resolve_precision
-from .update import Diverged, StepGuard, Update
+from .update import Diverged, StepGuard, Update, divergence_threshold
 from .validation import evaluate
 
 log = logging.getLogger("quest.train")
 
-__all__ = ["Run", "TrainState", "Diverged", "BadData", "check_skipped", "hms", "chance_loss", "divergence_threshold"]
+__all__ = ["Run", "TrainState", "Diverged", "BadData", "check_skipped", "hms"]
 
 
 class BadData(Exception):
@@ -342,24 +342,6 @@ def check_skipped(split: str, skipped: int, drawn: int, limit: float) -> None:
         raise BadData(f"{skipped} of the {drawn} {split} images drawn ({100 * skipped / drawn:.2f}%) could not be read "
                       f"and were skipped, more than data.max_skipped_fraction={limit} (docs/data.md); fix or remove "
                       "them (quest-data check ROOT lists them), or raise the limit")
-
-
-def chance_loss(num_classes: int, bce: bool) -> float:
-    """The training loss of a model that knows nothing: uniform predictions over ``num_classes`` under cross-entropy
-    (label smoothing and mixup's soft targets included: their loss is ln C there too); zero logits under
-    binary cross-entropy (timm's BinaryCrossEntropy averages over classes: ln 2)."""
-    return math.log(2.0) if bce else math.log(num_classes)
-
-
-def divergence_threshold(trainer: Any, recipe: Any, num_classes: int) -> float:
-    """The loss above which a step counts as divergence: trainer.max_loss when set, else trainer.max_loss_factor x
-    the chance loss (docs/training.md, "Divergence": the factor and the losses measured on healthy runs), else inf."""
-    if trainer.get("max_loss") is not None:
-        return float(trainer.max_loss)
-    factor = trainer.get("max_loss_factor")
-    if factor is None:
-        return math.inf
-    return factor * chance_loss(max(num_classes, 2), bool(recipe.get("bce_loss")))
 
 
 def hms(seconds: float) -> str:

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Update", "StepGuard", "Diverged", "skippable_step", "skippable_ema_update", "host_counted",
-           "decided_on_host"]
+__all__ = ["Update", "StepGuard", "Diverged", "divergence_threshold", "chance_loss", "skippable_step",
+           "skippable_ema_update", "host_counted", "decided_on_host"]
 
 
 class Diverged(Exception):
@@ -52,6 +52,24 @@ class Diverged(Exception):
     def __init__(self, step: int, reason: str):
         super().__init__(f"diverged at step {step}: {reason}")
         self.step, self.reason = step, reason
+
+
+def chance_loss(num_classes: int, bce: bool) -> float:
+    """The training loss of a model that knows nothing: uniform predictions over ``num_classes`` under cross-entropy
+    (label smoothing and mixup's soft targets included: their loss is ln C there too); zero logits under
+    binary cross-entropy (timm's BinaryCrossEntropy averages over classes: ln 2)."""
+    return math.log(2.0) if bce else math.log(num_classes)
+
+
+def divergence_threshold(trainer: Any, recipe: Any, num_classes: int) -> float:
+    """The loss above which a step counts as divergence: trainer.max_loss when set, else trainer.max_loss_factor x
+    the chance loss (docs/training.md, "Divergence": the factor and the losses measured on healthy runs), else inf."""
+    if trainer.get("max_loss") is not None:
+        return float(trainer.max_loss)
+    factor = trainer.get("max_loss_factor")
+    if factor is None:
+        return math.inf
+    return factor * chance_loss(max(num_classes, 2), bool(recipe.get("bce_loss")))
 
 
 class StepGuard:

@@ -11,7 +11,7 @@ from quest.config.checks import ConfigError
 from quest.models import create_model
 from quest.train import fit
 from quest.train.checks import check_train_config
-from quest.train.trainer import chance_loss, divergence_threshold
+from quest.train.update import chance_loss, divergence_threshold
 from tests.helpers import FAST, compose_cfg
 
 
