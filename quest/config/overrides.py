@@ -21,7 +21,7 @@ from typing import Any
 from quest.config.checks import dataclass_of
 from quest.config.flags import flag_problems
 from quest.data.registry import SCHEMA_SUFFIX
-from quest.runtime.errors import print_error
+from quest.runtime.errors import control_character_problems, print_error
 from quest.store.made_dirs import output_dir_problem
 
 __all__ = ["override_problems", "exit_on_bad_overrides", "app_groups", "default_options", "not_utf8_problems"]
@@ -231,7 +231,8 @@ _UNCHECKED_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-pat
 def exit_on_bad_overrides(app: str, args: list[str], schema: type, config_dir: Path, primary: str) -> None:
     """Print each problem of :func:`override_problems` as one line on stderr and exit 1, or return. Skipped when a
     flag selects another primary config or search path."""
-    flags = flag_problems(args, app) + not_utf8_problems(args)  # --epochs 3 from a timm or DeiT habit: the quest key
+    # --epochs 3 from a timm or DeiT habit: the quest key; a name not UTF-8; a line break from a shell's $(...)
+    flags = flag_problems(args, app) + not_utf8_problems(args) + control_character_problems(args)
     if flags:
         for line in flags:
             print_error(app, line)

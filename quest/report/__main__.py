@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from quest.runtime.errors import doc_summary, input_error, program_name
+from quest.runtime.errors import doc_summary, input_error, parse_arguments, program_name
 from quest.store.damage import DamagedFile
 from quest.store.output_folder import FolderHeld, FolderUnmakeable, input_path, output_path
 from quest.store.tree import OutputExists
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    args = _parser().parse_args(argv)
+    args = parse_arguments(_parser(), argv)
     metrics = [m for part in args.metrics for m in part.split(",") if m] if args.metrics else None
     by = [k for part in args.by for k in part.split(",") if k] if args.by else None
     try:

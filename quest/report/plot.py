@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quest.runtime.errors import doc_summary, input_error, program_name
+from quest.runtime.errors import doc_summary, input_error, parse_arguments, program_name
 from quest.runtime.extras import require
 from quest.store.files import atomic_write, figure_bytes, save_figure
 from quest.store.output_folder import FolderHeld, holding, input_path, output_path
@@ -293,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message on stderr for unusable input)."""
-    args = _parser().parse_args(argv)
+    args = parse_arguments(_parser(), argv)
     out = Path(args.out)
     try:
         # the figure held from the check to its save (quest.store.output_folder: .<name>.lock beside it, gone at the end);

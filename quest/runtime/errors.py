@@ -23,6 +23,7 @@ traceback is printed by every process that has one.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import inspect
@@ -31,14 +32,15 @@ import re
 import shutil
 import sys
 import traceback
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from quest.runtime.phase import command_phases
 
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "EXIT_INTERRUPTED", "input_error", "is_user_error",
            "out_of_memory", "describe", "escaping_stdout", "reporting_errors", "program_name", "doc_summary", "every_rank",
-           "joined_group", "print_error"]
+           "joined_group", "print_error", "control_character_problems", "parse_arguments"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
@@ -133,6 +135,42 @@ def input_error(program: str, exc: BaseException) -> int:
     """A tool's refusal of its input: the one error line, ``<program>: error: <message>``; returns EXIT_USAGE."""
     print(f"{program}: error: {describe(exc)}", file=sys.stderr, flush=True)
     return EXIT_USAGE
+
+
+def _unprintable(char: str) -> bool:
+    """A control character (a tab aside: it splits no line), or Unicode's line and paragraph separators."""
+    return char != "\t" and unicodedata.category(char) in ("Cc", "Zl", "Zp")
+
+
+def control_character_problems(args: Sequence[str]) -> list[str]:
+    """One line per argument holding a line break or another control character (an escape sequence, a NUL): shown
+    escaped, because printed as it is it would split, or rewrite, the one error line that names it. A line break
+    usually comes from a shell's ``$(...)`` that matched two paths. (A name that is not UTF-8 is held as lone
+    surrogates: quest.config.overrides.not_utf8_problems says that one.)"""
+    problems = []
+    for i, arg in enumerate(args):
+        if any(_unprintable(c) for c in arg):
+            shown = "".join(repr(c)[1:-1] if _unprintable(c) else c for c in arg)
+            if i and args[i - 1].startswith("-") and "=" not in args[i - 1]:  # an option's value: named with it
+                shown = f"{args[i - 1]} {shown}"
+            what = "a line break" if len(arg.splitlines()) > 1 or arg.endswith(("\n", "\r")) else "a control character"
+            problems.append(f"the argument {shown} holds {what}: quest takes no control characters in its arguments "
+                            "(a path or value with one would split or rewrite the lines that name it); a line break "
+                            "often comes from a shell's $(...) that matched two paths: give one")
+    return problems
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """A tool's ``parser.parse_args(argv)`` (``argv`` None: the command line's), after refusing an argument that holds
+    a control character (:func:`control_character_problems`): one error line each, exit EXIT_USAGE, as argparse
+    answers a bad argument."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    problems = control_character_problems(args)
+    if problems:
+        for line in problems:
+            print_error(parser.prog, line)
+        raise SystemExit(EXIT_USAGE)
+    return parser.parse_args(args)
 
 
 def program_name(default: str) -> str:

@@ -18,7 +18,7 @@ from quest.data.folder import CorruptImageError
 from quest.data.preflight import Problem, Report, check_image_folder_files, folder_files
 from quest.data.shard_index import info_lengths, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
-from quest.runtime.errors import input_error, program_name
+from quest.runtime.errors import input_error, parse_arguments, program_name
 from quest.runtime.phase import begin_changes
 from quest.runtime.workers import process_count_problem
 from quest.store.output_folder import input_path, output_path
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap.add_argument("--split", action="append", help="a split to cap (default: train); the others are linked")
     cap.add_argument("--workers", type=_workers, default=None, help="worker processes (default: CPUs, at most 8)")
     cap.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if args.command == "cap":
         return cap_root(args)
     return check_root(args.root, args.workers, not args.no_cache, not args.no_progress, limit=args.limit)

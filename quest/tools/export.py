@@ -32,7 +32,7 @@ from quest.evaluation.progress import Heartbeat
 from quest.models.timm_model import ARCHITECTURE, exported_architecture
 from quest.report.markdown import markdown_table
 from quest.run.checkpoint import CheckpointRecord, load_record
-from quest.runtime.errors import describe, input_error, program_name
+from quest.runtime.errors import describe, input_error, parse_arguments, program_name
 from quest.runtime.extras import MissingExtra
 from quest.store.damage import DamagedFile
 from quest.store.files import atomic_write, file_sha256, inside_folder, json_text, parse_json, write_text_atomic
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trust-code", action="store_true",
                         help="export a checkpoint whose attention is an import path (package.module:Class), importing "
                              "that module: only for a checkpoint and a module you trust (refused otherwise)")
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     try:
         out, unfinished, top1 = export_checked(args.source, args.out, args.weights, args.overwrite,
                                                args.allow_unfinished, args.onnx, args.trust_code)

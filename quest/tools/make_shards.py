@@ -30,7 +30,7 @@ from quest.data.folder import CorruptImageError, check_image_folder
 from quest.data.preflight import check_image_folder_files, left_out_record
 from quest.data.shard_index import IMAGE_EXTS, INFO_NAMES, SHARD_PATTERN, expand_braces, load_info, resolve_shards
 from quest.evaluation.progress import Progress
-from quest.runtime.errors import doc_summary
+from quest.runtime.errors import doc_summary, parse_arguments
 from quest.store.files import atomic_write, write_text_atomic
 from quest.store.manifest import Manifest, file_stamp, is_partial_write
 from quest.store.output_folder import holding, input_path, output_path
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     idx.add_argument("root", type=output_path, help="the folder holding the shards")
     idx.add_argument("splits", nargs="+", metavar="SPLIT=PATTERN",
                      help="a split name and a shard pattern relative to ROOT, e.g. train='x-train-*.tar'")
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "convert":
         pairs = [_split_option(s) for s in args.split or ["train", "val:validation"]]

@@ -4,11 +4,11 @@ fault of the operating system, a file name, YAML or a weights file that applies 
 A :class:`Writer` is one command with ``{out}``, the folder (or file) it writes, and the inputs it reads. A fault
 puts ``{out}`` where the system refuses it (through a link that leads nowhere, under a file, in a read-only folder,
 a name too long, a name that is not UTF-8, a disk that fills at the first write: injected, and a real tmpfs where
-root can mount one), or gives the command a config folder whose file is not YAML or not a mapping (or that is a
-link to nowhere), its input under a name that is not UTF-8 or through a link to nowhere, or weights of another
-shape. Whatever the case, the command exits 0, 1 or 2, never 70 (a bug), with no traceback and at most one error
-line (one per job of a sweep, and the sweep's), naming the file or key, and holds no file open once it has ended; a
-refusal leaves the folder as it was.
+root can mount one) or where quest does (a name holding a line break), or gives the command a config folder whose
+file is not YAML or not a mapping (or that is a link to nowhere), its input under a name that is not UTF-8 or
+through a link to nowhere, or weights of another shape. Whatever the case, the command exits 0, 1 or 2, never 70 (a
+bug), with no traceback and at most one error line (one per job of a sweep, and the sweep's), naming the file or
+key, and holds no file open once it has ended; a refusal leaves the folder as it was.
 """
 from __future__ import annotations
 
@@ -195,6 +195,8 @@ OUT_FAULTS = [
     # every name short enough, the whole path over PATH_MAX: the first look at it fails (ENAMETOOLONG)
     Fault("path_too_long", "/".join(["y" * 200] * 21), ("per path",), folder=False),
     Fault("not_utf8_name", NOT_UTF8, ("caf",)),
+    # a line break in the name (a shell's $(ls ...) that matched two paths): refused, shown escaped on the one line
+    Fault("line_break_name", "two\nlines", ("two\\nlines",), refused=True),
     Fault("disk_full", "full", ("full",), writes=True),
     Fault("disk_really_full", "tiny", ("tiny",), _small_disk(4), writes=True, mounts=True),
     # train.py's run filling a disk at each of its writes in turn: Hydra's record, run.json, the log, a checkpoint

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, describe, program_name, reporting_errors
+from quest.runtime.errors import EXIT_BUG, EXIT_ERROR, control_character_problems, describe, program_name, reporting_errors
 
 from ..helpers import FAST
 from ..run.test_runs import _run_dir_name
@@ -67,6 +67,24 @@ def test_a_user_error_is_exactly_its_message_on_one_line(message):
         with reporting_errors("prog"):
             raise ValueError(message)
     assert exit_.value.code == EXIT_ERROR and err.getvalue() == f"prog: error: {message}\n"
+
+
+def _splits_or_controls(text: str) -> bool:
+    """Independent of the check's own definition: a C0 control but the tab, DEL or a C1 control (what a terminal
+    acts on), or a character at which Python splits lines."""
+    return any((ord(c) < 32 and c != "\t") or 127 <= ord(c) <= 159 for c in text) or len(f"a{text}b".splitlines()) > 1
+
+
+@given(arg=st.text(alphabet=st.characters(exclude_categories=["Cs"])) | st.sampled_from(
+    ["runs/a/last.pt\nruns/b/last.pt", "x\x1b[2Jy", "a\u2028b", "tab\there", "trailing\r", "nul\x00"]))
+def test_an_argument_is_refused_exactly_when_it_would_split_or_rewrite_its_error_line(arg):
+    """quest-* commands refuse such an argument before any work (the refusal contract's line_break_name rows show
+    it per command); the refusal itself is one line, the argument shown escaped, its printable text kept."""
+    problems = control_character_problems(["eval=clean", arg])
+    assert bool(problems) == _splits_or_controls(arg)
+    for line in problems:
+        assert not _splits_or_controls(line), line
+        assert all(part in line for part in "".join(c if not _splits_or_controls(c) else "\0" for c in arg).split("\0"))
 
 
 def test_user_errors_and_bugs(capsys, monkeypatch):
