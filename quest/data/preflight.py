@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from PIL import Image
 
+from quest.runtime.errors import printable
 from quest.runtime.phase import after_checks
 from quest.runtime.workers import worker_pool
 from quest.store.damage import DamagedFile
@@ -39,6 +40,10 @@ class Problem:
     path: str
     reason: str
 
+    def __str__(self) -> str:
+        """``path: reason``, a line break or other control character in the name escaped: one line in any message."""
+        return f"{printable(self.path)}: {self.reason}"
+
 
 @dataclass
 class Report:
@@ -51,7 +56,7 @@ class Report:
         return {p.path for p in self.problems}
 
     def describe(self, limit: int = 20) -> str:
-        lines = [f"  {p.path}: {p.reason}" for p in self.problems[:limit]]
+        lines = [f"  {p}" for p in self.problems[:limit]]
         more = len(self.problems) - limit
         return "\n".join(lines + ([f"  ... and {more} more"] if more > 0 else []))
 

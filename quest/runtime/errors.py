@@ -40,7 +40,7 @@ from quest.runtime.phase import command_phases
 
 __all__ = ["UserError", "EXIT_ERROR", "EXIT_BUG", "EXIT_USAGE", "EXIT_INTERRUPTED", "input_error", "is_user_error",
            "out_of_memory", "describe", "escaping_stdout", "reporting_errors", "program_name", "doc_summary", "every_rank",
-           "joined_group", "print_error", "control_character_problems", "parse_arguments"]
+           "joined_group", "print_error", "control_character_problems", "parse_arguments", "printable"]
 
 EXIT_ERROR = 1  # the user's mistake: a bad value, file, permission, full disk, missing extra, a directory in use
 EXIT_BUG = 70  # a bug of quest (sysexits' EX_SOFTWARE): the traceback is printed, please report it
@@ -142,6 +142,12 @@ def _unprintable(char: str) -> bool:
     return char != "\t" and unicodedata.category(char) in ("Cc", "Zl", "Zp")
 
 
+def printable(text: str) -> str:
+    """``text`` with each control character escaped as Python writes it (``\\n``, ``\\x1b``): a name found on disk
+    (a file of a data set) put into a message or a listing stays on its one line."""
+    return "".join(repr(c)[1:-1] if _unprintable(c) else c for c in text)
+
+
 def control_character_problems(args: Sequence[str]) -> list[str]:
     """One line per argument holding a line break or another control character (an escape sequence, a NUL): shown
     escaped, because printed as it is it would split, or rewrite, the one error line that names it. A line break
@@ -150,7 +156,7 @@ def control_character_problems(args: Sequence[str]) -> list[str]:
     problems = []
     for i, arg in enumerate(args):
         if any(_unprintable(c) for c in arg):
-            shown = "".join(repr(c)[1:-1] if _unprintable(c) else c for c in arg)
+            shown = printable(arg)
             if i and args[i - 1].startswith("-") and "=" not in args[i - 1]:  # an option's value: named with it
                 shown = f"{args[i - 1]} {shown}"
             what = "a line break" if len(arg.splitlines()) > 1 or arg.endswith(("\n", "\r")) else "a control character"

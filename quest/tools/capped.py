@@ -284,7 +284,7 @@ def _check_shards(src: Path, info: dict[str, Any], splits: Sequence[str], worker
     problems = [p for split in splits for p in check_shard_split(src, split, num_classes, workers).problems]
     if problems:
         raise ShardError(f"{len(problems)} problem(s) in the shards to cap, found before anything was written: "
-                         + "; ".join(f"{p.path}: {p.reason}" for p in problems[:5])
+                         + "; ".join(map(str, problems[:5]))
                          + (" ..." if len(problems) > 5 else "") + f"; expected shards a run reads (quest-data check "
                          f"{src} lists every problem; python -m quest.tools.make_shards writes such shards)")
 

@@ -272,7 +272,7 @@ def _usable(root: Path, split: str, items: list[tuple[Path, int]], bad_images: s
         log.info("%s: all %d images decode%s", split, report.images,
                  " (the pre-flight's cached result: unchanged files)" if report.cached else "")
         return items, None
-    named = "; ".join(f"{p.path}: {p.reason}" for p in report.problems[:5]) + (" ..." if len(report.problems) > 5 else "")
+    named = "; ".join(map(str, report.problems[:5])) + (" ..." if len(report.problems) > 5 else "")
     found = f"{len(report.problems)} of the {len(items)} images of split {split!r} ({root}) are not usable ({named})"
     if bad_images == "error" or report.images == 0:
         fix = ("fix or remove them, or give --bad-images skip to leave them out" if bad_images == "error" else
