@@ -154,7 +154,6 @@ class Update:
                  ema: Any, guard: StepGuard, clip_grad: float | None):
         self.model, self.optimizer, self.scaler, self.ema, self.guard = model, optimizer, scaler, ema, guard
         self.clip_grad = clip_grad
-        self.on_host = decided_on_host(optimizer, scaler.is_enabled())
 
     def __call__(self, worst: torch.Tensor, stop: float, step: int,
                  log: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -172,7 +171,8 @@ class Update:
         scale = [self.scaler._get_scale_async().clone()] if log and self.scaler.is_enabled() else []
         if self.scaler.is_enabled():
             skip = torch.maximum(skip, (~grad_norm.isfinite()).float())  # the scaler's overflow
-        skippable_step(self.optimizer, skip, self.on_host)
+        # asked at every step: a checkpoint's param groups (their ``fused``) replace the built ones on resume
+        skippable_step(self.optimizer, skip, decided_on_host(self.optimizer, self.scaler.is_enabled()))
         self.scaler.update()  # reads the found_inf that unscale_ left on the device
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:  # a skipped update leaves the EMA as it was too
