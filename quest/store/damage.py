@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quest.runtime.errors import printable
+
 __all__ = ["DamagedFile"]
 
 
@@ -18,7 +20,8 @@ class DamagedFile(ValueError):
     of a sentence about the file (``.manifest.jsonl line 3 is not JSON``)."""
 
     def __init__(self, path: str | Path, problem: str, remedy: str = "", joined: str = " is damaged: "):
-        super().__init__(f"{path}{joined}{problem}" + (f". {remedy}" if remedy else ""))
+        # the name as found on disk, a line break in it escaped: the message stays one line
+        super().__init__(f"{printable(str(path))}{joined}{problem}" + (f". {remedy}" if remedy else ""))
         self.path, self.problem, self.remedy, self.joined = Path(path), problem, remedy, joined
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -105,6 +105,17 @@ def test_a_damaged_record_is_named_with_what_was_expected(tmp_path, content, pro
     assert io.read_json(tmp_path / "ok.json") == {"a": [1]}
 
 
+def test_a_damaged_record_under_a_name_with_a_line_break_is_named_on_one_line(tmp_path):
+    """A run folder a user named with a line break (quest refuses one on its command line, not on disk): the
+    damaged-file message shows the name escaped, and the error still holds the real path."""
+    path = tmp_path / "run\nx" / "summary.json"
+    path.parent.mkdir()
+    path.write_bytes(b'{"status": ')
+    with pytest.raises(io.DamagedFile) as exc:
+        io.read_json(path)
+    assert len(str(exc.value).splitlines()) == 1 and "run\\nx/summary.json" in str(exc.value) and exc.value.path == path
+
+
 @pytest.mark.unprivileged
 def test_an_unreadable_record_names_the_file_and_the_permission(tmp_path):
     path = tmp_path / "summary.json"
