@@ -159,7 +159,7 @@ def control_character_problems(args: Sequence[str]) -> list[str]:
             shown = printable(arg)
             if i and args[i - 1].startswith("-") and "=" not in args[i - 1]:  # an option's value: named with it
                 shown = f"{args[i - 1]} {shown}"
-            what = "a line break" if len(arg.splitlines()) > 1 or arg.endswith(("\n", "\r")) else "a control character"
+            what = "a line break" if len(f"{arg}.".splitlines()) > 1 else "a control character"
             problems.append(f"the argument {shown} holds {what}: quest takes no control characters in its arguments "
                             "(a path or value with one would split or rewrite the lines that name it); a line break "
                             "often comes from a shell's $(...) that matched two paths: give one")

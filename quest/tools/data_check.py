@@ -18,7 +18,7 @@ from quest.data.folder import CorruptImageError
 from quest.data.preflight import Problem, Report, check_image_folder_files, folder_files
 from quest.data.shard_index import info_lengths, load_info, require_complete
 from quest.data.shard_preflight import check_shard_split
-from quest.runtime.errors import input_error, parse_arguments, printable, program_name
+from quest.runtime.errors import input_error, parse_arguments, program_name
 from quest.runtime.phase import begin_changes
 from quest.runtime.workers import process_count_problem
 from quest.store.output_folder import input_path, output_path
@@ -203,7 +203,7 @@ def cap_root(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"{split}: {done} capped at short side {args.short_side}" +
               (f", {len(problems)} unreadable (left out):" if problems else ""), file=out)
         for path, reason in list(problems.items())[:20]:
-            print(f"  {printable(path)}: {reason}", file=out)
+            print(f"  {Problem(path, reason)}", file=out)
     run = manifest["this_run"]
     moved = f"; {run['moved']} moved to .replaced/ (not what this tool wrote)" if run.get("moved") else ""
     print(f"this run: {run['written']} written, {run['removed']} removed, {run['kept']} kept from an earlier run "

@@ -41,7 +41,7 @@ def test_a_data_set_with_names_that_are_not_utf8_trains_and_checks(tmp_path, cap
 
 
 def test_an_unusable_file_whose_name_holds_a_line_break_is_named_on_one_line(tmp_path, capsys):
-    """Every listing of unusable files (the pre-flight's refusal, quest-data check, make_shards convert) names each on
+    """Every listing of unusable files (the pre-flight's refusal, quest-data check and cap, make_shards convert) names each on
     its one line, the line break escaped: a reader (or a grep) of the listing sees one file per line."""
     import pytest
 
@@ -57,6 +57,9 @@ def test_an_unusable_file_whose_name_holds_a_line_break_is_named_on_one_line(tmp
     assert any(line.endswith(listed) for line in str(refused.value).splitlines()), str(refused.value)
     assert quest_data(["check", str(root), "--no-progress"]) == 1
     assert any(line.endswith(listed) for line in capsys.readouterr().out.splitlines())
+    quest_data(["cap", str(root), str(tmp_path / "capped"), "--short-side", "16", "--no-progress", "--workers", "1"])
+    assert any(line.strip().startswith(str(root)) and "bad\\nname.png: " in line
+               for line in capsys.readouterr().out.splitlines())  # the images it left out, one line each
     with pytest.raises(CorruptImageError) as refused:
         convert_image_folder(root, tmp_path / "shards", [("train", "train")], "s", 4, 0, "error")
     assert len(str(refused.value).splitlines()) == 1 and listed in str(refused.value)
